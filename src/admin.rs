@@ -1,0 +1,177 @@
+//! The admin listener (`[admin]`, loopback by default): `/healthz` (the
+//! process is alive), `/readyz` (config loaded, store reachable, limiter
+//! state), `/metrics` (Prometheus text) and `POST /reload`. Never exposes
+//! a secret.
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::body::{self, Body};
+use crate::error::GatewayError;
+use crate::reload::{Live, ReloadError};
+use crate::server::{ConnInfo, Handler};
+
+/// Metric names, in one place so dashboards and code agree.
+pub mod names {
+    /// Counter: requests by `route` (template or `-`), `method`, `status`.
+    pub const REQUESTS: &str = "mpg_requests_total";
+    /// Histogram: request latency in seconds by `route`.
+    pub const REQUEST_SECONDS: &str = "mpg_request_duration_seconds";
+    /// Counter: authentication outcomes by `result` (`ok`/`refused`/`error`) and `reason`.
+    pub const AUTH: &str = "mpg_auth_decisions_total";
+    /// Counter: rate-limit decisions by `policy` and `decision` (`allowed`/`limited`).
+    pub const RATE_LIMIT: &str = "mpg_rate_limit_decisions_total";
+    /// Gauge: key-cache entries.
+    pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
+    /// Counter: store lookups that failed (unavailable or timeout).
+    pub const STORE_ERRORS: &str = "mpg_store_errors_total";
+    /// Counter: upstream responses and failures by `upstream` and `outcome`.
+    pub const UPSTREAM: &str = "mpg_upstream_requests_total";
+    /// Gauge: open client connections.
+    pub const CONNECTIONS: &str = "mpg_open_connections";
+    /// Counter: TLS handshakes by `result`.
+    pub const TLS_HANDSHAKES: &str = "mpg_tls_handshakes_total";
+}
+
+/// The process-wide Prometheus recorder (installed once).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ])
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            match builder.install_recorder() {
+                Ok(handle) => {
+                    let upkeep = handle.clone();
+                    // Histograms need periodic upkeep when no exporter thread runs.
+                    std::thread::spawn(move || loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    });
+                    handle
+                }
+                // Another recorder is installed (embedding): render an empty page.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
+
+/// Serves the admin endpoints for one gateway.
+pub struct Admin {
+    live: Arc<Live>,
+    metrics: PrometheusHandle,
+}
+
+impl Admin {
+    /// An admin handler for the serving gateway.
+    pub fn new(live: Arc<Live>) -> Self {
+        Admin {
+            live,
+            metrics: metrics_handle(),
+        }
+    }
+
+    async fn ready(&self) -> Response<Body> {
+        let gateway = self.live.current();
+        let store = tokio::time::timeout(Duration::from_secs(2), gateway.store_ping()).await;
+        let store_ok = matches!(store, Ok(Ok(())));
+        let limiter_ok = gateway.limiter.healthy();
+        let body = json!({
+            "status": if store_ok { "ready" } else { "not_ready" },
+            "config": "loaded",
+            "store": if store_ok { "ok" } else { "unreachable" },
+            "rate_limiter": { "backend": gateway.limiter.backend(), "healthy": limiter_ok },
+            "routes": gateway.routes.len(),
+        });
+        // A limiter in fallback still serves (per on_backend_error): ready, but said.
+        json_response(
+            if store_ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            },
+            &body,
+        )
+    }
+}
+
+impl Admin {
+    async fn reload(&self) -> Response<Body> {
+        match self.live.reload().await {
+            Ok(outcome) => json_response(
+                StatusCode::OK,
+                &json!({
+                    "status": "reloaded",
+                    "restart_needed": outcome.restart_needed,
+                    "certificate_reloaded": outcome.certificate_reloaded,
+                }),
+            ),
+            Err(e) => {
+                let problems: Vec<String> = match &e {
+                    ReloadError::Config(c) => c.problems.iter().map(|p| p.to_string()).collect(),
+                    other => vec![other.to_string()],
+                };
+                json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({
+                        "error": "BadRequest",
+                        "message": "the configuration was not reloaded; the running configuration stays",
+                        "details": { "problems": problems },
+                    }),
+                )
+            }
+        }
+    }
+}
+
+impl Handler for Admin {
+    async fn handle(&self, req: Request<Incoming>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.uri().path() == "/reload" {
+            if req.method() != Method::POST {
+                return GatewayError::MethodNotAllowed {
+                    allow: HeaderValue::from_static("POST"),
+                }
+                .into_response();
+            }
+            return self.reload().await;
+        }
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return GatewayError::MethodNotAllowed {
+                allow: HeaderValue::from_static("GET, HEAD"),
+            }
+            .into_response();
+        }
+        match req.uri().path() {
+            "/healthz" => json_response(StatusCode::OK, &json!({ "status": "ok" })),
+            "/readyz" => self.ready().await,
+            "/metrics" => {
+                metrics::gauge!(names::CACHE_ENTRIES)
+                    .set(self.live.current().keys.entry_count() as f64);
+                let mut res = Response::new(body::full(self.metrics.render()));
+                res.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                res
+            }
+            _ => GatewayError::NotFound.into_response(),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    let mut res = Response::new(body::full(v.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}

@@ -1,0 +1,178 @@
+//! The `Authorization` header (DESIGN.md §3 stage 2): exactly one
+//! `Bearer <token>` whose token is a well-formed API key or session token.
+use super::token::{check_api_key_format, check_session_token_format, API_KEY_PREFIX};
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
+use std::fmt;
+
+/// A bearer credential borrowed from the request headers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Credential<'a> {
+    /// An `mpg_` API key that passed the format check.
+    ApiKey(&'a str),
+    /// A session token that passed the format check.
+    Session(&'a str),
+}
+
+impl Credential<'_> {
+    /// The secret itself (hash it; never log it).
+    pub fn secret(&self) -> &str {
+        match self {
+            Credential::ApiKey(s) | Credential::Session(s) => s,
+        }
+    }
+}
+
+impl fmt::Debug for Credential<'_> {
+    // Never print the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::ApiKey(_) => f.write_str("Credential::ApiKey(<redacted>)"),
+            Credential::Session(_) => f.write_str("Credential::Session(<redacted>)"),
+        }
+    }
+}
+
+/// Why no usable credential was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// No `Authorization` header.
+    #[error("missing credentials")]
+    Missing,
+    /// A header that is not exactly one well-formed `Bearer <token>`.
+    #[error("malformed credentials")]
+    Malformed,
+}
+
+impl CredentialError {
+    /// The `details.reason` this error maps to.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CredentialError::Missing => "missing",
+            CredentialError::Malformed => "malformed",
+        }
+    }
+}
+
+/// Exactly one `Authorization` header, scheme `Bearer` (case-insensitive), one
+/// space, a token with no whitespace. Two Authorization headers, another scheme,
+/// empty token, trailing junk: Malformed. Prefix `mpg_` = API key (bad length,
+/// alphabet or checksum = Malformed); anything else = session token (must pass
+/// [`check_session_token_format`], else Malformed).
+pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, CredentialError> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let value = values.next().ok_or(CredentialError::Missing)?;
+    if values.next().is_some() {
+        return Err(CredentialError::Malformed);
+    }
+    let value = value.to_str().map_err(|_| CredentialError::Malformed)?;
+    let (scheme, token) = value.split_once(' ').ok_or(CredentialError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer")
+        || token.is_empty()
+        || token.bytes().any(|b| b.is_ascii_whitespace())
+    {
+        return Err(CredentialError::Malformed);
+    }
+    if token.starts_with(API_KEY_PREFIX) {
+        check_api_key_format(token).map_err(|_| CredentialError::Malformed)?;
+        Ok(Credential::ApiKey(token))
+    } else {
+        check_session_token_format(token).map_err(|_| CredentialError::Malformed)?;
+        Ok(Credential::Session(token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::token::{generate_api_key, generate_session_token};
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn with_auth(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.append(AUTHORIZATION, v);
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn accepts_api_key_and_session_any_scheme_case() {
+        let (key, _) = generate_api_key();
+        let session = generate_session_token();
+        let h = with_auth(&[&format!("Bearer {key}")]);
+        assert_eq!(parse_authorization(&h), Ok(Credential::ApiKey(&key)));
+        let h = with_auth(&[&format!("bEaReR {session}")]);
+        assert_eq!(parse_authorization(&h), Ok(Credential::Session(&session)));
+    }
+
+    #[test]
+    fn missing_header_is_missing() {
+        assert_eq!(
+            parse_authorization(&HeaderMap::new()),
+            Err(CredentialError::Missing)
+        );
+        assert_eq!(CredentialError::Missing.reason(), "missing");
+    }
+
+    #[test]
+    fn everything_else_is_malformed() {
+        let (key, _) = generate_api_key();
+        let session = generate_session_token();
+        let bad_checksum = format!(
+            "{}{}",
+            &key[..41],
+            if key.ends_with('0') { '1' } else { '0' }
+        );
+        let cases = [
+            format!("Basic {key}"),
+            format!("Bearer  {key}"),
+            format!("Bearer {key} "),
+            format!("Bearer {key} junk"),
+            format!("Bearer\t{key}"),
+            format!("Bearer{key}"),
+            "Bearer ".to_owned(),
+            "Bearer".to_owned(),
+            String::new(),
+            format!("Bearer {bad_checksum}"),
+            format!("Bearer {}", &session[..20]),
+            "Bearer hello".to_owned(),
+        ];
+        for case in &cases {
+            let h = with_auth(&[case]);
+            assert_eq!(
+                parse_authorization(&h),
+                Err(CredentialError::Malformed),
+                "case {case:?}"
+            );
+        }
+        let two = with_auth(&[&format!("Bearer {key}"), &format!("Bearer {key}")]);
+        assert_eq!(parse_authorization(&two), Err(CredentialError::Malformed));
+        assert_eq!(CredentialError::Malformed.reason(), "malformed");
+    }
+
+    #[test]
+    fn debug_never_shows_the_secret() {
+        let (key, _) = generate_api_key();
+        let shown = format!("{:?}", Credential::ApiKey(&key));
+        assert!(!shown.contains(&key[4..]));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_header_bytes(
+            values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 0..3)
+        ) {
+            let mut h = HeaderMap::new();
+            for v in values {
+                if let Ok(v) = HeaderValue::from_bytes(&v) {
+                    h.append(AUTHORIZATION, v);
+                }
+            }
+            let _ = parse_authorization(&h);
+        }
+    }
+}

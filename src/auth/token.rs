@@ -1,0 +1,367 @@
+//! Secret formats (DESIGN.md §6): API keys, session tokens, ids, and the
+//! SHA-256 hash that is the only form a secret is ever stored or cached in.
+use rand::Rng;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// Every API key secret starts with this.
+pub const API_KEY_PREFIX: &str = "mpg_";
+/// Every session token starts with this.
+pub const SESSION_PREFIX: &str = "mps_";
+
+/// The base62 alphabet, in digit order: `0-9A-Za-z`.
+const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+/// Random characters in an API key.
+const KEY_BODY_LEN: usize = 32;
+/// Base62 characters of the CRC32 checksum (62^6 > 2^32).
+const KEY_CHECK_LEN: usize = 6;
+/// Total length of an API key secret.
+const API_KEY_LEN: usize = API_KEY_PREFIX.len() + KEY_BODY_LEN + KEY_CHECK_LEN;
+/// Random characters in a session token.
+const SESSION_BODY_LEN: usize = 43;
+/// Total length of a session token.
+const SESSION_LEN: usize = SESSION_PREFIX.len() + SESSION_BODY_LEN;
+/// Characters of an API key shown as its display prefix.
+const DISPLAY_PREFIX_LEN: usize = 8;
+
+/// Why a token is not well-formed. Never carries the token itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// The token does not start with the expected prefix.
+    #[error("wrong token prefix")]
+    Prefix,
+    /// The token has the wrong length.
+    #[error("wrong token length")]
+    Length,
+    /// The token holds a character outside base62.
+    #[error("token holds a character outside base62")]
+    Alphabet,
+    /// The API key checksum does not match its random part.
+    #[error("token checksum mismatch")]
+    Checksum,
+}
+
+/// SHA-256 of a secret; the only form a secret is stored or cached in.
+/// `Debug` shows only the first four bytes. Equality is constant-time, so a
+/// comparison never tells how many leading bytes matched.
+#[derive(Clone, Copy)]
+pub struct SecretHash(pub [u8; 32]);
+
+impl PartialEq for SecretHash {
+    fn eq(&self, other: &Self) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl Eq for SecretHash {}
+
+impl std::hash::Hash for SecretHash {
+    // Consistent with `eq`: equal hashes feed the same bytes.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(&self.0);
+    }
+}
+
+impl SecretHash {
+    /// Lower-case hex of the whole hash (how the store keeps it).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretHash({}…)", hex(&self.0[..4]))
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// SHA-256 of `secret`.
+pub fn hash_secret(secret: &str) -> SecretHash {
+    SecretHash(Sha256::digest(secret.as_bytes()).into())
+}
+
+/// `n` random base62 characters from the thread-local CSPRNG (OS-seeded ChaCha).
+fn random_base62(n: usize) -> String {
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+/// The value of one base62 digit, or `None` outside the alphabet.
+fn base62_value(c: u8) -> Option<u64> {
+    match c {
+        b'0'..=b'9' => Some(u64::from(c - b'0')),
+        b'A'..=b'Z' => Some(u64::from(c - b'A') + 10),
+        b'a'..=b'z' => Some(u64::from(c - b'a') + 36),
+        _ => None,
+    }
+}
+
+/// CRC32 of `body` as exactly six base62 digits, most significant first.
+fn checksum_chars(body: &[u8]) -> [u8; KEY_CHECK_LEN] {
+    let mut value = u64::from(crc32fast::hash(body));
+    let mut out = [b'0'; KEY_CHECK_LEN];
+    for slot in out.iter_mut().rev() {
+        // `value % 62` is below 62, so the index is in range.
+        *slot = ALPHABET[(value % 62) as usize];
+        value /= 62;
+    }
+    out
+}
+
+/// A new API key: `mpg_` + 32 random base62 + 6 base62 of CRC32 over the 32.
+/// Returns (secret, display prefix = the first 8 characters after `mpg_`).
+pub fn generate_api_key() -> (String, String) {
+    let body = random_base62(KEY_BODY_LEN);
+    let check = checksum_chars(body.as_bytes());
+    let mut secret = String::with_capacity(API_KEY_LEN);
+    secret.push_str(API_KEY_PREFIX);
+    secret.push_str(&body);
+    secret.extend(check.iter().map(|&b| char::from(b)));
+    let prefix = body[..DISPLAY_PREFIX_LEN].to_owned();
+    (secret, prefix)
+}
+
+/// Checks an API key's prefix, length, alphabet and checksum; no allocation,
+/// no store access.
+pub fn check_api_key_format(token: &str) -> Result<(), FormatError> {
+    let rest = token
+        .strip_prefix(API_KEY_PREFIX)
+        .ok_or(FormatError::Prefix)?;
+    if token.len() != API_KEY_LEN {
+        return Err(FormatError::Length);
+    }
+    let bytes = rest.as_bytes();
+    let (body, check) = bytes.split_at(KEY_BODY_LEN);
+    if !body.iter().all(|&c| base62_value(c).is_some()) {
+        return Err(FormatError::Alphabet);
+    }
+    let mut claimed: u64 = 0;
+    for &c in check {
+        claimed = claimed * 62 + base62_value(c).ok_or(FormatError::Alphabet)?;
+    }
+    if claimed != u64::from(crc32fast::hash(body)) {
+        return Err(FormatError::Checksum);
+    }
+    Ok(())
+}
+
+/// Base62 characters after `mpg_`/`mps_` from which a value counts as a
+/// secret (real ones have 38 and 43; a truncated or mangled one still leaks).
+const SECRET_MIN_BODY: usize = 16;
+
+/// Whether the bytes hold `mpg_`/`mps_` (any case) followed by at
+/// least `SECRET_MIN_BODY` base62 characters. No allocation;
+/// used to keep secrets out of URLs, request ids and logs.
+pub fn looks_like_secret(decoded: impl Iterator<Item = u8>) -> bool {
+    let mut last = [0u8; 4];
+    let mut run: Option<usize> = None;
+    for b in decoded {
+        last = [last[1], last[2], last[3], b.to_ascii_lowercase()];
+        run = match run {
+            Some(n) if b.is_ascii_alphanumeric() => Some(n + 1),
+            _ => None,
+        };
+        if run.is_some_and(|n| n >= SECRET_MIN_BODY) {
+            return true;
+        }
+        if &last == b"mpg_" || &last == b"mps_" {
+            run = Some(0);
+        }
+    }
+    false
+}
+
+/// A new session token: `mps_` + 43 random base62 characters.
+pub fn generate_session_token() -> String {
+    let mut token = String::with_capacity(SESSION_LEN);
+    token.push_str(SESSION_PREFIX);
+    token.push_str(&random_base62(SESSION_BODY_LEN));
+    token
+}
+
+/// Checks a session token's prefix, length and alphabet.
+pub fn check_session_token_format(token: &str) -> Result<(), FormatError> {
+    let rest = token
+        .strip_prefix(SESSION_PREFIX)
+        .ok_or(FormatError::Prefix)?;
+    if token.len() != SESSION_LEN {
+        return Err(FormatError::Length);
+    }
+    if !rest.bytes().all(|c| base62_value(c).is_some()) {
+        return Err(FormatError::Alphabet);
+    }
+    Ok(())
+}
+
+/// A new API key id: `key_` + 16 base62 characters.
+pub fn generate_key_id() -> String {
+    generate_id("key_")
+}
+
+/// A new internal id: `prefix` + 16 base62 characters (e.g. `ses_…`).
+pub fn generate_id(prefix: &str) -> String {
+    let mut id = String::with_capacity(prefix.len() + 16);
+    id.push_str(prefix);
+    id.push_str(&random_base62(16));
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn secret_hashes_compare_by_value() {
+        use std::collections::HashSet;
+        let a = hash_secret("mps_a");
+        assert_eq!(a, hash_secret("mps_a"));
+        assert_ne!(a, hash_secret("mps_b"));
+        let mut last_byte = a;
+        last_byte.0[31] ^= 1;
+        assert_ne!(a, last_byte);
+        let set: HashSet<SecretHash> = [a, hash_secret("mps_a"), last_byte].into();
+        assert_eq!(set.len(), 2);
+    }
+
+    #[test]
+    fn secret_lookalikes_are_recognized_in_any_case_and_position() {
+        let (key, _) = generate_api_key();
+        let session = generate_session_token();
+        for yes in [
+            key.clone(),
+            session.clone(),
+            format!("trace-{key}"),
+            key.to_uppercase(),
+            format!("mpg_mpg_{}", &key[4..]),
+            key[..20].to_string(),
+        ] {
+            assert!(looks_like_secret(yes.bytes()), "{yes}");
+        }
+        for no in [
+            "mpg_prod",
+            "mps_",
+            "req-123",
+            "mpg-0123456789abcdefgh",
+            &key[4..],
+        ] {
+            assert!(!looks_like_secret(no.bytes()), "{no}");
+        }
+    }
+
+    #[test]
+    fn generated_api_key_has_documented_shape() {
+        let (secret, prefix) = generate_api_key();
+        assert_eq!(secret.len(), 42);
+        assert!(secret.starts_with("mpg_"));
+        assert_eq!(prefix, &secret[4..12]);
+        assert_eq!(check_api_key_format(&secret), Ok(()));
+    }
+
+    #[test]
+    fn checksum_is_crc32_in_fixed_width_base62() {
+        let body = "0".repeat(32);
+        let crc = u64::from(crc32fast::hash(body.as_bytes()));
+        let check = checksum_chars(body.as_bytes());
+        let decoded = check
+            .iter()
+            .fold(0u64, |acc, &c| acc * 62 + base62_value(c).unwrap_or(99));
+        assert_eq!(decoded, crc);
+        let key = format!("mpg_{body}{}", std::str::from_utf8(&check).unwrap_or(""));
+        assert_eq!(check_api_key_format(&key), Ok(()));
+    }
+
+    #[test]
+    fn api_key_rejections_name_the_reason() {
+        let (secret, _) = generate_api_key();
+        assert_eq!(check_api_key_format("mps_abc"), Err(FormatError::Prefix));
+        assert_eq!(
+            check_api_key_format(&secret[..41]),
+            Err(FormatError::Length)
+        );
+        assert_eq!(
+            check_api_key_format(&format!("{secret}x")),
+            Err(FormatError::Length)
+        );
+        let bad_alpha = format!("{}-{}", &secret[..10], &secret[11..]);
+        assert_eq!(check_api_key_format(&bad_alpha), Err(FormatError::Alphabet));
+        // Multi-byte UTF-8 must not panic on slicing.
+        let utf8 = format!("mpg_{}é{}", "a".repeat(30), "b".repeat(6));
+        assert!(check_api_key_format(&utf8).is_err());
+    }
+
+    #[test]
+    fn session_tokens_round_trip_and_reject_garbage() {
+        let token = generate_session_token();
+        assert_eq!(token.len(), 47);
+        assert_eq!(check_session_token_format(&token), Ok(()));
+        assert_eq!(
+            check_session_token_format(&token[..46]),
+            Err(FormatError::Length)
+        );
+        assert_eq!(
+            check_session_token_format(&format!("mps_{}!", "a".repeat(42))),
+            Err(FormatError::Alphabet)
+        );
+        assert_eq!(check_session_token_format("abc"), Err(FormatError::Prefix));
+        assert_ne!(generate_session_token(), generate_session_token());
+    }
+
+    #[test]
+    fn ids_have_prefix_and_base62_tail() {
+        let id = generate_key_id();
+        assert!(id.starts_with("key_"));
+        assert_eq!(id.len(), 20);
+        assert!(id[4..].bytes().all(|c| base62_value(c).is_some()));
+        assert!(generate_id("ses_").starts_with("ses_"));
+    }
+
+    #[test]
+    fn hash_is_sha256_and_debug_hides_it() {
+        let h = hash_secret("abc");
+        assert_eq!(
+            h.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let dbg = format!("{h:?}");
+        assert_eq!(dbg, "SecretHash(ba7816bf…)");
+    }
+
+    proptest! {
+        #[test]
+        fn generated_keys_always_pass(_seed in any::<u8>()) {
+            let (secret, _) = generate_api_key();
+            prop_assert_eq!(check_api_key_format(&secret), Ok(()));
+        }
+
+        #[test]
+        fn any_single_character_change_fails(pos in 0usize..42, repl in proptest::char::any()) {
+            let (secret, _) = generate_api_key();
+            let mut chars: Vec<char> = secret.chars().collect();
+            prop_assume!(chars[pos] != repl);
+            chars[pos] = repl;
+            let changed: String = chars.into_iter().collect();
+            prop_assert!(check_api_key_format(&changed).is_err());
+        }
+
+        #[test]
+        fn format_checks_never_panic(s in ".*") {
+            let _ = check_api_key_format(&s);
+            let _ = check_session_token_format(&s);
+        }
+    }
+}

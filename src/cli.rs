@@ -1,0 +1,380 @@
+//! The command line of DESIGN.md §1: argument definitions and the admin
+//! commands that act on the store named by `--config`. JSON goes to stdout,
+//! human messages to stderr; exit 0 ok, 1 runtime failure, 2 bad input.
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::{parse_duration, Settings};
+use crate::gateway::open_store;
+use crate::pipeline::unix_now;
+use crate::store::sql::{NewApiKey, SqlStore};
+use crate::store::StoreError;
+
+/// mpg-gateway: an authenticating, rate-limiting API gateway.
+#[derive(Debug, Parser)]
+#[command(name = "mpg-gateway", version, about)]
+pub struct Cli {
+    /// The configuration file.
+    #[arg(
+        long,
+        global = true,
+        env = "MPG_GATEWAY_CONFIG",
+        default_value = "config/gateway.toml"
+    )]
+    pub config: PathBuf,
+    /// What to do (default: run).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Run,
+    /// Validate the configuration file; print every problem and exit 2 if any.
+    CheckConfig,
+    /// Run the one-command demo (embedded store, self-signed TLS on 127.0.0.1:8443).
+    Demo(DemoArgs),
+    /// Create or upgrade the store schema.
+    Migrate,
+    /// Organizations.
+    #[command(subcommand)]
+    Orgs(OrgsCmd),
+    /// Users.
+    #[command(subcommand)]
+    Users(UsersCmd),
+    /// Memberships (a user's role in an organization).
+    #[command(subcommand)]
+    Members(MembersCmd),
+    /// Session tokens.
+    #[command(subcommand)]
+    Sessions(SessionsCmd),
+    /// API keys.
+    #[command(subcommand)]
+    Keys(KeysCmd),
+}
+
+/// `demo` options.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Where the demo gateway listens.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: std::net::SocketAddr,
+}
+
+/// `orgs …`
+#[derive(Debug, Subcommand)]
+pub enum OrgsCmd {
+    /// Create an organization.
+    Create {
+        /// Its id.
+        #[arg(long)]
+        id: String,
+        /// Display name.
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+/// `users …`
+#[derive(Debug, Subcommand)]
+pub enum UsersCmd {
+    /// Create a user.
+    Create {
+        /// Its id.
+        #[arg(long)]
+        id: String,
+        /// E-mail address.
+        #[arg(long)]
+        email: Option<String>,
+    },
+}
+
+/// `members …`
+#[derive(Debug, Subcommand)]
+pub enum MembersCmd {
+    /// Set (insert or replace) a user's role in an organization.
+    Add {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// User id.
+        #[arg(long)]
+        user: String,
+        /// A role from [roles].
+        #[arg(long)]
+        role: String,
+    },
+}
+
+/// `sessions …`
+#[derive(Debug, Subcommand)]
+pub enum SessionsCmd {
+    /// Create a session token for a user.
+    Create {
+        /// User id.
+        #[arg(long)]
+        user: String,
+        /// Lifetime, e.g. 12h.
+        #[arg(long, default_value = "12h")]
+        ttl: String,
+    },
+}
+
+/// `keys …`
+#[derive(Debug, Subcommand)]
+pub enum KeysCmd {
+    /// Create an API key; its secret is printed once, in field `key`.
+    Create {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// User id (a member of the organization).
+        #[arg(long)]
+        user: String,
+        /// Key name.
+        #[arg(long)]
+        name: String,
+        /// Comma-separated scopes.
+        #[arg(long, value_delimiter = ',')]
+        scopes: Vec<String>,
+        /// Lifetime, e.g. 30d (default: no expiry).
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// List an organization's keys.
+    List {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+    },
+    /// Show one key.
+    Get {
+        /// Key id.
+        id: String,
+    },
+    /// Revoke a key.
+    Revoke {
+        /// Key id.
+        id: String,
+    },
+    /// Delete a key.
+    Delete {
+        /// Key id.
+        id: String,
+    },
+}
+
+/// A command's failure: exit code and message.
+#[derive(Debug)]
+pub struct Failure {
+    /// 1 runtime, 2 bad input.
+    pub code: u8,
+    /// For stderr.
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad usage or input (exit 2).
+    pub fn input(message: impl Into<String>) -> Self {
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// Runtime failure (exit 1).
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Failure {
+            code: 1,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(_) | StoreError::Conflict(_) | StoreError::Invalid(_) => {
+                Failure::input(e.to_string())
+            }
+            StoreError::Unavailable(_) | StoreError::Timeout => Failure::runtime(e.to_string()),
+        }
+    }
+}
+
+/// Prints the outcome and turns it into the process exit code.
+pub fn finish(result: Result<Value, Failure>) -> ExitCode {
+    match result {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("mpg-gateway: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Loads the config for a command, every problem in the message.
+pub fn load_settings(path: &std::path::Path) -> Result<Settings, Failure> {
+    Settings::load(path).map_err(|e| Failure::input(e.to_string()))
+}
+
+/// Runs an admin command (everything but run, check-config and demo).
+pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
+    let store = open_store(settings)
+        .await
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let now = unix_now();
+    match cmd {
+        Command::Migrate => Ok(json!({ "migrated": true, "store": settings.store.display })),
+        Command::Orgs(OrgsCmd::Create { id, name }) => {
+            non_empty("--id", &id)?;
+            Ok(store.create_organization(&id, name.as_deref()).await?)
+        }
+        Command::Users(UsersCmd::Create { id, email }) => {
+            non_empty("--id", &id)?;
+            Ok(store.create_user(&id, email.as_deref()).await?)
+        }
+        Command::Members(MembersCmd::Add { org, user, role }) => {
+            if !settings.roles.contains(&role) {
+                return Err(Failure::input(format!(
+                    "--role: unknown role {role:?}; roles in [roles]: {}",
+                    settings.roles.names().join(", ")
+                )));
+            }
+            Ok(store.set_member(&org, &user, &role).await?)
+        }
+        Command::Sessions(SessionsCmd::Create { user, ttl }) => {
+            let ttl = duration_arg("--ttl", &ttl)?;
+            let (token, session) = store.create_session(&user, ttl).await?;
+            Ok(
+                json!({ "token": token, "user_id": session.user_id, "expires_at": rfc3339(session.expires_at) }),
+            )
+        }
+        Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
+        Command::Run | Command::CheckConfig | Command::Demo(_) => {
+            Err(Failure::input("not an admin command"))
+        }
+    }
+}
+
+async fn keys(
+    settings: &Settings,
+    store: &SqlStore,
+    cmd: KeysCmd,
+    now: i64,
+) -> Result<Value, Failure> {
+    match cmd {
+        KeysCmd::Create {
+            org,
+            user,
+            name,
+            scopes,
+            expires_in,
+        } => {
+            non_empty("--name", &name)?;
+            if name.chars().count() > 100 {
+                return Err(Failure::input("--name: at most 100 characters"));
+            }
+            let scopes: Vec<String> = scopes
+                .into_iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            if scopes.is_empty() {
+                return Err(Failure::input(
+                    "--scopes: give at least one scope, e.g. --scopes clusters:read",
+                ));
+            }
+            if let Some(bad) = scopes.iter().find(|s| !settings.known_scopes.contains(*s)) {
+                let known: Vec<&str> = settings.known_scopes.iter().map(String::as_str).collect();
+                return Err(Failure::input(format!(
+                    "--scopes: unknown scope {bad:?}; known: {}",
+                    known.join(", ")
+                )));
+            }
+            if store.member_role(&org, &user).await?.is_none() {
+                return Err(Failure::input(format!(
+                    "user {user:?} is not a member of organization {org:?} (add them with: members add --org {org} --user {user} --role ROLE)"
+                )));
+            }
+            let expires_at = match expires_in {
+                Some(text) => Some(now + duration_arg("--expires-in", &text)?.as_secs() as i64),
+                None => None,
+            };
+            let new = NewApiKey {
+                organization_id: org,
+                user_id: user,
+                name,
+                scopes,
+                expires_at,
+            };
+            let (secret, record) = store.create_api_key(new).await?;
+            let mut v = record.to_json(now);
+            v["key"] = Value::String(secret);
+            Ok(v)
+        }
+        KeysCmd::List { org } => {
+            let mut all = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let (page, next) = store.list_api_keys(&org, 100, cursor.as_deref()).await?;
+                all.extend(page.iter().map(|r| r.to_json(now)));
+                match next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            Ok(json!({ "data": all }))
+        }
+        KeysCmd::Get { id } => match store.get_api_key(&id).await? {
+            Some(r) => Ok(r.to_json(now)),
+            None => Err(Failure::input(format!("no API key with id {id:?}"))),
+        },
+        KeysCmd::Revoke { id } => match store.revoke_api_key(&id, now).await? {
+            Some(r) => Ok(r.to_json(now)),
+            None => Err(Failure::input(format!("no API key with id {id:?}"))),
+        },
+        KeysCmd::Delete { id } => {
+            if store.delete_api_key(&id).await? {
+                Ok(json!({ "deleted": id }))
+            } else {
+                Err(Failure::input(format!("no API key with id {id:?}")))
+            }
+        }
+    }
+}
+
+fn non_empty(flag: &str, v: &str) -> Result<(), Failure> {
+    if v.trim().is_empty() {
+        Err(Failure::input(format!("{flag}: must not be empty")))
+    } else {
+        Ok(())
+    }
+}
+
+fn duration_arg(flag: &str, text: &str) -> Result<Duration, Failure> {
+    match parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(Failure::input(format!("{flag}: must be longer than zero"))),
+        Err(e) => Err(Failure::input(format!("{flag}: {e}"))),
+    }
+}
+
+/// Unix seconds as RFC 3339 UTC.
+pub fn rfc3339(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,346 @@
+//! Configuration: raw TOML (`raw`) → `validate` that collects *every* problem
+//! with its TOML path → immutable typed [`Settings`].
+//!
+//! Each section (and each route, upstream and policy) is deserialized on its
+//! own, so one typo does not hide the next: `check-config` lists them all.
+mod duration;
+mod raw;
+mod validate;
+
+pub use duration::{format_duration, parse_duration};
+pub use raw::{AuthMode, BackendErrorPolicy, LogFormat, PolicyKey};
+
+use http::{Method, Uri};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Scopes the gateway itself knows (API-SPEC.md and the built-in key service).
+pub const BUILTIN_SCOPES: [&str; 4] = [
+    "clusters:read",
+    "clusters:write",
+    "api-keys:read",
+    "api-keys:write",
+];
+
+/// One thing wrong with a configuration file, located by its TOML path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// e.g. `routes[2].upstream` (empty for whole-file problems).
+    pub path: String,
+    /// What is wrong, for a human.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in a configuration file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    /// The file the problems are in.
+    pub file: PathBuf,
+    /// One entry per problem, in file order where known.
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} problem(s)",
+            self.file.display(),
+            self.problems.len()
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The validated, frozen configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `[server]`
+    pub server: ServerSettings,
+    /// `[admin]`
+    pub admin: AdminSettings,
+    /// `[log]`
+    pub log: LogSettings,
+    /// `[store]`
+    pub store: StoreSettings,
+    /// `[rate_limit]`
+    pub rate_limit: RateLimitSettings,
+    /// `[roles]`
+    pub roles: Roles,
+    /// `[upstreams.NAME]`, by name.
+    pub upstreams: BTreeMap<String, UpstreamSettings>,
+    /// `[[routes]]`, in file order.
+    pub routes: Vec<RouteSettings>,
+    /// Every scope a key may be created with: the built-in ones, route scopes and role permissions.
+    pub known_scopes: BTreeSet<String>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    /// Address the gateway listens on.
+    pub listen: SocketAddr,
+    /// `None` = plain HTTP (`insecure_http = true`).
+    pub tls: Option<TlsSettings>,
+    /// Tokio worker threads; 0 = one per core.
+    pub workers: usize,
+    /// `[server.limits]`
+    pub limits: Limits,
+}
+
+/// Where the server certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSettings {
+    /// PEM files on disk.
+    Files {
+        /// Certificate chain.
+        cert: PathBuf,
+        /// Private key.
+        key: PathBuf,
+    },
+    /// A localhost certificate generated in memory (development only).
+    SelfSigned,
+}
+
+/// `[server.limits]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Total request header bytes; over it: 431.
+    pub max_header_bytes: usize,
+    /// Request body bytes; over it: 413.
+    pub max_body_bytes: u64,
+    /// A client must finish sending headers within this.
+    pub header_read_timeout: Duration,
+    /// Idle keep-alive connections are closed after this.
+    pub idle_timeout: Duration,
+    /// Open client connections at most.
+    pub max_connections: usize,
+    /// How long in-flight requests may run after a stop signal.
+    pub shutdown_grace: Duration,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminSettings {
+    /// `None` when `enabled = false`.
+    pub listen: Option<SocketAddr>,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogSettings {
+    /// A tracing filter, e.g. `info` or `mpg_gateway=debug,info`.
+    pub level: String,
+    /// Text or JSON lines.
+    pub format: LogFormat,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreSettings {
+    /// `sqlite://PATH?mode=rwc` or the `postgres://` url as written.
+    pub url: String,
+    /// The url with any password replaced, for logs.
+    pub display: String,
+    /// Positive cache entries live this long.
+    pub cache_ttl: Duration,
+    /// Unknown keys and tokens are remembered this long.
+    pub negative_cache_ttl: Duration,
+    /// Cache entries at most.
+    pub cache_capacity: u64,
+    /// Cached valid entries are still served this long while the store is down.
+    pub stale_if_error: Duration,
+    /// Every store query gives up after this.
+    pub query_timeout: Duration,
+}
+
+/// `[rate_limit]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimitSettings {
+    /// `None` = in-process limiter; `Some` = shared Redis limiter.
+    pub redis: Option<RedisSettings>,
+    /// What to do while Redis is unreachable.
+    pub on_backend_error: BackendErrorPolicy,
+    /// Also emit the IETF draft `RateLimit` / `RateLimit-Policy` fields.
+    pub ietf_headers: bool,
+    /// Named policies; routes refer to them by index.
+    pub policies: Vec<PolicySettings>,
+    /// Per client IP: 401s allowed before answering 429 without a lookup.
+    pub auth_failures: QuotaSettings,
+}
+
+/// The Redis limiter backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisSettings {
+    /// `redis://…`
+    pub url: String,
+    /// Prefix for every key the gateway writes.
+    pub prefix: String,
+    /// Per-decision timeout.
+    pub timeout: Duration,
+}
+
+/// A bucket: `requests` capacity, refilled entirely every `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// Capacity.
+    pub requests: NonZeroU32,
+    /// Time to refill the whole bucket.
+    pub per: Duration,
+}
+
+/// `[rate_limit.policies.NAME]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySettings {
+    /// The table name.
+    pub name: String,
+    /// The bucket.
+    pub quota: QuotaSettings,
+    /// What a bucket is keyed by.
+    pub key: PolicyKey,
+}
+
+/// Role → permissions.
+#[derive(Debug, Clone, Default)]
+pub struct Roles {
+    map: HashMap<String, Permissions>,
+}
+
+/// What one role may do.
+#[derive(Debug, Clone)]
+pub enum Permissions {
+    /// `"*"`
+    All,
+    /// An explicit list.
+    Only(Vec<String>),
+}
+
+impl Roles {
+    /// Whether `role` grants `scope` (an unknown role grants nothing).
+    pub fn allows(&self, role: &str, scope: &str) -> bool {
+        match self.map.get(role) {
+            Some(Permissions::All) => true,
+            Some(Permissions::Only(list)) => list.iter().any(|p| p == scope),
+            None => false,
+        }
+    }
+
+    /// The permissions of `role`, if it exists.
+    pub fn permissions(&self, role: &str) -> Option<&Permissions> {
+        self.map.get(role)
+    }
+
+    /// Whether the role exists.
+    pub fn contains(&self, role: &str) -> bool {
+        self.map.contains_key(role)
+    }
+
+    /// Role names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.map.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+/// `[upstreams.NAME]`
+#[derive(Debug, Clone)]
+pub enum UpstreamSettings {
+    /// Forward over HTTP(S).
+    Http {
+        /// One or more `http://` or `https://` base URIs.
+        targets: Vec<Uri>,
+        /// TCP (and TLS) connect timeout.
+        connect_timeout: Duration,
+        /// No response headers within this: 504.
+        request_timeout: Duration,
+    },
+    /// Served in-process.
+    Builtin(BuiltinService),
+}
+
+/// Services the gateway serves itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinService {
+    /// The `/api-keys` endpoints of DESIGN.md §7.
+    ApiKeys,
+}
+
+/// Where a route finds the organization a request is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrgSource {
+    /// The credential's own organization (API keys), or none at all.
+    None,
+    /// A query parameter, e.g. `organization_id`.
+    Query(String),
+    /// A path parameter.
+    Path(String),
+    /// The organization of the API key whose id is this path parameter.
+    Key(String),
+}
+
+/// `[[routes]]`
+#[derive(Debug, Clone)]
+pub struct RouteSettings {
+    /// Exact method.
+    pub method: Method,
+    /// Template, `{name}` for one segment.
+    pub path: String,
+    /// Which credential the route takes.
+    pub auth: AuthMode,
+    /// Permission required, if any.
+    pub scope: Option<String>,
+    /// Where the organization comes from.
+    pub organization: OrgSource,
+    /// Name of an `[upstreams.NAME]`.
+    pub upstream: String,
+    /// Index into `rate_limit.policies`; `None` = not limited.
+    pub rate_limit: Option<usize>,
+}
+
+impl Settings {
+    /// Reads and validates a configuration file.
+    pub fn load(file: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.to_path_buf(),
+            problems: vec![Problem {
+                path: String::new(),
+                message: format!("cannot read the file: {e}"),
+            }],
+        })?;
+        Self::parse(&text).map_err(|problems| ConfigError {
+            file: file.to_path_buf(),
+            problems,
+        })
+    }
+
+    /// Validates configuration text; `Err` holds every problem found.
+    pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
+        validate::validate(text)
+    }
+
+    /// Index of a rate-limit policy by name.
+    pub fn policy_index(&self, name: &str) -> Option<usize> {
+        self.rate_limit.policies.iter().position(|p| p.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

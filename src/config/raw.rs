@@ -1,0 +1,280 @@
+//! The configuration file exactly as TOML spells it: serde structs with
+//! `deny_unknown_fields` and DESIGN.md §2 defaults. Nothing here is checked
+//! beyond types; `super::validate` turns it into `Settings`.
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::duration::serde_str;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawServer {
+    pub(crate) listen: Option<String>,
+    pub(crate) insecure_http: bool,
+    pub(crate) workers: usize,
+    pub(crate) tls: Option<RawTls>,
+    pub(crate) limits: RawLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawTls {
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) self_signed: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawLimits {
+    pub(crate) max_header_bytes: usize,
+    pub(crate) max_body_bytes: u64,
+    #[serde(with = "serde_str")]
+    pub(crate) header_read_timeout: Duration,
+    #[serde(with = "serde_str")]
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: usize,
+    #[serde(with = "serde_str")]
+    pub(crate) shutdown_grace: Duration,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: 16_384,
+            max_body_bytes: 1_048_576,
+            header_read_timeout: secs(10),
+            idle_timeout: secs(60),
+            max_connections: 10_000,
+            shutdown_grace: secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawAdmin {
+    pub(crate) listen: String,
+    pub(crate) enabled: bool,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9901".into(),
+            enabled: true,
+        }
+    }
+}
+
+/// `[log] format`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawLog {
+    pub(crate) level: String,
+    pub(crate) format: LogFormat,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum StoreKind {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawStore {
+    pub(crate) kind: StoreKind,
+    pub(crate) path: Option<String>,
+    pub(crate) url: Option<String>,
+    #[serde(with = "serde_str")]
+    pub(crate) cache_ttl: Duration,
+    #[serde(with = "serde_str")]
+    pub(crate) negative_cache_ttl: Duration,
+    pub(crate) cache_capacity: u64,
+    #[serde(with = "serde_str")]
+    pub(crate) stale_if_error: Duration,
+    #[serde(with = "serde_str")]
+    pub(crate) query_timeout: Duration,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        Self {
+            kind: StoreKind::Sqlite,
+            path: None,
+            url: None,
+            cache_ttl: secs(30),
+            negative_cache_ttl: secs(5),
+            cache_capacity: 1_000_000,
+            stale_if_error: secs(60),
+            query_timeout: secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawBackend {
+    #[default]
+    Local,
+    Redis,
+}
+
+/// `[rate_limit] on_backend_error`: what to do while Redis does not answer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendErrorPolicy {
+    /// Fall back to a per-instance local limiter.
+    #[default]
+    Local,
+    /// Refuse with 429.
+    Deny,
+    /// Let the request through unlimited.
+    Allow,
+}
+
+/// `[rate_limit.policies.NAME] key`: what one bucket is keyed by.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKey {
+    /// The API key id, or the session's user id.
+    #[default]
+    Credential,
+    /// The organization the request is for.
+    Organization,
+    /// The client's IP address.
+    ClientIp,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub(crate) requests: u32,
+    #[serde(with = "serde_str")]
+    pub(crate) per: Duration,
+    #[serde(default)]
+    pub(crate) key: PolicyKey,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQuota {
+    pub(crate) requests: u32,
+    #[serde(with = "serde_str")]
+    pub(crate) per: Duration,
+}
+
+impl Default for RawQuota {
+    fn default() -> Self {
+        Self {
+            requests: 20,
+            per: secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawRateLimit {
+    pub(crate) backend: RawBackend,
+    pub(crate) redis_url: Option<String>,
+    pub(crate) redis_prefix: String,
+    #[serde(with = "serde_str")]
+    pub(crate) redis_timeout: Duration,
+    pub(crate) on_backend_error: BackendErrorPolicy,
+    pub(crate) ietf_headers: bool,
+    pub(crate) policies: Option<BTreeMap<String, toml::Value>>,
+    pub(crate) auth_failures: RawQuota,
+}
+
+impl Default for RawRateLimit {
+    fn default() -> Self {
+        Self {
+            backend: RawBackend::Local,
+            redis_url: None,
+            redis_prefix: "mpg:".into(),
+            redis_timeout: Duration::from_millis(50),
+            on_backend_error: BackendErrorPolicy::Local,
+            ietf_headers: false,
+            policies: None,
+            auth_failures: RawQuota::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstream {
+    pub(crate) targets: Option<Vec<String>>,
+    pub(crate) builtin: Option<String>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) connect_timeout: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) request_timeout: Option<Duration>,
+}
+
+/// `[[routes]] auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    /// `Authorization: Bearer mpg_…`
+    ApiKey,
+    /// `Authorization: Bearer <session token>`
+    Session,
+    /// No authentication (and so no identity headers).
+    None,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) auth: AuthMode,
+    pub(crate) scope: Option<String>,
+    #[serde(default)]
+    pub(crate) organization: Option<String>,
+    pub(crate) upstream: String,
+    pub(crate) rate_limit: Option<String>,
+}
+
+mod opt_duration {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::config::duration::parse_duration(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,250 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[server]
+insecure_http = true
+[upstreams.clusters]
+targets = ["http://127.0.0.1:9000"]
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+"#;
+
+fn problems(text: &str) -> Vec<String> {
+    Settings::parse(text)
+        .unwrap_err()
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
+}
+
+#[test]
+fn a_small_file_gets_every_default() {
+    let s = Settings::parse(MINIMAL).unwrap();
+    assert_eq!(s.server.listen.to_string(), "0.0.0.0:8443");
+    assert!(s.server.tls.is_none());
+    assert_eq!(s.server.limits.max_header_bytes, 16_384);
+    assert_eq!(s.server.limits.max_body_bytes, 1_048_576);
+    assert_eq!(s.store.url, "sqlite://data/gateway.db?mode=rwc");
+    assert_eq!(s.store.cache_ttl, Duration::from_secs(30));
+    assert_eq!(s.rate_limit.policies.len(), 1);
+    assert_eq!(s.rate_limit.policies[0].name, "default");
+    assert_eq!(s.rate_limit.policies[0].quota.requests.get(), 100);
+    assert_eq!(s.rate_limit.auth_failures.requests.get(), 20);
+    assert_eq!(s.routes[0].rate_limit, Some(0));
+    assert_eq!(
+        s.routes[0].organization,
+        OrgSource::Query("organization_id".into())
+    );
+    assert!(s.roles.allows("viewer", "clusters:read"));
+    assert!(!s.roles.allows("viewer", "clusters:write"));
+    assert!(s.roles.allows("owner", "anything"));
+    assert_eq!(s.admin.listen.unwrap().to_string(), "127.0.0.1:9901");
+}
+
+#[test]
+fn the_shipped_config_is_valid_apart_from_its_tls_files() {
+    let text = include_str!("../../config/gateway.toml");
+    let errs = Settings::parse(text).err().unwrap_or_default();
+    // The repository ships no private key; everything else must be valid.
+    assert!(
+        errs.iter().all(|p| p.path.starts_with("server.tls.")),
+        "{errs:?}"
+    );
+    let text = text.replace(
+        "cert = \"config/tls/cert.pem\"\nkey  = \"config/tls/key.pem\"",
+        "self_signed = true",
+    );
+    let s = Settings::parse(&text).unwrap();
+    assert_eq!(s.routes.len(), 6);
+    assert!(matches!(
+        s.upstreams["api-keys"],
+        UpstreamSettings::Builtin(BuiltinService::ApiKeys)
+    ));
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_path() {
+    let text = MINIMAL.replace(
+        "insecure_http = true",
+        "insecure_http = true\nlisten_addr = \"x\"",
+    );
+    let errs = problems(&text);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("server.listen_addr: unknown field `listen_addr`"),
+        "{errs:?}"
+    );
+    let errs = problems(&format!("{MINIMAL}\n[server.limits]\nmax_body = 3\n"));
+    assert!(
+        errs[0].starts_with("server.limits.max_body: unknown field"),
+        "{errs:?}"
+    );
+    let errs = problems(&format!("{MINIMAL}\n[ratelimit]\n"));
+    assert!(
+        errs[0].starts_with("ratelimit: unknown section"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn every_problem_is_listed_not_just_the_first() {
+    let text = r#"
+[server]
+insecure_http = true
+listen = "nowhere"
+[server.limits]
+idle_timeout = "forever"
+[store]
+cache_ttl = "0s"
+[rate_limit.policies.default]
+requests = 0
+per = "1m"
+[roles]
+viewer = ["clusters:raed"]
+[upstreams.clusters]
+targets = ["ftp://x"]
+[[routes]]
+method = "get"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+upstream = "clustrs"
+rate_limit = "strict"
+[[routes]]
+method = "GET"
+path = "/api/v1/x"
+auth = "apikey"
+upstream = "clusters"
+"#;
+    let errs = problems(text);
+    let has = |prefix: &str| errs.iter().any(|e| e.starts_with(prefix));
+    for prefix in [
+        "server.limits.idle_timeout: invalid duration \"forever\"",
+        "store.cache_ttl: must be longer than zero",
+        "rate_limit.policies.default.requests: must be at least 1",
+        "roles.viewer[0]: unknown permission \"clusters:raed\"",
+        "upstreams.clusters.targets[0]: invalid target",
+        "routes[0].method: invalid method \"get\"",
+        "routes[0].upstream: unknown upstream \"clustrs\"",
+        "routes[0].rate_limit: unknown policy \"strict\"",
+        "routes[1].auth: unknown variant `apikey`",
+    ] {
+        assert!(has(prefix), "missing {prefix:?} in {errs:#?}");
+    }
+    // server.listen is reported even though server.limits also failed to parse.
+    assert!(errs.iter().any(|e| e.starts_with("server")), "{errs:#?}");
+}
+
+#[test]
+fn tls_is_required_and_files_must_exist() {
+    let text = MINIMAL.replace("insecure_http = true", "");
+    assert!(problems(&text)[0].starts_with("server.tls: required"));
+    let text = MINIMAL.replace(
+        "insecure_http = true",
+        "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"",
+    );
+    let errs = problems(&text);
+    assert!(
+        errs.iter().any(|e| e.starts_with("server.tls.cert: file")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter().any(|e| e.starts_with("server.tls.key: file")),
+        "{errs:?}"
+    );
+    let text = MINIMAL.replace("insecure_http = true", "[server.tls]\nself_signed = true");
+    assert_eq!(
+        Settings::parse(&text).unwrap().server.tls,
+        Some(TlsSettings::SelfSigned)
+    );
+}
+
+#[test]
+fn route_cross_references_are_checked() {
+    let route = |extra: &str| {
+        format!("{MINIMAL}\n[[routes]]\nmethod = \"POST\"\nupstream = \"clusters\"\n{extra}\n")
+    };
+    let errs = problems(&route("path = \"/a/{id}\"\nauth = \"session\"\nscope = \"clusters:write\"\norganization = \"path:org\""));
+    assert!(
+        errs[0].starts_with("routes[1].organization: the path has no {org} parameter"),
+        "{errs:?}"
+    );
+    let errs = problems(&route(
+        "path = \"/a\"\nauth = \"session\"\nscope = \"clusters:write\"",
+    ));
+    assert!(errs[0].contains("needs an organization"), "{errs:?}");
+    let errs = problems(&route(
+        "path = \"/a\"\nauth = \"none\"\nscope = \"clusters:write\"",
+    ));
+    assert!(
+        errs[0].starts_with("routes[1].scope: a scope needs auth"),
+        "{errs:?}"
+    );
+    let errs = problems(&route("path = \"/a//b\"\nauth = \"none\""));
+    assert!(errs[0].starts_with("routes[1].path"), "{errs:?}");
+    let errs = problems(&route(
+        "path = \"/api/v1/clusters\"\nauth = \"api_key\"\nmethod = \"GET\"",
+    ));
+    assert!(!errs.is_empty());
+    let dup = format!(
+        "{MINIMAL}{}",
+        &MINIMAL[MINIMAL.find("[[routes]]").unwrap()..]
+    );
+    let errs = problems(&dup);
+    assert!(
+        errs[0].contains("duplicate route GET /api/v1/clusters"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn builtin_routes_must_be_key_endpoints() {
+    let text = format!(
+        "{MINIMAL}\n[upstreams.keys]\nbuiltin = \"api-keys\"\n[[routes]]\nmethod = \"PUT\"\npath = \"/api/v1/api-keys\"\nauth = \"session\"\nscope = \"api-keys:write\"\norganization = \"query:organization_id\"\nupstream = \"keys\"\n"
+    );
+    let errs = problems(&text);
+    assert!(
+        errs[0].contains("not an endpoint of the built-in api-keys service"),
+        "{errs:?}"
+    );
+    let errs = problems(&format!("{MINIMAL}\n[upstreams.x]\nbuiltin = \"users\"\n"));
+    assert!(
+        errs[0].starts_with("upstreams.x.builtin: unknown builtin service"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn store_and_limiter_backends_need_their_urls() {
+    let errs = problems(&format!("{MINIMAL}\n[store]\nkind = \"postgres\"\n"));
+    assert!(errs[0].starts_with("store.url: required"), "{errs:?}");
+    let s = Settings::parse(&format!(
+        "{MINIMAL}\n[store]\nkind = \"postgres\"\nurl = \"postgres://u:secret@127.0.0.1/db\"\n"
+    ))
+    .unwrap();
+    assert_eq!(s.store.display, "postgres://u:***@127.0.0.1/db");
+    let errs = problems(&format!("{MINIMAL}\n[rate_limit]\nbackend = \"redis\"\n"));
+    assert!(
+        errs[0].starts_with("rate_limit.redis_url: required"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn syntax_errors_name_the_line() {
+    let errs = problems("[server\nlisten = 1");
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].contains("line 1"), "{errs:?}");
+}
+
+#[test]
+fn the_production_example_is_valid_apart_from_its_tls_files() {
+    let text = include_str!("../../config/production.toml");
+    let errs = Settings::parse(text).err().unwrap_or_default();
+    assert!(errs.iter().all(|p| p.path.starts_with("server.tls.")), "{errs:?}");
+}

@@ -1,0 +1,311 @@
+//! Every refusal the gateway makes, and the one place it becomes a response
+//! (DESIGN.md §4): status, `error` name, `message`, `details`, and the
+//! headers that go with it. Internals (source chains) go to the log only.
+use bytes::Bytes;
+use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{Response, StatusCode};
+use serde_json::{json, Value};
+use std::borrow::Cow;
+
+use crate::body::{self, Body};
+
+/// Why a credential was refused (`details.reason` of a 401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthReason {
+    /// No Authorization header.
+    Missing,
+    /// Not `Bearer <token>`, or a token of the wrong shape.
+    Malformed,
+    /// Well-formed but unknown.
+    Invalid,
+    /// Past its `expires_at`.
+    Expired,
+    /// Revoked.
+    Revoked,
+    /// An API key on a session route, or a session token on an API-key route.
+    WrongCredentialType,
+}
+
+impl AuthReason {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthReason::Missing => "missing",
+            AuthReason::Malformed => "malformed",
+            AuthReason::Invalid => "invalid",
+            AuthReason::Expired => "expired",
+            AuthReason::Revoked => "revoked",
+            AuthReason::WrongCredentialType => "wrong_credential_type",
+        }
+    }
+}
+
+/// A refusal, mapped to a response by [`GatewayError::into_response`].
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// 400; `field` names what failed.
+    #[error("bad request: {message}")]
+    BadRequest {
+        /// Human text naming the field.
+        message: Cow<'static, str>,
+        /// `details.field`.
+        field: Option<String>,
+    },
+    /// 401 with `WWW-Authenticate: Bearer`.
+    #[error("unauthorized: {}", .0.as_str())]
+    Unauthorized(AuthReason),
+    /// 403; the permission the route needs.
+    #[error("forbidden: requires {required_scope}")]
+    Forbidden {
+        /// `details.required_scope`.
+        required_scope: String,
+    },
+    /// 404: no such route or resource, or the caller may not see it.
+    #[error("not found")]
+    NotFound,
+    /// 405 with `Allow`.
+    #[error("method not allowed")]
+    MethodNotAllowed {
+        /// Methods the path accepts.
+        allow: HeaderValue,
+    },
+    /// 413.
+    #[error("request body over {limit} bytes")]
+    PayloadTooLarge {
+        /// `server.limits.max_body_bytes`.
+        limit: u64,
+    },
+    /// 431.
+    #[error("request headers over {limit} bytes")]
+    HeaderFieldsTooLarge {
+        /// `server.limits.max_header_bytes`.
+        limit: usize,
+    },
+    /// 409.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// 429 with `Retry-After` (rate-limit headers are added by the pipeline).
+    #[error("too many requests")]
+    TooManyRequests {
+        /// Whole seconds, at least 1.
+        retry_after: u64,
+    },
+    /// 500. The source is logged, never sent.
+    #[error("internal error: {0}")]
+    Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// 502.
+    #[error("bad gateway: {0}")]
+    BadGateway(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// 503 with `Retry-After`.
+    #[error("service unavailable: {what}")]
+    ServiceUnavailable {
+        /// What is unavailable, for the message ("key store", "upstream clusters").
+        what: Cow<'static, str>,
+        /// Whole seconds, at least 1.
+        retry_after: u64,
+    },
+    /// 504.
+    #[error("gateway timeout")]
+    GatewayTimeout,
+}
+
+impl GatewayError {
+    /// 400 naming `field` in `message` and `details.field`.
+    pub fn bad_field(field: impl Into<String>, what: &str) -> Self {
+        let field = field.into();
+        GatewayError::BadRequest {
+            message: format!("{field}: {what}").into(),
+            field: Some(field),
+        }
+    }
+
+    /// The status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            GatewayError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            GatewayError::NotFound => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::HeaderFieldsTooLarge { .. } => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
+            GatewayError::Conflict(_) => StatusCode::CONFLICT,
+            GatewayError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            GatewayError::ServiceUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `error` name of DESIGN.md §4.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest { .. } => "BadRequest",
+            GatewayError::Unauthorized(_) => "Unauthorized",
+            GatewayError::Forbidden { .. } => "Forbidden",
+            GatewayError::NotFound => "NotFound",
+            GatewayError::MethodNotAllowed { .. } => "MethodNotAllowed",
+            GatewayError::PayloadTooLarge { .. } => "PayloadTooLarge",
+            GatewayError::HeaderFieldsTooLarge { .. } => "RequestHeaderFieldsTooLarge",
+            GatewayError::Conflict(_) => "Conflict",
+            GatewayError::TooManyRequests { .. } => "TooManyRequests",
+            GatewayError::Internal(_) => "InternalError",
+            GatewayError::BadGateway(_) => "BadGateway",
+            GatewayError::ServiceUnavailable { .. } => "ServiceUnavailable",
+            GatewayError::GatewayTimeout => "GatewayTimeout",
+        }
+    }
+
+    /// `message` and `details` for the client. Never includes a source chain.
+    fn message_and_details(&self) -> (Cow<'static, str>, Option<Value>) {
+        match self {
+            GatewayError::BadRequest { message, field } => (
+                message.clone(),
+                field.as_ref().map(|f| json!({ "field": f })),
+            ),
+            GatewayError::Unauthorized(reason) => {
+                let message = match reason {
+                    AuthReason::Missing => "an Authorization: Bearer header is required",
+                    AuthReason::Malformed => "the Authorization header or its token is malformed",
+                    AuthReason::Invalid => "the credential is not valid",
+                    AuthReason::Expired => "the credential has expired",
+                    AuthReason::Revoked => "the credential has been revoked",
+                    AuthReason::WrongCredentialType => {
+                        "this endpoint does not accept this type of credential"
+                    }
+                };
+                (message.into(), Some(json!({ "reason": reason.as_str() })))
+            }
+            GatewayError::Forbidden { required_scope } => (
+                format!("the credential lacks the permission {required_scope}").into(),
+                Some(json!({ "required_scope": required_scope })),
+            ),
+            GatewayError::NotFound => (
+                "the resource does not exist or is not accessible".into(),
+                None,
+            ),
+            GatewayError::MethodNotAllowed { allow } => (
+                "method not allowed for this path".into(),
+                Some(json!({ "allow": allow.to_str().unwrap_or_default() })),
+            ),
+            GatewayError::PayloadTooLarge { limit } => (
+                format!("request body exceeds {limit} bytes").into(),
+                Some(json!({ "limit": limit })),
+            ),
+            GatewayError::HeaderFieldsTooLarge { limit } => (
+                format!("request headers exceed {limit} bytes").into(),
+                Some(json!({ "limit": limit })),
+            ),
+            GatewayError::Conflict(message) => (message.clone().into(), None),
+            GatewayError::TooManyRequests { retry_after } => (
+                "rate limit exceeded".into(),
+                Some(json!({ "retry_after": retry_after })),
+            ),
+            GatewayError::Internal(_) => ("internal error".into(), None),
+            GatewayError::BadGateway(_) => {
+                ("the upstream service could not be reached".into(), None)
+            }
+            GatewayError::ServiceUnavailable { what, .. } => {
+                (format!("{what} is unavailable; retry later").into(), None)
+            }
+            GatewayError::GatewayTimeout => {
+                ("the upstream service did not answer in time".into(), None)
+            }
+        }
+    }
+
+    /// The JSON body of DESIGN.md §4.
+    pub fn body_bytes(&self) -> Bytes {
+        let (message, details) = self.message_and_details();
+        let mut v = json!({ "error": self.name(), "message": message });
+        if let Some(d) = details {
+            v["details"] = d;
+        }
+        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+    }
+
+    /// The response: status, JSON body and the headers this error carries.
+    pub fn into_response(self) -> Response<Body> {
+        let mut res = Response::new(body::full(self.body_bytes()));
+        *res.status_mut() = self.status();
+        let h = res.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        match &self {
+            GatewayError::Unauthorized(_) => {
+                h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            GatewayError::MethodNotAllowed { allow } => {
+                h.insert(ALLOW, allow.clone());
+            }
+            GatewayError::TooManyRequests { retry_after }
+            | GatewayError::ServiceUnavailable { retry_after, .. } => {
+                h.insert(RETRY_AFTER, HeaderValue::from((*retry_after).max(1)));
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn parts(e: GatewayError) -> (StatusCode, http::HeaderMap, Value) {
+        let res = e.into_response();
+        let (p, b) = res.into_parts();
+        let bytes = b.collect().await.unwrap().to_bytes();
+        (p.status, p.headers, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn unauthorized_names_the_reason_and_asks_for_bearer() {
+        let (status, h, v) = parts(GatewayError::Unauthorized(AuthReason::Expired)).await;
+        assert_eq!(status, 401);
+        assert_eq!(h[WWW_AUTHENTICATE], "Bearer");
+        assert_eq!(h[CONTENT_TYPE], "application/json");
+        assert_eq!(v["error"], "Unauthorized");
+        assert_eq!(v["details"]["reason"], "expired");
+    }
+
+    #[tokio::test]
+    async fn bad_request_names_the_field() {
+        let (status, _, v) = parts(GatewayError::bad_field("organization_id", "is required")).await;
+        assert_eq!(status, 400);
+        assert_eq!(v["error"], "BadRequest");
+        assert!(v["message"].as_str().unwrap().contains("organization_id"));
+        assert_eq!(v["details"]["field"], "organization_id");
+    }
+
+    #[tokio::test]
+    async fn internals_never_reach_the_client() {
+        let e = GatewayError::Internal("db password=hunter2 mpg_secret".into());
+        let (status, _, v) = parts(e).await;
+        assert_eq!(status, 500);
+        assert_eq!(v["error"], "InternalError");
+        assert!(!v.to_string().contains("hunter2"));
+        let (status, h, v) = parts(GatewayError::ServiceUnavailable {
+            what: "key store".into(),
+            retry_after: 0,
+        })
+        .await;
+        assert_eq!(status, 503);
+        assert_eq!(h[RETRY_AFTER], "1");
+        assert_eq!(v["error"], "ServiceUnavailable");
+    }
+
+    #[tokio::test]
+    async fn method_not_allowed_carries_allow() {
+        let (status, h, v) = parts(GatewayError::MethodNotAllowed {
+            allow: HeaderValue::from_static("GET, POST"),
+        })
+        .await;
+        assert_eq!(status, 405);
+        assert_eq!(h[ALLOW], "GET, POST");
+        assert_eq!(v["error"], "MethodNotAllowed");
+    }
+}

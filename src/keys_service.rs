@@ -1,0 +1,385 @@
+//! The built-in API key service (`builtin = "api-keys"`, DESIGN.md §7).
+//!
+//! It runs after the pipeline: the caller is authenticated (session), the
+//! organization validated and the route's scope checked. What is left here
+//! is the endpoint's own validation, the role check on requested scopes, the
+//! store call, and in-process cache invalidation (so a revoke is seen at once).
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+use crate::body::{self, Body};
+use crate::config::Settings;
+use crate::error::GatewayError;
+use crate::pipeline::{unix_now, Principal};
+use crate::store::cache::CachedKeyStore;
+use crate::store::sql::{NewApiKey, SqlStore};
+use crate::store::{ApiKeyRecord, Change, StoreError};
+
+/// Longest key name accepted.
+const MAX_NAME_CHARS: usize = 100;
+/// Page size when `limit` is not given, and the largest accepted.
+const DEFAULT_LIMIT: u32 = 20;
+const MAX_LIMIT: u32 = 100;
+
+/// The five endpoints of the key service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `POST …/api-keys`
+    Create,
+    /// `GET …/api-keys`
+    List,
+    /// `GET …/api-keys/{id}`
+    Get,
+    /// `POST …/api-keys/{id}/revoke`
+    Revoke,
+    /// `DELETE …/api-keys/{id}`
+    Delete,
+}
+
+impl Operation {
+    /// Which endpoint a configured route is, judged by its method and template
+    /// (`None`: the route is no endpoint of this service).
+    pub fn for_route(method: &Method, template: &str) -> Option<Operation> {
+        let m = method.as_str();
+        if template.ends_with("/api-keys") {
+            return match m {
+                "POST" => Some(Operation::Create),
+                "GET" => Some(Operation::List),
+                _ => None,
+            };
+        }
+        if template.ends_with("/api-keys/{id}/revoke") {
+            return (m == "POST").then_some(Operation::Revoke);
+        }
+        if template.ends_with("/api-keys/{id}") {
+            return match m {
+                "GET" => Some(Operation::Get),
+                "DELETE" => Some(Operation::Delete),
+                _ => None,
+            };
+        }
+        None
+    }
+}
+
+/// Who is calling, as established by the pipeline.
+pub struct Caller<'a> {
+    /// The authenticated session (or key).
+    pub principal: &'a Principal,
+    /// The organization the request is for (already authorized).
+    pub organization: &'a str,
+    /// The caller's current role there.
+    pub role: &'a str,
+}
+
+/// The key service: the store, the cache to invalidate, and the settings.
+pub struct KeysService {
+    store: SqlStore,
+    cache: CachedKeyStore,
+    settings: Arc<Settings>,
+}
+
+impl KeysService {
+    /// A service over `store`, invalidating `cache` on every change.
+    pub fn new(store: SqlStore, cache: CachedKeyStore, settings: Arc<Settings>) -> Self {
+        KeysService {
+            store,
+            cache,
+            settings,
+        }
+    }
+
+    /// Serves one endpoint. `key` is the record stage 4 already loaded for
+    /// `{id}` routes (its organization was checked against the caller's).
+    pub async fn handle(
+        &self,
+        op: Operation,
+        caller: Caller<'_>,
+        key_id: Option<String>,
+        key: Option<ApiKeyRecord>,
+        req: Request<Body>,
+    ) -> Result<Response<Body>, GatewayError> {
+        let now = unix_now();
+        match op {
+            Operation::Create => self.create(caller, req, now).await,
+            Operation::List => self.list(caller, req.uri().query(), now).await,
+            Operation::Get => {
+                let key = key.ok_or(GatewayError::NotFound)?;
+                Ok(json_response(StatusCode::OK, &key.to_json(now)))
+            }
+            Operation::Revoke => {
+                let id = key_id.ok_or(GatewayError::NotFound)?;
+                let record = self
+                    .store
+                    .revoke_api_key(&id, now)
+                    .await
+                    .map_err(store_error)?;
+                let record = record.ok_or(GatewayError::NotFound)?;
+                self.cache.invalidate(&Change::ApiKey { id });
+                Ok(json_response(StatusCode::OK, &record.to_json(now)))
+            }
+            Operation::Delete => {
+                let id = key_id.ok_or(GatewayError::NotFound)?;
+                if !self.store.delete_api_key(&id).await.map_err(store_error)? {
+                    return Err(GatewayError::NotFound);
+                }
+                self.cache.invalidate(&Change::ApiKey { id });
+                let mut res = Response::new(body::empty());
+                *res.status_mut() = StatusCode::NO_CONTENT;
+                Ok(res)
+            }
+        }
+    }
+
+    async fn create(
+        &self,
+        caller: Caller<'_>,
+        req: Request<Body>,
+        now: i64,
+    ) -> Result<Response<Body>, GatewayError> {
+        let limit = self.settings.server.limits.max_body_bytes;
+        let bytes = read_body(req.into_body(), limit).await?;
+        let input: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
+        let input = input
+            .as_object()
+            .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
+        for field in input.keys() {
+            if !matches!(field.as_str(), "name" | "scopes" | "expires_at") {
+                return Err(GatewayError::bad_field(field.as_str(), "unknown field"));
+            }
+        }
+        let name = match input.get("name") {
+            Some(Value::String(s)) if s.trim().is_empty() => {
+                return Err(GatewayError::bad_field("name", "must not be empty"))
+            }
+            Some(Value::String(s)) if s.chars().count() > MAX_NAME_CHARS => {
+                return Err(GatewayError::bad_field(
+                    "name",
+                    "must be at most 100 characters",
+                ))
+            }
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(GatewayError::bad_field("name", "must be a string")),
+            None => return Err(GatewayError::bad_field("name", "is required")),
+        };
+        let scopes = self.scopes(input.get("scopes"))?;
+        let expires_at = match input.get("expires_at") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(parse_future_time(s, now)?),
+            Some(_) => {
+                return Err(GatewayError::bad_field(
+                    "expires_at",
+                    "must be an RFC 3339 timestamp string",
+                ))
+            }
+        };
+        // A key can never carry more than its creator's role grants.
+        let roles = &self.settings.roles;
+        if let Some(missing) = scopes.iter().find(|s| !roles.allows(caller.role, s)) {
+            return Err(GatewayError::Forbidden {
+                required_scope: missing.clone(),
+            });
+        }
+        let new = NewApiKey {
+            organization_id: caller.organization.to_string(),
+            user_id: caller.principal.user_id().to_string(),
+            name,
+            scopes,
+            expires_at,
+        };
+        let (secret, record) = self.store.create_api_key(new).await.map_err(store_error)?;
+        let mut body = record.to_json(now);
+        body["key"] = Value::String(secret);
+        Ok(json_response(StatusCode::CREATED, &body))
+    }
+
+    fn scopes(&self, value: Option<&Value>) -> Result<Vec<String>, GatewayError> {
+        let list = match value {
+            Some(Value::Array(list)) => list,
+            Some(_) => {
+                return Err(GatewayError::bad_field(
+                    "scopes",
+                    "must be an array of scope names",
+                ))
+            }
+            None => return Err(GatewayError::bad_field("scopes", "is required")),
+        };
+        if list.is_empty() {
+            return Err(GatewayError::bad_field("scopes", "must not be empty"));
+        }
+        let mut scopes: Vec<String> = Vec::with_capacity(list.len());
+        for item in list {
+            let Value::String(s) = item else {
+                return Err(GatewayError::bad_field(
+                    "scopes",
+                    "must be an array of strings",
+                ));
+            };
+            if !self.settings.known_scopes.contains(s) {
+                return Err(GatewayError::bad_field(
+                    "scopes",
+                    &format!("unknown scope {s:?}"),
+                ));
+            }
+            if !scopes.contains(s) {
+                scopes.push(s.clone());
+            }
+        }
+        Ok(scopes)
+    }
+
+    async fn list(
+        &self,
+        caller: Caller<'_>,
+        query: Option<&str>,
+        now: i64,
+    ) -> Result<Response<Body>, GatewayError> {
+        let query = crate::routes::Query::parse(query).map_err(|_| GatewayError::BadRequest {
+            message: "malformed query string".into(),
+            field: None,
+        })?;
+        let limit = match query.get("limit") {
+            None => DEFAULT_LIMIT,
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+                _ => {
+                    return Err(GatewayError::bad_field(
+                        "limit",
+                        "must be a whole number from 1 to 100",
+                    ))
+                }
+            },
+        };
+        let cursor = query.get("cursor").filter(|c| !c.is_empty());
+        let (records, next) = match self
+            .store
+            .list_api_keys(caller.organization, limit, cursor)
+            .await
+        {
+            Err(StoreError::Invalid(_)) => {
+                return Err(GatewayError::bad_field(
+                    "cursor",
+                    "is not a cursor this service issued",
+                ))
+            }
+            other => other.map_err(store_error)?,
+        };
+        let data: Vec<Value> = records.iter().map(|r| r.to_json(now)).collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({ "data": data, "next_cursor": next }),
+        ))
+    }
+}
+
+async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
+    match body.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if is_length_limit(e.as_ref()) => Err(GatewayError::PayloadTooLarge { limit }),
+        Err(e) => Err(GatewayError::BadRequest {
+            message: format!("cannot read the body: {e}").into(),
+            field: Some("body".into()),
+        }),
+    }
+}
+
+fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        match e.source() {
+            Some(next) => e = next,
+            None => return false,
+        }
+    }
+}
+
+fn parse_future_time(text: &str, now: i64) -> Result<i64, GatewayError> {
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| {
+            GatewayError::bad_field(
+                "expires_at",
+                "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00Z",
+            )
+        })?;
+    let t = t.unix_timestamp();
+    if t <= now {
+        return Err(GatewayError::bad_field(
+            "expires_at",
+            "must be in the future",
+        ));
+    }
+    Ok(t)
+}
+
+fn store_error(e: StoreError) -> GatewayError {
+    match e {
+        StoreError::NotFound(_) => GatewayError::NotFound,
+        StoreError::Conflict(what) => GatewayError::Conflict(what),
+        StoreError::Invalid(what) => GatewayError::BadRequest {
+            message: what.into(),
+            field: None,
+        },
+        StoreError::Unavailable(_) | StoreError::Timeout => {
+            tracing::warn!(error = %e, "key store unavailable");
+            GatewayError::ServiceUnavailable {
+                what: "the key store".into(),
+                retry_after: 1,
+            }
+        }
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut res = Response::new(body::full(serde_json::to_vec(value).unwrap_or_default()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_map_to_operations() {
+        let op = |m: Method, p: &str| Operation::for_route(&m, p);
+        assert_eq!(
+            op(Method::POST, "/api/v1/api-keys"),
+            Some(Operation::Create)
+        );
+        assert_eq!(op(Method::GET, "/api/v1/api-keys"), Some(Operation::List));
+        assert_eq!(
+            op(Method::GET, "/api/v1/api-keys/{id}"),
+            Some(Operation::Get)
+        );
+        assert_eq!(
+            op(Method::DELETE, "/api/v1/api-keys/{id}"),
+            Some(Operation::Delete)
+        );
+        assert_eq!(
+            op(Method::POST, "/api/v1/api-keys/{id}/revoke"),
+            Some(Operation::Revoke)
+        );
+        assert_eq!(op(Method::PUT, "/api/v1/api-keys/{id}"), None);
+        assert_eq!(op(Method::GET, "/api/v1/clusters"), None);
+    }
+
+    #[test]
+    fn expiry_must_be_rfc3339_and_future() {
+        assert!(parse_future_time("2999-01-01T00:00:00Z", 0).is_ok());
+        assert!(parse_future_time("2000-01-01T00:00:00Z", 2_000_000_000).is_err());
+        assert!(parse_future_time("tomorrow", 0).is_err());
+        assert_eq!(
+            parse_future_time("1970-01-01T00:01:40+00:00", 0).unwrap(),
+            100
+        );
+    }
+}

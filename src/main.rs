@@ -1,0 +1,136 @@
+//! The `mpg-gateway` binary: parse the command line, then run the gateway,
+//! the demo, a config check, or an admin command.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use std::process::ExitCode;
+
+use mpg_gateway::cli::{self, Cli, Command, Failure};
+use mpg_gateway::{demo, gateway, logging};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => run(&cli.config),
+        Command::CheckConfig => check_config(&cli.config),
+        Command::Demo(args) => {
+            logging::init("info", mpg_gateway::config::LogFormat::Text);
+            match runtime(0).and_then(|rt| rt.block_on(demo::run(args.listen))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(f) => {
+                    eprintln!("mpg-gateway: {}", f.message);
+                    ExitCode::from(f.code)
+                }
+            }
+        }
+        cmd => {
+            logging::init("warn", mpg_gateway::config::LogFormat::Text);
+            let result = cli::load_settings(&cli.config).and_then(|settings| {
+                runtime(1).and_then(|rt| rt.block_on(cli::admin(&settings, cmd)))
+            });
+            cli::finish(result)
+        }
+    }
+}
+
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        b.worker_threads(workers);
+    }
+    b.enable_all()
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))
+}
+
+fn check_config(path: &std::path::Path) -> ExitCode {
+    match cli::load_settings(path).and_then(|s| {
+        // Also load the certificate: a key that does not match its cert is a config problem.
+        if let Some(tls) = &s.server.tls {
+            mpg_gateway::tls::load_certified_key(tls)
+                .map_err(|e| Failure::input(format!("server.tls: {e}")))?;
+        }
+        Ok(s)
+    }) {
+        Ok(s) => {
+            eprintln!(
+                "{}: OK ({} routes, {} upstreams, {} rate-limit policies)",
+                path.display(),
+                s.routes.len(),
+                s.upstreams.len(),
+                s.rate_limit.policies.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("{}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn run(path: &std::path::Path) -> ExitCode {
+    let settings = match cli::load_settings(path) {
+        Ok(s) => s,
+        Err(f) => {
+            eprintln!("{}", f.message);
+            return ExitCode::from(f.code);
+        }
+    };
+    logging::init(&settings.log.level, settings.log.format);
+    let rt = match runtime(settings.server.workers) {
+        Ok(rt) => rt,
+        Err(f) => return cli::finish(Err(f)),
+    };
+    rt.block_on(async {
+        let running = match gateway::start(settings, Some(path.to_path_buf())).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start");
+                eprintln!("mpg-gateway: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        let live = running.live.clone();
+        // SIGHUP re-reads the configuration (and certificate) without dropping connections.
+        #[cfg(unix)]
+        tokio::spawn(async move {
+            let Ok(mut hup) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP received; reloading configuration");
+                let _ = live.reload().await;
+            }
+        });
+        shutdown_signal().await;
+        tracing::info!("stop signal received; draining");
+        running.stop().await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,622 @@
+//! The request's life, DESIGN.md §3, stage by stage and in that order:
+//! route → authenticate → rate limit → validate → authorize → forward.
+//! Each stage returns `Result<_, GatewayError>`; the first refusal answers.
+//! [`Gateway::handle`] wraps them: it turns errors into responses, adds the
+//! rate-limit headers and `X-Request-Id`, and writes the access-log line.
+mod principal;
+
+pub use principal::Principal;
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::{Request, Response, Uri, Version};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::admin::names;
+use crate::auth::credential::{parse_authorization, Credential, CredentialError};
+use crate::auth::token::{hash_secret, looks_like_secret};
+use crate::body::Body;
+use crate::config::{AuthMode, OrgSource, PolicyKey};
+use crate::error::{AuthReason, GatewayError};
+use crate::gateway::{Gateway, RouteEntry, Target};
+use crate::proxy::headers::{add_identity, sanitize_request, ForwardedFor, Identity, X_REQUEST_ID};
+use crate::proxy::upstream::UpstreamError;
+use crate::ratelimit::Decision;
+use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
+use crate::server::{ConnInfo, Handler};
+use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
+
+/// What the wrapper needs to know about a request after the stages ran.
+struct Outcome {
+    route: Option<usize>,
+    decision: Option<Decision>,
+    principal: Option<Principal>,
+    organization: Option<String>,
+}
+
+/// The caller's grant for this request, from stage 5.
+struct Grant {
+    principal: Principal,
+    organization: String,
+    role: String,
+}
+
+/// What stage 4 found: the organization asked for, and the key named by the
+/// path when the route takes one (the key service uses it, saving a query).
+struct Validated {
+    organization: Option<String>,
+    key: Option<ApiKeyRecord>,
+    key_id: Option<String>,
+}
+
+impl Handler for Gateway {
+    async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
+        let started = Instant::now();
+        let request_id = request_id(req.headers());
+        let method = req.method().clone();
+        let mut out = Outcome {
+            route: None,
+            decision: None,
+            principal: None,
+            organization: None,
+        };
+        let bytes_in = req.body().size_hint().exact();
+        let mut res = match self.stages(req, &conn, &request_id, &mut out).await {
+            Ok(res) => res,
+            Err(err) => self.rescue(err, &request_id),
+        };
+        let headers = res.headers_mut();
+        if let Some(d) = &out.decision {
+            d.write_headers(headers, self.settings.rate_limit.ietf_headers);
+        }
+        headers.insert(X_REQUEST_ID, request_id.clone());
+        let route = out
+            .route
+            .map(|i| self.routes[i].route.path.as_str())
+            .unwrap_or("-");
+        let route_label = out
+            .route
+            .map(|i| self.routes[i].label.clone())
+            .unwrap_or(metrics::SharedString::const_str("-"));
+        let status = res.status().as_u16();
+        metrics::counter!(names::REQUESTS, "route" => route_label.clone(), "method" => method_label(&method), "status" => status_label(status))
+            .increment(1);
+        metrics::histogram!(names::REQUEST_SECONDS, "route" => route_label)
+            .record(started.elapsed().as_secs_f64());
+        tracing::info!(
+            target: "access",
+            request_id = request_id.to_str().unwrap_or("-"),
+            method = %method,
+            route,
+            status,
+            latency_us = started.elapsed().as_micros() as u64,
+            peer = %conn.peer.ip(),
+            key_id = out.principal.as_ref().and_then(|p| p.key_id()).unwrap_or("-"),
+            user_id = out.principal.as_ref().map(|p| p.user_id()).unwrap_or("-"),
+            organization = out.organization.as_deref().unwrap_or("-"),
+            upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()).unwrap_or("-"),
+            bytes_in,
+            bytes_out = res.body().size_hint().exact(),
+            "request"
+        );
+        res
+    }
+}
+
+impl Gateway {
+    /// The stages in order. Comments say why each stands where it does.
+    async fn stages(
+        &self,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+        request_id: &HeaderValue,
+        out: &mut Outcome,
+    ) -> Result<Response<Body>, GatewayError> {
+        // 1. Before anything reads the path: refuse ambiguity, then route.
+        let (index, path_param) = self.route(&req)?;
+        out.route = Some(index);
+        let entry = &self.routes[index];
+        // 2. Identity first: every later decision depends on who is asking.
+        let principal = self.authenticate(entry, &req, conn).await?;
+        out.principal = principal.clone();
+        // 3. Limit before validation, so malformed requests still spend tokens.
+        self.rate_limit(
+            entry,
+            principal.as_ref(),
+            &req,
+            path_param.as_deref(),
+            conn,
+            out,
+        )
+        .await?;
+        // 4. Validate the organization the request is for (and the key it names).
+        let validated = self.validate(entry, &req, path_param).await?;
+        out.organization = validated.organization.clone().or_else(|| {
+            principal
+                .as_ref()
+                .and_then(|p| p.home_organization())
+                .map(str::to_string)
+        });
+        // 5. Authorize: the right organization, then the route's scope.
+        let grant = match principal {
+            Some(p) => Some(self.authorize(entry, p, validated.organization.as_deref())?),
+            None => None,
+        };
+        // 6. Forward to the upstream (or the built-in key service).
+        self.forward(entry, req, grant, validated, conn, request_id)
+            .await
+    }
+
+    /// Stage 1: target checks, header and body limits, route lookup.
+    fn route(&self, req: &Request<Incoming>) -> Result<(usize, Option<String>), GatewayError> {
+        check_target(req.uri(), req.version())
+            .and_then(|()| check_head(req.uri(), req.version(), req.headers()))
+            .map_err(|e| GatewayError::BadRequest {
+                message: format!("invalid request: {e}").into(),
+                field: None,
+            })?;
+        // A credential in the URL is refused before anything could log or forward it.
+        if let Some(field) = req.uri().query().and_then(find_secret_param) {
+            return Err(GatewayError::bad_field(
+                field,
+                "looks like a credential; send it in the Authorization header, never in the URL",
+            ));
+        }
+        let limits = &self.settings.server.limits;
+        let header_bytes: usize = req
+            .headers()
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 4)
+            .sum();
+        if header_bytes > limits.max_header_bytes {
+            return Err(GatewayError::HeaderFieldsTooLarge {
+                limit: limits.max_header_bytes,
+            });
+        }
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limits.max_body_bytes) {
+            return Err(GatewayError::PayloadTooLarge {
+                limit: limits.max_body_bytes,
+            });
+        }
+        match self.router.at(req.method(), req.uri().path()) {
+            RouteMatch::Found { value, params } => {
+                let entry = &self.routes[*value];
+                let param = entry
+                    .path_param
+                    .as_deref()
+                    .and_then(|name| params.get(name))
+                    .map(str::to_string);
+                Ok((*value, param))
+            }
+            RouteMatch::MethodNotAllowed { allow } => Err(GatewayError::MethodNotAllowed {
+                allow: allow.clone(),
+            }),
+            RouteMatch::NotFound => Err(GatewayError::NotFound),
+        }
+    }
+
+    /// Stage 2: the credential, checked against the cached key store.
+    async fn authenticate(
+        &self,
+        entry: &RouteEntry,
+        req: &Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Result<Option<Principal>, GatewayError> {
+        if entry.route.auth == AuthMode::None {
+            return Ok(None);
+        }
+        let ip = conn.peer.ip();
+        // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
+        if let Some(d) = self.limiter.auth_failures_exceeded(ip).await {
+            return Err(GatewayError::TooManyRequests {
+                retry_after: d.retry_after_secs.unwrap_or(1),
+            });
+        }
+        let result = self.check_credential(entry, req).await;
+        match &result {
+            Ok(p) => metrics::counter!(names::AUTH, "result" => "ok", "reason" => p.auth_kind())
+                .increment(1),
+            Err(GatewayError::Unauthorized(reason)) => {
+                metrics::counter!(names::AUTH, "result" => "refused", "reason" => reason.as_str())
+                    .increment(1);
+                tracing::debug!(peer = %ip, reason = reason.as_str(), "authentication failed");
+                self.limiter.record_auth_failure(ip).await;
+            }
+            Err(_) => {
+                metrics::counter!(names::AUTH, "result" => "error", "reason" => "store_unavailable")
+                    .increment(1)
+            }
+        }
+        result.map(Some)
+    }
+
+    async fn check_credential(
+        &self,
+        entry: &RouteEntry,
+        req: &Request<Incoming>,
+    ) -> Result<Principal, GatewayError> {
+        let credential = parse_authorization(req.headers()).map_err(|e| {
+            GatewayError::Unauthorized(match e {
+                CredentialError::Missing => AuthReason::Missing,
+                CredentialError::Malformed => AuthReason::Malformed,
+            })
+        })?;
+        let now = unix_now();
+        match (credential, entry.route.auth) {
+            (Credential::ApiKey(secret), AuthMode::ApiKey) => {
+                let found = self
+                    .keys
+                    .api_key(&hash_secret(secret))
+                    .await
+                    .map_err(store_unavailable)?;
+                let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
+                match auth.key.status(now) {
+                    KeyStatus::Active => {}
+                    KeyStatus::Revoked => {
+                        return Err(GatewayError::Unauthorized(AuthReason::Revoked))
+                    }
+                    KeyStatus::Expired => {
+                        return Err(GatewayError::Unauthorized(AuthReason::Expired))
+                    }
+                }
+                self.usage.touch(&auth.key.id, now);
+                Ok(Principal::ApiKey(auth))
+            }
+            (Credential::Session(token), AuthMode::Session) => {
+                let found = self
+                    .keys
+                    .session(&hash_secret(token))
+                    .await
+                    .map_err(store_unavailable)?;
+                let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
+                if auth.session.expires_at <= now {
+                    return Err(GatewayError::Unauthorized(AuthReason::Expired));
+                }
+                Ok(Principal::Session(auth))
+            }
+            _ => Err(GatewayError::Unauthorized(AuthReason::WrongCredentialType)),
+        }
+    }
+
+    /// Stage 3: the route's policy, keyed as the policy says.
+    async fn rate_limit(
+        &self,
+        entry: &RouteEntry,
+        principal: Option<&Principal>,
+        req: &Request<Incoming>,
+        path_param: Option<&str>,
+        conn: &ConnInfo,
+        out: &mut Outcome,
+    ) -> Result<(), GatewayError> {
+        let Some((policy, key_kind)) = entry.policy else {
+            return Ok(());
+        };
+        let ip;
+        let user_key;
+        let key: &str = match (key_kind, principal) {
+            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => &k.key.id,
+            (PolicyKey::Credential, Some(Principal::Session(s))) => {
+                user_key = format!("user:{}", s.session.user_id);
+                &user_key
+            }
+            (PolicyKey::Organization, Some(p)) => match p.home_organization() {
+                Some(org) => org,
+                // A session has no organization of its own: use the one asked for
+                // when the request names it directly, else the user.
+                None => {
+                    user_key = match requested_org_hint(entry, req, path_param) {
+                        Some(org) => format!("org:{org}"),
+                        None => format!("user:{}", p.user_id()),
+                    };
+                    &user_key
+                }
+            },
+            _ => {
+                ip = conn.peer.ip().to_string();
+                &ip
+            }
+        };
+        let decision = self.limiter.check(policy, key).await;
+        let allowed = decision.allowed;
+        if let Some((ok, limited)) = &entry.limit_counters {
+            if allowed {
+                ok.increment(1)
+            } else {
+                limited.increment(1)
+            }
+        }
+        let retry_after = decision.retry_after_secs.unwrap_or(1);
+        out.decision = Some(decision);
+        if allowed {
+            Ok(())
+        } else {
+            Err(GatewayError::TooManyRequests { retry_after })
+        }
+    }
+
+    /// Stage 4: the organization parameter, present once and non-empty; no
+    /// repeated query parameter anywhere.
+    async fn validate(
+        &self,
+        entry: &RouteEntry,
+        req: &Request<Incoming>,
+        path_param: Option<String>,
+    ) -> Result<Validated, GatewayError> {
+        let query = Query::parse(req.uri().query()).map_err(query_error)?;
+        let mut v = Validated {
+            organization: None,
+            key: None,
+            key_id: None,
+        };
+        match &entry.route.organization {
+            OrgSource::None => v.key_id = path_param,
+            OrgSource::Query(name) => {
+                v.organization = Some(query.require(name).map_err(query_error)?.to_string())
+            }
+            OrgSource::Path(_) => v.organization = path_param,
+            OrgSource::Key(_) => {
+                let id = path_param.unwrap_or_default();
+                let key = self
+                    .store
+                    .get_api_key(&id)
+                    .await
+                    .map_err(store_unavailable)?;
+                let key = key.ok_or(GatewayError::NotFound)?;
+                v.organization = Some(key.organization_id.clone());
+                v.key = Some(key);
+                v.key_id = Some(id);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Stage 5: same organization, then scopes ∩ the user's current role.
+    fn authorize(
+        &self,
+        entry: &RouteEntry,
+        principal: Principal,
+        requested: Option<&str>,
+    ) -> Result<Grant, GatewayError> {
+        let organization = match (requested, principal.home_organization()) {
+            (Some(org), _) => org.to_string(),
+            (None, Some(home)) => home.to_string(),
+            // Config validation guarantees a session route with a scope names an organization.
+            (None, None) => String::new(),
+        };
+        // Another organization's resource, or not a member: the caller cannot see it.
+        let role = match principal.role_in(&organization) {
+            Some(role) => role.to_string(),
+            None if principal.home_organization() == Some(organization.as_str()) => String::new(),
+            None if entry.route.scope.is_none() && organization.is_empty() => String::new(),
+            None => return Err(GatewayError::NotFound),
+        };
+        if let Some(scope) = &entry.route.scope {
+            if !principal.allows(&self.settings.roles, &role, scope) {
+                return Err(GatewayError::Forbidden {
+                    required_scope: scope.clone(),
+                });
+            }
+        }
+        Ok(Grant {
+            principal,
+            organization,
+            role,
+        })
+    }
+
+    /// Stage 6: to the route's upstream, with identity headers and hygiene.
+    async fn forward(
+        &self,
+        entry: &RouteEntry,
+        req: Request<Incoming>,
+        grant: Option<Grant>,
+        validated: Validated,
+        conn: &ConnInfo,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Body>, GatewayError> {
+        let max_body = self.settings.server.limits.max_body_bytes;
+        let (mut parts, body) = req.into_parts();
+        let body: Body = Limited::new(body, max_body as usize).boxed();
+        let upstream = match &entry.target {
+            Target::Builtin(op) => {
+                let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
+                let ctx = crate::keys_service::Caller {
+                    principal: &grant.principal,
+                    organization: &grant.organization,
+                    role: &grant.role,
+                };
+                let req = Request::from_parts(parts, body);
+                return self
+                    .keys_service
+                    .handle(*op, ctx, validated.key_id, validated.key, req)
+                    .await;
+            }
+            Target::Http(upstream) => upstream,
+        };
+        let host = parts
+            .headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string);
+        let host = host.or_else(|| parts.uri.authority().map(|a| a.to_string()));
+        sanitize_request(&mut parts.headers);
+        let scopes;
+        let identity = match &grant {
+            Some(g) => {
+                scopes = g.principal.effective_scopes(&self.settings.roles, &g.role);
+                Some(Identity {
+                    organization_id: &g.organization,
+                    user_id: g.principal.user_id(),
+                    role: &g.role,
+                    auth: g.principal.auth_kind(),
+                    key_id: g.principal.key_id(),
+                    scopes: &scopes,
+                })
+            }
+            None => None,
+        };
+        let fwd = ForwardedFor {
+            client_ip: conn.peer.ip(),
+            proto: if conn.tls { "https" } else { "http" },
+            host: host.as_deref(),
+        };
+        add_identity(&mut parts.headers, identity.as_ref(), &fwd, request_id);
+        // Origin form to the upstream, whatever form (or HTTP version) the client used.
+        parts.uri = match parts.uri.path_and_query() {
+            Some(pq) => Uri::from(pq.clone()),
+            None => Uri::from_static("/"),
+        };
+        parts.version = Version::HTTP_11;
+        let result = upstream.forward(Request::from_parts(parts, body)).await;
+        let outcome = match &result {
+            Ok(_) => "response",
+            Err(UpstreamError::Timeout) => "timeout",
+            Err(UpstreamError::BodyTooLarge) => "body_too_large",
+            Err(UpstreamError::Connect(_)) => "connect_error",
+            Err(_) => "error",
+        };
+        metrics::counter!(names::UPSTREAM, "upstream" => entry.route.upstream.clone(), "outcome" => outcome).increment(1);
+        result.map_err(|e| match e {
+            UpstreamError::Timeout => GatewayError::GatewayTimeout,
+            UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
+            other => GatewayError::BadGateway(Box::new(other)),
+        })
+    }
+
+    /// The one place a refusal becomes a response; internals go to the log.
+    fn rescue(&self, err: GatewayError, request_id: &HeaderValue) -> Response<Body> {
+        match &err {
+            GatewayError::Internal(source) | GatewayError::BadGateway(source) => {
+                tracing::warn!(request_id = request_id.to_str().unwrap_or("-"), error = %source, status = err.status().as_u16(), "request failed");
+            }
+            GatewayError::ServiceUnavailable { what, .. } => {
+                tracing::warn!(request_id = request_id.to_str().unwrap_or("-"), %what, "dependency unavailable");
+            }
+            _ => {}
+        }
+        err.into_response()
+    }
+}
+
+/// For session routes keyed by organization: the organization the request
+/// names directly (query or path), without validating it yet (stage 4 does).
+fn requested_org_hint<'a>(
+    entry: &RouteEntry,
+    req: &'a Request<Incoming>,
+    path_param: Option<&'a str>,
+) -> Option<Cow<'a, str>> {
+    match &entry.route.organization {
+        OrgSource::Query(name) => Query::parse(req.uri().query())
+            .ok()?
+            .get(name)
+            .map(|v| Cow::Owned(v.to_string())),
+        OrgSource::Path(_) => path_param.map(Cow::Borrowed),
+        OrgSource::Key(_) | OrgSource::None => None,
+    }
+}
+
+fn query_error(e: QueryError) -> GatewayError {
+    match e {
+        QueryError::Repeated(name) => {
+            GatewayError::bad_field(name, "repeated parameter (give it once)")
+        }
+        QueryError::Missing(name) => {
+            GatewayError::bad_field(name, "required query parameter is missing")
+        }
+        QueryError::Empty(name) => GatewayError::bad_field(name, "must not be empty"),
+        QueryError::BadEncoding => GatewayError::BadRequest {
+            message: "malformed query string".into(),
+            field: None,
+        },
+    }
+}
+
+/// A store that cannot answer is never a 401: the client's key may be fine.
+fn store_unavailable(e: StoreError) -> GatewayError {
+    metrics::counter!(names::STORE_ERRORS).increment(1);
+    tracing::warn!(error = %e, "key store lookup failed");
+    GatewayError::ServiceUnavailable {
+        what: "the key store".into(),
+        retry_after: 1,
+    }
+}
+
+/// The client's `X-Request-Id` when it is sane (1–128 of `[A-Za-z0-9._:-]`,
+/// not an `mpg_`/`mps_` secret), else a new one.
+fn request_id(headers: &http::HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(X_REQUEST_ID) {
+        let b = v.as_bytes();
+        // A client that sends its key as a request id must not get it logged and forwarded.
+        if (1..=128).contains(&b.len())
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
+            && !looks_like_secret(b.iter().copied())
+        {
+            return v.clone();
+        }
+    }
+    let id: u128 = rand::random();
+    HeaderValue::from_str(&format!("{id:032x}")).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// Methods as bounded metric labels (anything unusual is `OTHER`).
+fn method_label(m: &http::Method) -> &'static str {
+    match m.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// Status codes as static label strings (no allocation per request): the
+/// codes the gateway and typical upstreams give, else the class.
+#[allow(clippy::match_overlapping_arm)] // exact codes first, then their class
+fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        301 => "301",
+        302 => "302",
+        304 => "304",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        409 => "409",
+        413 => "413",
+        429 => "429",
+        431 => "431",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}

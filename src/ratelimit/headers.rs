@@ -1,0 +1,155 @@
+//! The rate-limit response headers of a [`Decision`] (DESIGN.md §4).
+//!
+//! Always `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix seconds);
+//! `Retry-After` on refusal. When `rate_limit.ietf_headers` is on, also the two fields of
+//! the IETF draft "RateLimit header fields for HTTP" in its current form
+//! (draft-ietf-httpapi-ratelimit-headers-08 to -10, Structured Field lists):
+//!
+//! ```text
+//! RateLimit-Policy: "100-per-60s";q=100;w=60
+//! RateLimit: "100-per-60s";r=99;t=1
+//! ```
+//!
+//! `q` is the quota (bucket capacity), `w` the window in seconds (the policy's `per`), `r`
+//! the whole requests remaining, and `t` the seconds until the bucket is full again (a
+//! delta, unlike the absolute `X-RateLimit-Reset`). The policy item is named after its
+//! quota, so the two fields refer to each other without any configuration names on the
+//! hot path. Older drafts (-07 and before) used `limit=, remaining=, reset=` instead; we
+//! follow the current draft only.
+
+use std::io::Write;
+
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::HeaderMap;
+
+use super::Decision;
+
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+impl Decision {
+    /// X-RateLimit-Limit/-Remaining/-Reset always; Retry-After when refused; the IETF
+    /// `RateLimit` and `RateLimit-Policy` fields when `ietf`. Replaces any earlier values.
+    ///
+    /// Integers go through `HeaderValue::from` (itoa formatting, no `String`); the IETF
+    /// fields are formatted into a stack buffer.
+    pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(self.limit));
+        headers.insert(
+            X_RATELIMIT_REMAINING.clone(),
+            HeaderValue::from(self.remaining),
+        );
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            HeaderValue::from(self.reset_unix),
+        );
+        // An allowed request leaves Retry-After alone: an upstream's 409 or 429
+        // passes through with its own (DESIGN.md §5).
+        if let (false, Some(secs)) = (self.allowed, self.retry_after_secs) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        if ietf {
+            let mut buf = [0u8; 128];
+            if let Some(value) = format_into(&mut buf, |w| {
+                write!(
+                    w,
+                    "\"{}-per-{}s\";q={};w={}",
+                    self.limit, self.window_secs, self.limit, self.window_secs
+                )
+            }) {
+                headers.insert(RATELIMIT_POLICY.clone(), value);
+            }
+            if let Some(value) = format_into(&mut buf, |w| {
+                write!(
+                    w,
+                    "\"{}-per-{}s\";r={};t={}",
+                    self.limit, self.window_secs, self.remaining, self.reset_after_secs
+                )
+            }) {
+                headers.insert(RATELIMIT.clone(), value);
+            }
+        }
+    }
+}
+
+/// Runs `write` into `buf` and makes a header value of what it wrote. `None` only if the
+/// buffer were too small, which the widest values (five 20-digit numbers) cannot reach.
+fn format_into(
+    buf: &mut [u8],
+    write: impl FnOnce(&mut &mut [u8]) -> std::io::Result<()>,
+) -> Option<HeaderValue> {
+    let capacity = buf.len();
+    let mut cursor: &mut [u8] = buf;
+    write(&mut cursor).ok()?;
+    let written = capacity - cursor.len();
+    HeaderValue::from_bytes(&buf[..written]).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(allowed: bool) -> Decision {
+        Decision {
+            allowed,
+            limit: 100,
+            remaining: if allowed { 42 } else { 0 },
+            reset_unix: 1_700_000_061,
+            retry_after_secs: if allowed { None } else { Some(3) },
+            reset_after_secs: 61,
+            window_secs: 60,
+        }
+    }
+
+    fn get<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+        h.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    #[test]
+    fn allowed_writes_the_three_headers_and_keeps_an_upstream_retry_after() {
+        let mut h = HeaderMap::new();
+        h.insert(RETRY_AFTER, HeaderValue::from_static("9"));
+        decision(true).write_headers(&mut h, false);
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("100"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("42"));
+        assert_eq!(get(&h, "x-ratelimit-reset"), Some("1700000061"));
+        assert_eq!(get(&h, "retry-after"), Some("9"));
+        assert_eq!(get(&h, "ratelimit"), None);
+        assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn refused_adds_retry_after() {
+        let mut h = HeaderMap::new();
+        decision(false).write_headers(&mut h, false);
+        assert_eq!(get(&h, "retry-after"), Some("3"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("0"));
+    }
+
+    #[test]
+    fn ietf_fields_follow_the_current_draft() {
+        let mut h = HeaderMap::new();
+        decision(true).write_headers(&mut h, true);
+        assert_eq!(
+            get(&h, "ratelimit-policy"),
+            Some("\"100-per-60s\";q=100;w=60")
+        );
+        assert_eq!(get(&h, "ratelimit"), Some("\"100-per-60s\";r=42;t=61"));
+    }
+
+    #[test]
+    fn widest_values_fit() {
+        let mut d = decision(false);
+        d.limit = u32::MAX;
+        d.remaining = u32::MAX;
+        d.window_secs = u64::MAX;
+        d.reset_after_secs = u64::MAX;
+        let mut h = HeaderMap::new();
+        d.write_headers(&mut h, true);
+        assert!(h.contains_key("ratelimit"));
+        assert!(h.contains_key("ratelimit-policy"));
+    }
+}

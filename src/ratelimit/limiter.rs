@@ -1,0 +1,601 @@
+//! The rate limiter the pipeline holds: a local backend, or Redis with a fallback.
+//!
+//! With Redis, a failed or slow call (every call runs under the configured timeout) trips a
+//! small circuit breaker: for the next second decisions come from the fallback chosen by
+//! `on_backend_error` without touching Redis, then one request probes Redis again, and the
+//! first success switches back by itself. If Redis is down at start the limiter starts in
+//! fallback and connects on a later probe. Failures are counted ([`RateLimiter::backend_errors`])
+//! and logged at most once per ten seconds, with the number of failures not logged.
+//!
+//! The authentication-failure guard is one more policy, registered after the configured
+//! ones and keyed by client IP; while Redis is down it always falls back to in-process
+//! counting (a per-instance brute-force guard beats none, and refusing everyone is stage 3's
+//! call, not this guard's).
+
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+use super::clock::{Clock, SystemClock};
+use super::gcra::{self, Gcra, Op};
+use super::{Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quota, RedisLimiter};
+
+/// How long decisions skip a failed backend before one request probes it again.
+const PROBE_INTERVAL_NANOS: u64 = 1_000_000_000;
+/// At most one backend-failure log line per this interval.
+const WARN_INTERVAL_NANOS: u64 = 10_000_000_000;
+
+/// The rate limiter of DESIGN.md §3 stage 3 and the auth-failure guard of stage 2.
+#[derive(Debug)]
+pub struct RateLimiter {
+    /// Configured policies, then the auth-failure policy.
+    gcras: Vec<Gcra>,
+    auth_policy: PolicyId,
+    /// The backend for `local`; the fallback for `redis`.
+    local: LocalLimiter,
+    remote: Option<Remote>,
+}
+
+struct Remote {
+    url: Box<str>,
+    prefix: Box<str>,
+    quotas: Vec<Quota>,
+    timeout: Duration,
+    on_error: OnBackendError,
+    limiter: ArcSwapOption<RedisLimiter>,
+    /// 0 while healthy; else the clock time before which Redis is not tried.
+    down_until: AtomicU64,
+    errors: AtomicU64,
+    last_warn: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+// === impl RateLimiter ===
+
+impl RateLimiter {
+    /// An in-process limiter for `policies` plus the per-IP `auth_failures` guard.
+    pub fn local(policies: Vec<Quota>, auth_failures: Quota) -> Self {
+        Self::local_with_clock(policies, auth_failures, Arc::new(SystemClock::new()))
+    }
+
+    /// [`RateLimiter::local`] reading time from `clock` (tests inject a [`super::ManualClock`]).
+    pub fn local_with_clock(
+        policies: Vec<Quota>,
+        auth_failures: Quota,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let (all, auth_policy) = with_auth_policy(policies, auth_failures);
+        Self {
+            gcras: all.iter().map(Gcra::new).collect(),
+            auth_policy,
+            local: LocalLimiter::with_clock(all, clock),
+            remote: None,
+        }
+    }
+
+    /// A Redis-backed limiter shared by every instance. If Redis cannot be reached now, it
+    /// starts in fallback (`on_error`) and connects later by itself; only a malformed `url`
+    /// is an error. Every Redis call runs under `timeout`.
+    pub async fn redis(
+        url: &str,
+        prefix: &str,
+        policies: Vec<Quota>,
+        auth_failures: Quota,
+        on_error: OnBackendError,
+        timeout: Duration,
+    ) -> Result<Self, LimiterError> {
+        let clock = Arc::new(SystemClock::new());
+        Self::redis_with_clock(
+            url,
+            prefix,
+            policies,
+            auth_failures,
+            on_error,
+            timeout,
+            clock,
+        )
+        .await
+    }
+
+    /// [`RateLimiter::redis`] with an injected clock for the breaker and the fallback.
+    pub async fn redis_with_clock(
+        url: &str,
+        prefix: &str,
+        policies: Vec<Quota>,
+        auth_failures: Quota,
+        on_error: OnBackendError,
+        timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LimiterError> {
+        ::redis::Client::open(url)?; // a malformed url is a configuration error, not an outage
+        let (all, auth_policy) = with_auth_policy(policies, auth_failures);
+        let remote = Remote {
+            url: url.into(),
+            prefix: prefix.into(),
+            quotas: all.clone(),
+            timeout,
+            on_error,
+            limiter: ArcSwapOption::empty(),
+            down_until: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            last_warn: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
+        };
+        let now = clock.now_nanos();
+        match remote.connect().await {
+            Ok(limiter) => remote.limiter.store(Some(limiter)),
+            Err(err) => remote.mark_down(now, &err),
+        }
+        Ok(Self {
+            gcras: all.iter().map(Gcra::new).collect(),
+            auth_policy,
+            local: LocalLimiter::with_clock(all, clock),
+            remote: Some(remote),
+        })
+    }
+
+    /// Takes one token for `key` under `policy`; on a backend error applies
+    /// `on_backend_error`. An unregistered `policy` is refused.
+    pub async fn check(&self, policy: PolicyId, key: &str) -> Decision {
+        if policy.0 >= self.auth_policy.0 {
+            return gcra::unknown_policy_decision(self.now());
+        }
+        self.decide(policy, key, Op::Check, false).await
+    }
+
+    /// `Some(refusal)` when `client_ip` has used up its authentication-failure bucket
+    /// (checked before any store lookup); does not consume anything.
+    pub async fn auth_failures_exceeded(&self, client_ip: IpAddr) -> Option<Decision> {
+        let mut buf = IpKey::new();
+        let decision = self
+            .decide(self.auth_policy, buf.format(client_ip), Op::Peek, true)
+            .await;
+        (!decision.allowed).then_some(decision)
+    }
+
+    /// Counts one authentication failure (a 401) against `client_ip`.
+    pub async fn record_auth_failure(&self, client_ip: IpAddr) {
+        let mut buf = IpKey::new();
+        self.decide(self.auth_policy, buf.format(client_ip), Op::Consume, true)
+            .await;
+    }
+
+    /// `"local"` or `"redis"` (the configured backend, for readiness and metrics).
+    pub fn backend(&self) -> &'static str {
+        match self.remote {
+            None => "local",
+            Some(_) => "redis",
+        }
+    }
+
+    /// False while the configured backend is failing and decisions come from the fallback.
+    pub fn healthy(&self) -> bool {
+        self.remote.as_ref().is_none_or(|remote| {
+            remote.limiter.load().is_some() && remote.down_until.load(Ordering::Acquire) == 0
+        })
+    }
+
+    /// Number of failed backend calls (connects, timeouts, errors) since start.
+    pub fn backend_errors(&self) -> u64 {
+        self.remote
+            .as_ref()
+            .map_or(0, |remote| remote.errors.load(Ordering::Relaxed))
+    }
+
+    fn now(&self) -> u64 {
+        self.local.clock().now_nanos()
+    }
+
+    async fn decide(&self, policy: PolicyId, key: &str, op: Op, auth_guard: bool) -> Decision {
+        let Some(remote) = &self.remote else {
+            return self.local_op(policy, key, op);
+        };
+        let now = self.now();
+        if remote.may_try(now) {
+            match remote.run(policy, key, op).await {
+                Ok(decision) => {
+                    remote.mark_up();
+                    return decision;
+                }
+                Err(err) => remote.mark_down(now, &err),
+            }
+        }
+        let Some(gcra) = self.gcras.get(policy.0) else {
+            return gcra::unknown_policy_decision(now);
+        };
+        match (remote.on_error, auth_guard) {
+            (OnBackendError::Local, _) | (_, true) => self.local_op(policy, key, op),
+            (OnBackendError::Deny, false) => gcra.deny_decision(now),
+            (OnBackendError::Allow, false) => gcra.allow_decision(now),
+        }
+    }
+
+    fn local_op(&self, policy: PolicyId, key: &str, op: Op) -> Decision {
+        match op {
+            Op::Check => self.local.check(policy, key),
+            Op::Peek => self.local.peek(policy, key),
+            Op::Consume => self.local.consume(policy, key),
+        }
+    }
+}
+
+/// Appends the auth-failure quota to the policies; its index is the returned id.
+fn with_auth_policy(mut policies: Vec<Quota>, auth_failures: Quota) -> (Vec<Quota>, PolicyId) {
+    let id = PolicyId(policies.len());
+    policies.push(auth_failures);
+    (policies, id)
+}
+
+// === impl Remote ===
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The url may carry a Redis password: never print it.
+        f.debug_struct("Remote")
+            .field("prefix", &self.prefix)
+            .field("on_error", &self.on_error)
+            .field("timeout", &self.timeout)
+            .field("down_until", &self.down_until)
+            .field("errors", &self.errors)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Remote {
+    async fn connect(&self) -> Result<Arc<RedisLimiter>, LimiterError> {
+        let limiter =
+            RedisLimiter::connect(&self.url, &self.prefix, self.quotas.clone(), self.timeout)
+                .await?;
+        Ok(Arc::new(limiter))
+    }
+
+    async fn run(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, LimiterError> {
+        let limiter = match self.limiter.load_full() {
+            Some(limiter) => limiter,
+            None => {
+                let limiter = self.connect().await?;
+                self.limiter.store(Some(limiter.clone()));
+                limiter
+            }
+        };
+        match op {
+            Op::Check => limiter.check(policy, key).await,
+            Op::Peek => limiter.peek(policy, key).await,
+            Op::Consume => limiter.consume(policy, key).await,
+        }
+    }
+
+    /// Healthy: always. Failed: not before the probe time, then one caller at a time.
+    fn may_try(&self, now: u64) -> bool {
+        let until = self.down_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        now >= until
+            && self
+                .down_until
+                .compare_exchange(until, probe_time(now), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    fn mark_up(&self) {
+        if self.down_until.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!(backend = "redis", "rate-limit backend answering again");
+        }
+    }
+
+    fn mark_down(&self, now: u64, err: &LimiterError) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.down_until.store(probe_time(now), Ordering::Release);
+        let last = self.last_warn.load(Ordering::Acquire);
+        let due = now >= last.saturating_add(WARN_INTERVAL_NANOS) || last == 0;
+        if due
+            && self
+                .last_warn
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                backend = "redis",
+                error = %err,
+                fallback = ?self.on_error,
+                unlogged_failures = unlogged,
+                "rate-limit backend failed; using fallback"
+            );
+        } else {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn probe_time(now: u64) -> u64 {
+    now.saturating_add(PROBE_INTERVAL_NANOS).max(1)
+}
+
+/// A stack buffer holding an IP address's text form (the auth guard's key), so the guard
+/// formats its key without allocating.
+struct IpKey {
+    buf: [u8; 48],
+}
+
+impl IpKey {
+    fn new() -> Self {
+        Self { buf: [0; 48] }
+    }
+
+    fn format(&mut self, ip: IpAddr) -> &str {
+        let capacity = self.buf.len();
+        let mut cursor: &mut [u8] = &mut self.buf;
+        // 45 bytes is the longest text form of an address, so this cannot run out of room.
+        let written = match write!(cursor, "{ip}") {
+            Ok(()) => capacity - cursor.len(),
+            Err(_) => 0,
+        };
+        std::str::from_utf8(&self.buf[..written]).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratelimit::redis::tests::{cleanup, random_prefix, redis_url};
+    use crate::ratelimit::ManualClock;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::num::NonZeroU32;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    const START: u64 = 1_700_000_000_000_000_000;
+    const P: PolicyId = PolicyId(0);
+    const IP: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+
+    fn quota(capacity: u32, secs: u64) -> Quota {
+        Quota::new(
+            NonZeroU32::new(capacity).unwrap(),
+            Duration::from_secs(secs),
+        )
+    }
+
+    fn clock() -> Arc<ManualClock> {
+        Arc::new(ManualClock::new(START))
+    }
+
+    #[tokio::test]
+    async fn local_backend_counts_down_and_guards_auth_failures() {
+        let l = RateLimiter::local_with_clock(vec![quota(2, 60)], quota(3, 60), clock());
+        assert_eq!(l.backend(), "local");
+        assert!(l.healthy());
+        assert_eq!(l.check(P, "k").await.remaining, 1);
+        assert_eq!(l.check(P, "k").await.remaining, 0);
+        assert!(!l.check(P, "k").await.allowed);
+        // The auth guard is its own bucket, keyed by IP; asking does not consume.
+        for _ in 0..5 {
+            assert_eq!(l.auth_failures_exceeded(IP).await, None);
+        }
+        for _ in 0..3 {
+            l.record_auth_failure(IP).await;
+        }
+        let refused = l.auth_failures_exceeded(IP).await.unwrap();
+        assert!(!refused.allowed);
+        assert_eq!(refused.limit, 3);
+        assert_eq!(refused.retry_after_secs, Some(20));
+        let other = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        assert_eq!(l.auth_failures_exceeded(other).await, None);
+        // The guard's index is not a policy the pipeline may use.
+        assert!(!l.check(PolicyId(1), "k").await.allowed);
+        assert_eq!(l.backend_errors(), 0);
+    }
+
+    #[tokio::test]
+    async fn debug_output_hides_the_redis_password() {
+        let l = RateLimiter::redis_with_clock(
+            "redis://:s3cret-pw@127.0.0.1:1",
+            "x:",
+            vec![quota(1, 1)],
+            quota(1, 1),
+            OnBackendError::Deny,
+            Duration::from_millis(100),
+            clock(),
+        )
+        .await
+        .unwrap();
+        let debug = format!("{l:?}");
+        assert!(debug.contains("Remote"), "{debug}");
+        assert!(!debug.contains("s3cret-pw"), "{debug}");
+    }
+
+    #[test]
+    fn ip_keys_format_without_truncation() {
+        let mut key = IpKey::new();
+        assert_eq!(key.format(IP), "192.0.2.7");
+        let long: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255"
+            .parse()
+            .unwrap();
+        assert_eq!(key.format(long), long.to_string());
+    }
+
+    #[tokio::test]
+    async fn redis_backend_decides_and_shares_state() {
+        let prefix = random_prefix();
+        let url = redis_url();
+        let make = || {
+            RateLimiter::redis(
+                &url,
+                &prefix,
+                vec![quota(3, 60)],
+                quota(2, 60),
+                OnBackendError::Deny,
+                Duration::from_secs(2),
+            )
+        };
+        let a = make().await.unwrap();
+        let b = make().await.unwrap();
+        assert_eq!(a.backend(), "redis");
+        assert!(a.healthy());
+        // Two instances share one bucket.
+        assert_eq!(a.check(P, "k").await.remaining, 2);
+        assert_eq!(b.check(P, "k").await.remaining, 1);
+        assert_eq!(a.check(P, "k").await.remaining, 0);
+        assert!(!b.check(P, "k").await.allowed);
+        a.record_auth_failure(IP).await;
+        b.record_auth_failure(IP).await;
+        assert!(a.auth_failures_exceeded(IP).await.is_some());
+        assert_eq!(a.backend_errors() + b.backend_errors(), 0);
+        cleanup(&prefix).await;
+    }
+
+    #[test]
+    fn malformed_url_is_an_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let result = rt.block_on(RateLimiter::redis(
+            "not a url",
+            "x:",
+            vec![],
+            quota(1, 1),
+            OnBackendError::Local,
+            Duration::from_millis(100),
+        ));
+        assert!(matches!(result, Err(LimiterError::Unavailable(_))));
+    }
+
+    async fn unreachable(on_error: OnBackendError, clock: Arc<ManualClock>) -> RateLimiter {
+        RateLimiter::redis_with_clock(
+            "redis://127.0.0.1:1",
+            "x:",
+            vec![quota(2, 60)],
+            quota(1, 60),
+            on_error,
+            Duration::from_millis(200),
+            clock,
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_falls_back_per_policy() {
+        let started = std::time::Instant::now();
+        let deny = unreachable(OnBackendError::Deny, clock()).await;
+        assert!(!deny.healthy());
+        assert_eq!(deny.backend(), "redis");
+        let d = deny.check(P, "k").await;
+        assert!(!d.allowed);
+        assert_eq!((d.limit, d.remaining, d.retry_after_secs), (2, 0, Some(1)));
+
+        let allow = unreachable(OnBackendError::Allow, clock()).await;
+        for _ in 0..5 {
+            let d = allow.check(P, "k").await;
+            assert!(d.allowed);
+            assert_eq!(d.remaining, 2);
+        }
+
+        let local = unreachable(OnBackendError::Local, clock()).await;
+        assert_eq!(local.check(P, "k").await.remaining, 1);
+        assert_eq!(local.check(P, "k").await.remaining, 0);
+        assert!(!local.check(P, "k").await.allowed);
+        // The auth guard counts locally whatever the policy.
+        deny.record_auth_failure(IP).await;
+        assert!(deny.auth_failures_exceeded(IP).await.is_some());
+        allow.record_auth_failure(IP).await;
+        assert!(allow.auth_failures_exceeded(IP).await.is_some());
+
+        // Only the start-up connect failed: within a probe interval nothing is retried.
+        assert_eq!(deny.backend_errors(), 1);
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[tokio::test]
+    async fn probes_again_after_the_interval() {
+        let clock = clock();
+        let l = unreachable(OnBackendError::Deny, clock.clone()).await;
+        assert_eq!(l.backend_errors(), 1);
+        l.check(P, "k").await;
+        assert_eq!(l.backend_errors(), 1);
+        clock.advance(Duration::from_secs(1));
+        l.check(P, "k").await;
+        assert_eq!(l.backend_errors(), 2);
+        l.check(P, "k").await;
+        assert_eq!(l.backend_errors(), 2);
+    }
+
+    /// A TCP relay to Redis that can be switched off (dropping every relayed connection).
+    async fn switchable_relay(target: String) -> (String, watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (up_tx, up_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut up = up_rx.clone();
+                if !*up.borrow_and_update() {
+                    continue; // dropped: connection closed at once
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = up.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        (format!("redis://{addr}"), up_tx)
+    }
+
+    #[tokio::test]
+    async fn starts_in_fallback_and_recovers_when_redis_answers() {
+        let target = redis_url();
+        let target = target.trim_start_matches("redis://").trim_end_matches('/');
+        let (url, up) = switchable_relay(target.to_string()).await;
+        let prefix = random_prefix();
+        let clock = clock();
+        let l = RateLimiter::redis_with_clock(
+            &url,
+            &prefix,
+            vec![quota(5, 60)],
+            quota(1, 60),
+            OnBackendError::Deny,
+            Duration::from_millis(300),
+            clock.clone(),
+        )
+        .await
+        .unwrap();
+        assert!(!l.healthy());
+        assert!(!l.check(P, "k").await.allowed);
+
+        up.send_replace(true);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(l.check(P, "k").await.remaining, 4);
+        assert!(l.healthy());
+        assert_eq!(l.check(P, "k").await.remaining, 3);
+
+        // Redis goes away mid-flight: fallback, then back to the same shared bucket.
+        up.send_replace(false);
+        tokio::task::yield_now().await;
+        assert!(!l.check(P, "k").await.allowed);
+        assert!(!l.healthy());
+        up.send_replace(true);
+        clock.advance(Duration::from_secs(1));
+        let mut recovered = None;
+        for _ in 0..10 {
+            let d = l.check(P, "k").await;
+            if l.healthy() {
+                recovered = Some(d);
+                break;
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        assert_eq!(recovered.map(|d| d.remaining), Some(2));
+        cleanup(&prefix).await;
+    }
+}

@@ -1,0 +1,105 @@
+//! Rate limiting (DESIGN.md §3 stage 3, §4, §8): token buckets as GCRA.
+//!
+//! This module owns the limiter types the pipeline sees ([`RateLimiter`], [`Decision`],
+//! [`Quota`], [`PolicyId`]), the rate-limit response headers, and both backends: the
+//! in-process [`LocalLimiter`] and the shared [`RedisLimiter`]. Both run the same integer
+//! arithmetic (`gcra.rs`) so a client gets identical headers whichever answers.
+//!
+//! Policies are registered once, at build time, as a `Vec<Quota>`; the hot path refers to
+//! them by index ([`PolicyId`]) and never looks a name up.
+
+mod clock;
+mod gcra;
+mod headers;
+mod limiter;
+mod local;
+mod redis;
+
+pub use self::clock::{Clock, ManualClock, SystemClock};
+pub use self::limiter::RateLimiter;
+pub use self::local::LocalLimiter;
+pub use self::redis::RedisLimiter;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+/// One rate-limit policy: a bucket of `capacity` requests that refills completely in `period`.
+///
+/// GCRA terms: emission interval `T = period / capacity` (one token back every `T`), burst
+/// tolerance `capacity * T`. Arithmetic is in whole nanoseconds; `T` is rounded down (at least
+/// 1 ns) and the period is capped at 2^53 - 1 ns (about 104 days) so that the Redis script,
+/// whose Lua numbers are doubles, computes exactly what the local limiter computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Bucket capacity: the `X-RateLimit-Limit` value and the largest burst.
+    pub capacity: NonZeroU32,
+    /// Time to refill the whole bucket.
+    pub period: Duration,
+}
+
+impl Quota {
+    /// `capacity` requests per `period`.
+    pub fn new(capacity: NonZeroU32, period: Duration) -> Self {
+        Self { capacity, period }
+    }
+}
+
+/// A limiter's answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed (if so, it has been counted).
+    pub allowed: bool,
+    /// Bucket capacity (`X-RateLimit-Limit`).
+    pub limit: u32,
+    /// Whole requests left now (`X-RateLimit-Remaining`), never negative.
+    pub remaining: u32,
+    /// Unix time in whole seconds (rounded up) at which the bucket is full again
+    /// (`X-RateLimit-Reset`).
+    pub reset_unix: u64,
+    /// On refusal: whole seconds (rounded up, at least 1) until the next request would be
+    /// allowed (`Retry-After`). `None` when allowed.
+    pub retry_after_secs: Option<u64>,
+    /// Whole seconds (rounded up) from now until the bucket is full again (the IETF
+    /// `RateLimit` field's `t`).
+    pub reset_after_secs: u64,
+    /// The policy's period in whole seconds, rounded up, at least 1 (the IETF
+    /// `RateLimit-Policy` field's `w`).
+    pub window_secs: u64,
+}
+
+/// Why a shared (Redis) limiter could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    /// The backend refused, failed or sent something unexpected.
+    #[error("rate-limit backend unavailable: {0}")]
+    Unavailable(#[source] ::redis::RedisError),
+    /// The backend did not answer within the configured timeout.
+    #[error("rate-limit backend timed out")]
+    Timeout,
+    /// A [`PolicyId`] that was never registered (a programming error; treated as refusal).
+    #[error("unknown rate-limit policy index {0}")]
+    UnknownPolicy(usize),
+}
+
+impl From<::redis::RedisError> for LimiterError {
+    fn from(err: ::redis::RedisError) -> Self {
+        Self::Unavailable(err)
+    }
+}
+
+/// What the Redis-backed limiter does while Redis cannot answer (`rate_limit.on_backend_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBackendError {
+    /// Fall back to an in-process limiter with the same policies (per instance).
+    #[default]
+    Local,
+    /// Refuse every request (429, `Retry-After: 1`).
+    Deny,
+    /// Let every request through.
+    Allow,
+}
+
+/// Index of a policy in the `Vec<Quota>` the limiter was built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyId(pub usize);

@@ -1,0 +1,237 @@
+//! Hot reload (SIGHUP, or `POST /reload` on the admin listener).
+//!
+//! The serving handler is a [`Live`] gateway: an `ArcSwap` of [`Gateway`].
+//! A reload re-reads the file, validates it completely, loads a renewed
+//! certificate, builds new routes, policies and upstreams, and swaps them in
+//! at once; requests in flight finish on the gateway they started on, and
+//! open connections are never dropped. An invalid file changes nothing.
+//! What cannot change without a restart (listeners, TLS mode, store, log,
+//! connection limits) keeps its running value and is reported.
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::body::Body;
+use crate::config::{ConfigError, Settings, TlsSettings};
+use crate::gateway::{build_limiter, Gateway, StartError};
+use crate::server::{ConnInfo, Handler};
+use crate::tls::{CertResolver, TlsError};
+
+/// Counter: reloads by `result` (`ok` / `error`).
+pub const RELOADS: &str = "mpg_config_reloads_total";
+
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The gateway was started without a file (e.g. `demo`).
+    #[error("this gateway was not started from a configuration file")]
+    NoFile,
+    /// The file is invalid; every problem is listed.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The new certificate or key could not be loaded.
+    #[error("server.tls: {0}")]
+    Tls(#[from] TlsError),
+    /// Building the new routes, limiter or upstreams failed.
+    #[error("{0}")]
+    Build(#[from] StartError),
+}
+
+/// What a successful reload did.
+#[derive(Debug, Default)]
+pub struct ReloadOutcome {
+    /// Settings that changed in the file but only take effect after a restart.
+    pub restart_needed: Vec<&'static str>,
+    /// Whether a certificate was (re)loaded from disk.
+    pub certificate_reloaded: bool,
+}
+
+/// The gateway that serves requests, swappable as a whole.
+pub struct Live {
+    current: ArcSwap<Gateway>,
+    config_path: Option<PathBuf>,
+    resolver: Option<Arc<CertResolver>>,
+    reloading: tokio::sync::Mutex<()>,
+}
+
+impl Live {
+    /// Serves `gateway`; `config_path` is re-read on reload; `resolver` takes renewed certificates.
+    pub fn new(
+        gateway: Gateway,
+        config_path: Option<PathBuf>,
+        resolver: Option<Arc<CertResolver>>,
+    ) -> Self {
+        Live {
+            current: ArcSwap::from_pointee(gateway),
+            config_path,
+            resolver,
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The gateway serving right now.
+    pub fn current(&self) -> Arc<Gateway> {
+        self.current.load_full()
+    }
+
+    /// Re-reads the configuration and swaps it in, or changes nothing.
+    pub async fn reload(&self) -> Result<ReloadOutcome, ReloadError> {
+        let result = self.try_reload().await;
+        match &result {
+            Ok(outcome) => {
+                metrics::counter!(RELOADS, "result" => "ok").increment(1);
+                tracing::info!(
+                    restart_needed = ?outcome.restart_needed,
+                    certificate_reloaded = outcome.certificate_reloaded,
+                    "configuration reloaded"
+                );
+            }
+            Err(e) => {
+                metrics::counter!(RELOADS, "result" => "error").increment(1);
+                tracing::error!(error = %e, "configuration reload refused; the running configuration stays");
+            }
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<ReloadOutcome, ReloadError> {
+        let path = self.config_path.as_ref().ok_or(ReloadError::NoFile)?;
+        let _one_at_a_time = self.reloading.lock().await;
+        let old = self.current();
+        let mut new = Settings::load(path)?;
+        let restart_needed = keep_restart_only(&mut new, &old.settings);
+        let cert = match (&new.server.tls, &self.resolver) {
+            (Some(tls @ TlsSettings::Files { .. }), Some(_)) => {
+                Some(crate::tls::load_certified_key(tls)?)
+            }
+            _ => None,
+        };
+        // Buckets survive a reload unless the policies themselves changed.
+        let limiter = if new.rate_limit == old.settings.rate_limit {
+            old.limiter.clone()
+        } else {
+            Arc::new(build_limiter(&new).await?)
+        };
+        let gateway = Gateway::assemble(
+            new,
+            old.store.clone(),
+            old.keys.clone(),
+            old.usage.clone(),
+            limiter,
+        )?;
+        let certificate_reloaded = match (cert, &self.resolver) {
+            (Some(cert), Some(resolver)) => {
+                resolver.replace(cert);
+                true
+            }
+            _ => false,
+        };
+        self.current.store(Arc::new(gateway));
+        Ok(ReloadOutcome {
+            restart_needed,
+            certificate_reloaded,
+        })
+    }
+}
+
+impl Handler for Live {
+    async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
+        // One atomic load per request; the request finishes on this gateway.
+        let gateway = self.current.load_full();
+        gateway.handle(req, conn).await
+    }
+}
+
+/// Puts back the running value of every setting that needs a restart,
+/// naming the ones the file changed.
+fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    fn keep<T: PartialEq + Clone>(
+        changed: &mut Vec<&'static str>,
+        name: &'static str,
+        new: &mut T,
+        old: &T,
+    ) {
+        if new != old {
+            changed.push(name);
+            *new = old.clone();
+        }
+    }
+    keep(
+        &mut changed,
+        "server.listen",
+        &mut new.server.listen,
+        &old.server.listen,
+    );
+    keep(
+        &mut changed,
+        "server.workers",
+        &mut new.server.workers,
+        &old.server.workers,
+    );
+    let same_mode = matches!(
+        (&new.server.tls, &old.server.tls),
+        (None, None)
+            | (Some(TlsSettings::SelfSigned), Some(TlsSettings::SelfSigned))
+            | (
+                Some(TlsSettings::Files { .. }),
+                Some(TlsSettings::Files { .. })
+            )
+    );
+    if !same_mode {
+        changed.push("server.tls (mode)");
+        new.server.tls = old.server.tls.clone();
+    }
+    let (nl, ol) = (&mut new.server.limits, &old.server.limits);
+    keep(
+        &mut changed,
+        "server.limits.header_read_timeout",
+        &mut nl.header_read_timeout,
+        &ol.header_read_timeout,
+    );
+    keep(
+        &mut changed,
+        "server.limits.idle_timeout",
+        &mut nl.idle_timeout,
+        &ol.idle_timeout,
+    );
+    keep(
+        &mut changed,
+        "server.limits.max_connections",
+        &mut nl.max_connections,
+        &ol.max_connections,
+    );
+    keep(
+        &mut changed,
+        "server.limits.shutdown_grace",
+        &mut nl.shutdown_grace,
+        &ol.shutdown_grace,
+    );
+    keep(&mut changed, "admin", &mut new.admin, &old.admin);
+    keep(&mut changed, "log", &mut new.log, &old.log);
+    keep(&mut changed, "store", &mut new.store, &old.store);
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "[server]\ninsecure_http = true\n[upstreams.c]\ntargets = [\"http://127.0.0.1:9\"]\n[[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"none\"\nupstream = \"c\"\n";
+
+    #[test]
+    fn restart_only_settings_keep_their_running_values() {
+        let old = Settings::parse(BASE).unwrap();
+        let text = BASE.replace("insecure_http = true", "insecure_http = true\nlisten = \"127.0.0.1:1\"")
+            + "[store]\npath = \"other.db\"\n[rate_limit.policies.default]\nrequests = 7\nper = \"1s\"\n";
+        let mut new = Settings::parse(&text).unwrap();
+        let changed = keep_restart_only(&mut new, &old);
+        assert_eq!(changed, vec!["server.listen", "store"]);
+        assert_eq!(new.server.listen, old.server.listen);
+        assert_eq!(new.store, old.store);
+        // Reloadable settings keep the new value.
+        assert_eq!(new.rate_limit.policies[0].quota.requests.get(), 7);
+    }
+}

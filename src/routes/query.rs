@@ -1,0 +1,252 @@
+//! The strict query parser of DESIGN.md §3 stage 4: names and values
+//! percent-decoded, and every name at most once ("never first wins").
+use crate::auth::token::looks_like_secret;
+use std::borrow::Cow;
+
+/// Most parameters a query may carry.
+const MAX_PARAMS: usize = 64;
+
+/// Why a query is refused (400, naming the parameter where there is one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// A parameter given more than once (after decoding its name).
+    #[error("{0}: repeated parameter")]
+    Repeated(String),
+    /// Malformed escapes, invalid UTF-8 after decoding, or too many parameters.
+    #[error("malformed query string")]
+    BadEncoding,
+    /// A required parameter is absent.
+    #[error("{0}: required")]
+    Missing(String),
+    /// A required parameter is empty.
+    #[error("{0}: empty")]
+    Empty(String),
+}
+
+/// A parsed query string.
+#[derive(Debug, Default)]
+pub struct Query<'a> {
+    params: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Percent-decodes (`+` = space when `plus` is set); borrows when nothing changes.
+fn decode(raw: &str, plus: bool) -> Result<Cow<'_, str>, QueryError> {
+    if !raw.bytes().any(|b| b == b'%' || (plus && b == b'+')) {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let h = bytes.get(i + 1).copied().and_then(hex);
+                let l = bytes.get(i + 2).copied().and_then(hex);
+                match (h, l) {
+                    (Some(h), Some(l)) => out.push(h << 4 | l),
+                    _ => return Err(QueryError::BadEncoding),
+                }
+                i += 3;
+            }
+            b'+' if plus => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map(Cow::Owned)
+        .map_err(|_| QueryError::BadEncoding)
+}
+
+/// Percent-decodes lazily (`+` = space); a malformed escape stays as it is.
+fn decoded_bytes(raw: &str) -> impl Iterator<Item = u8> + '_ {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let b = *bytes.get(i)?;
+        i += 1;
+        Some(match b {
+            b'%' => match (
+                bytes.get(i).copied().and_then(hex),
+                bytes.get(i + 1).copied().and_then(hex),
+            ) {
+                (Some(h), Some(l)) => {
+                    i += 2;
+                    h << 4 | l
+                }
+                _ => b'%',
+            },
+            b'+' => b' ',
+            b => b,
+        })
+    })
+}
+
+/// The first parameter of `raw` (the part after `?`) whose decoded name or
+/// value looks like an `mpg_`/`mps_` secret, named for `details.field`: its
+/// decoded name, or `query` when the name itself is the secret. Secrets in
+/// URLs end up in logs, histories and upstreams, so such requests are refused.
+pub fn find_secret_param(raw: &str) -> Option<String> {
+    for piece in raw.split('&') {
+        let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
+        if looks_like_secret(decoded_bytes(name)) {
+            return Some("query".to_string());
+        }
+        if looks_like_secret(decoded_bytes(value)) {
+            let name: Vec<u8> = decoded_bytes(name).collect();
+            return Some(String::from_utf8_lossy(&name).into_owned());
+        }
+    }
+    None
+}
+
+impl<'a> Query<'a> {
+    /// Parses `raw` (the part after `?`), refusing repeats and bad escapes.
+    pub fn parse(raw: Option<&'a str>) -> Result<Self, QueryError> {
+        let mut params: Vec<(Cow<'a, str>, Cow<'a, str>)> = Vec::new();
+        let Some(raw) = raw else {
+            return Ok(Query { params });
+        };
+        for piece in raw.split('&').filter(|p| !p.is_empty()) {
+            if params.len() == MAX_PARAMS {
+                return Err(QueryError::BadEncoding);
+            }
+            let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
+            let name = decode(name, true)?;
+            let value = decode(value, true)?;
+            if params.iter().any(|(n, _)| *n == name) {
+                return Err(QueryError::Repeated(name.into_owned()));
+            }
+            params.push((name, value));
+        }
+        Ok(Query { params })
+    }
+
+    /// The decoded value of `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// `name`, present (exactly once, as parsing guarantees) and non-empty.
+    pub fn require(&self, name: &str) -> Result<&str, QueryError> {
+        match self.get(name) {
+            None => Err(QueryError::Missing(name.to_string())),
+            Some("") => Err(QueryError::Empty(name.to_string())),
+            Some(v) => Ok(v),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decodes_names_and_values() {
+        let q = Query::parse(Some("organization_id=acme%20inc&x=a+b&flag")).unwrap();
+        assert_eq!(q.require("organization_id").unwrap(), "acme inc");
+        assert_eq!(q.get("x"), Some("a b"));
+        assert_eq!(q.get("flag"), Some(""));
+        assert!(Query::parse(None).unwrap().get("x").is_none());
+    }
+
+    #[test]
+    fn repeats_are_refused_even_when_encoded_differently() {
+        for raw in [
+            "organization_id=a&organization_id=b",
+            "organization_id=a&organization%5Fid=b",
+            "organization_id=a&organization_id=a",
+        ] {
+            assert_eq!(
+                Query::parse(Some(raw)).unwrap_err(),
+                QueryError::Repeated("organization_id".into()),
+                "{raw}"
+            );
+        }
+        // Different names stay different.
+        assert!(Query::parse(Some("organization_id=a&organization_id[]=b")).is_ok());
+    }
+
+    #[test]
+    fn missing_empty_and_malformed() {
+        let q = Query::parse(Some("a=1&organization_id=")).unwrap();
+        assert_eq!(
+            q.require("organization_id"),
+            Err(QueryError::Empty("organization_id".into()))
+        );
+        assert_eq!(q.require("b"), Err(QueryError::Missing("b".into())));
+        assert_eq!(
+            Query::parse(Some("a=%zz")).unwrap_err(),
+            QueryError::BadEncoding
+        );
+        assert_eq!(
+            Query::parse(Some("a=%ff")).unwrap_err(),
+            QueryError::BadEncoding
+        );
+        let many: Vec<String> = (0..65).map(|i| format!("p{i}=1")).collect();
+        assert_eq!(
+            Query::parse(Some(&many.join("&"))).unwrap_err(),
+            QueryError::BadEncoding
+        );
+    }
+
+    #[test]
+    fn secret_looking_parameters_are_found_in_any_encoding() {
+        let key = "mpg_0123456789abcdefABCDEFghij0123456789";
+        let session = "mps_0123456789abcdefABCDEFghij0123456789abcd";
+        for (raw, want) in [
+            (
+                format!("organization_id=acme&api_key={key}"),
+                Some("api_key"),
+            ),
+            (format!("token={session}"), Some("token")),
+            (format!("t=%6dpg_{}", &key[4..]), Some("t")),
+            (format!("t=%6D%70%67%5f{}", &key[4..]), Some("t")),
+            (format!("auth=Bearer+{key}"), Some("auth")),
+            (format!("auth=Bearer%20{key}&x=1"), Some("auth")),
+            (format!("a%5fkey={}", key.to_uppercase()), Some("a_key")),
+            (key.to_string(), Some("query")),
+            (format!("{key}=1"), Some("query")),
+            (format!("x=%zz&k={key}"), Some("k")),
+            ("name=mpg_prod&x=mps_short".to_string(), None),
+            ("name=mpg_0123456789abcde".to_string(), None),
+            ("organization_id=acme".to_string(), None),
+            (String::new(), None),
+        ] {
+            assert_eq!(find_secret_param(&raw).as_deref(), want, "{raw}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_secret_anywhere_in_a_value_is_found(
+            before in "[a-z0-9_=+ .-]{0,20}",
+            body in "[0-9A-Za-z]{16,43}",
+            after in "[a-z0-9_ .-]{0,20}",
+            session in any::<bool>(),
+        ) {
+            let prefix = if session { "mps_" } else { "mpg_" };
+            let raw = format!("p={before}{prefix}{body}{after}");
+            prop_assert!(find_secret_param(&raw).is_some(), "{}", raw);
+        }
+
+        #[test]
+        fn never_panics(s in "[ -~]{0,80}") {
+            let _ = find_secret_param(&s);
+            let _ = Query::parse(Some(&s)).map(|q| q.get("a").map(str::len));
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! The request-target check of DESIGN.md §3 stage 1: anything that two
+//! parsers could read as two different paths is refused before routing.
+use http::header::HOST;
+use http::uri::Authority;
+use http::{HeaderMap, Uri, Version};
+use std::fmt;
+
+/// Why a request target is refused (always 400). Never echoes the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetError {
+    /// Absolute-form, authority-form or `*` on HTTP/1.x.
+    NotOriginForm,
+    /// A `.` or `..` segment.
+    DotSegment,
+    /// `//` or a trailing `/`.
+    EmptySegment,
+    /// `%2F`, `%5C` or a raw `\`.
+    EncodedSeparator,
+    /// `%2E` in any case.
+    EncodedDot,
+    /// A control byte, raw or encoded, or a byte outside visible ASCII.
+    ControlOrInvalidByte,
+    /// `%` not followed by two hex digits.
+    BadPercentEncoding,
+    /// HTTP/1.1 without exactly one `Host`, a `Host` that is not a plain
+    /// `host[:port]`, or (HTTP/2) a `host` that disagrees with `:authority`.
+    BadHost,
+}
+
+impl fmt::Display for TargetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TargetError::NotOriginForm => "the target must be a path (origin-form)",
+            TargetError::DotSegment => "the path has a . or .. segment",
+            TargetError::EmptySegment => "the path has an empty segment (// or a trailing /)",
+            TargetError::EncodedSeparator => "the path has an encoded or backslash separator",
+            TargetError::EncodedDot => "the path has a percent-encoded dot",
+            TargetError::ControlOrInvalidByte => "the target has a control or non-ASCII byte",
+            TargetError::BadPercentEncoding => "the target has a malformed percent escape",
+            TargetError::BadHost => {
+                "the Host header is missing, repeated, malformed or disagrees with the target"
+            }
+        })
+    }
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Decodes the escape starting at `bytes[i]` (a `%`).
+fn escape(bytes: &[u8], i: usize) -> Result<u8, TargetError> {
+    match (
+        bytes.get(i + 1).copied().and_then(hex),
+        bytes.get(i + 2).copied().and_then(hex),
+    ) {
+        (Some(h), Some(l)) => Ok(h << 4 | l),
+        _ => Err(TargetError::BadPercentEncoding),
+    }
+}
+
+/// Stage 1: refuse every ambiguous target. On HTTP/2 the scheme and authority
+/// come from pseudo-headers and are expected; on HTTP/1.x only origin-form.
+pub fn check_target(uri: &Uri, version: Version) -> Result<(), TargetError> {
+    let h2_or_later = version >= Version::HTTP_2;
+    if !h2_or_later && (uri.scheme().is_some() || uri.authority().is_some()) {
+        return Err(TargetError::NotOriginForm);
+    }
+    let path = uri.path();
+    if !path.starts_with('/') {
+        return Err(TargetError::NotOriginForm);
+    }
+    check_path(path)?;
+    if let Some(q) = uri.query() {
+        check_query(q)?;
+    }
+    Ok(())
+}
+
+/// Stage 1, the head: one plain `Host` that agrees with the target. Runs
+/// after [`check_target`]; reads headers only, no allocation. (Framing is
+/// hyper's: with both `Transfer-Encoding` and `Content-Length` it drops the
+/// latter, reads chunked and closes the connection afterwards, RFC 9112 §6.1.)
+pub fn check_head(uri: &Uri, version: Version, headers: &HeaderMap) -> Result<(), TargetError> {
+    let mut hosts = headers.get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(TargetError::BadHost);
+    }
+    let host = match host {
+        Some(v) => Some(plain_authority(v.as_bytes())?),
+        // HTTP/1.1 requires Host (RFC 9112 §3.2); HTTP/1.0 and h2 may omit it.
+        None if version == Version::HTTP_11 => return Err(TargetError::BadHost),
+        None => None,
+    };
+    // On h2 both `:authority` and `host` may be present: they must agree
+    // (RFC 9113 §8.3.1), or a backend may route on the other one.
+    if let (Some(host), Some(authority)) = (host, uri.authority()) {
+        if !host.as_str().eq_ignore_ascii_case(authority.as_str()) {
+            return Err(TargetError::BadHost);
+        }
+    }
+    Ok(())
+}
+
+/// A `Host` value that is exactly `host[:port]`: no userinfo, path or list.
+fn plain_authority(value: &[u8]) -> Result<Authority, TargetError> {
+    if value.is_empty() || value.iter().any(|b| b"@/?#, ".contains(b)) {
+        return Err(TargetError::BadHost);
+    }
+    Authority::try_from(value).map_err(|_| TargetError::BadHost)
+}
+
+fn check_path(path: &str) -> Result<(), TargetError> {
+    if path == "/" {
+        return Ok(());
+    }
+    for segment in path[1..].split('/') {
+        if segment.is_empty() {
+            return Err(TargetError::EmptySegment);
+        }
+        if segment == "." || segment == ".." {
+            return Err(TargetError::DotSegment);
+        }
+        let bytes = segment.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'\\' => return Err(TargetError::EncodedSeparator),
+                b'%' => {
+                    match escape(bytes, i)? {
+                        b'/' | b'\\' => return Err(TargetError::EncodedSeparator),
+                        b'.' => return Err(TargetError::EncodedDot),
+                        // Control bytes, DEL, and anything non-ASCII (overlong UTF-8 tricks).
+                        v if !(0x20..0x7F).contains(&v) => {
+                            return Err(TargetError::ControlOrInvalidByte)
+                        }
+                        _ => {}
+                    }
+                    i += 3;
+                    continue;
+                }
+                0x21..=0x7E => {}
+                _ => return Err(TargetError::ControlOrInvalidByte),
+            }
+            i += 1;
+        }
+    }
+    Ok(())
+}
+
+fn check_query(q: &str) -> Result<(), TargetError> {
+    let bytes = q.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let v = escape(bytes, i)?;
+                if v < 0x20 || v == 0x7F {
+                    return Err(TargetError::ControlOrInvalidByte);
+                }
+                i += 3;
+                continue;
+            }
+            0x21..=0x7E => {}
+            _ => return Err(TargetError::ControlOrInvalidByte),
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn check(target: &str) -> Result<(), TargetError> {
+        check_target(&target.parse::<Uri>().unwrap(), Version::HTTP_11)
+    }
+
+    #[test]
+    fn plain_targets_pass() {
+        for ok in [
+            "/",
+            "/api/v1/clusters",
+            "/api/v1/clusters?organization_id=acme",
+            "/api/v1/api-keys/key_AbC123/revoke",
+            "/api/v1/clust%65rs",
+            "/api/v1/clusters;x=1",
+            "/api/v1/clusters?q=a%20b&x=%2F",
+            "/a/..b/c.d/.e",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn every_ambiguous_form_is_refused() {
+        use TargetError::*;
+        let cases = [
+            ("/api/../clusters", DotSegment),
+            ("/api/./clusters", DotSegment),
+            ("/api/v1/..", DotSegment),
+            ("/api//clusters", EmptySegment),
+            ("/api/v1/clusters/", EmptySegment),
+            ("//api", EmptySegment),
+            ("/api/%2e%2e/clusters", EncodedDot),
+            ("/api/%2E%2E/clusters", EncodedDot),
+            ("/api/.%2e/clusters", EncodedDot),
+            ("/api/%2e/clusters", EncodedDot),
+            ("/api%2Fv1", EncodedSeparator),
+            ("/api%2fv1", EncodedSeparator),
+            ("/api%5Cv1", EncodedSeparator),
+            ("/api%5cv1", EncodedSeparator),
+            ("/api/%00", ControlOrInvalidByte),
+            ("/api/%0a", ControlOrInvalidByte),
+            ("/api/%7F", ControlOrInvalidByte),
+            ("/api/%c0%ae%c0%ae/x", ControlOrInvalidByte),
+            ("/api/%e2%80%ae", ControlOrInvalidByte),
+            ("/api/%zz", BadPercentEncoding),
+            ("/api/%2", BadPercentEncoding),
+            ("/api?x=%0d%0a", ControlOrInvalidByte),
+            ("/api?x=%g0", BadPercentEncoding),
+            ("http://evil.example/api/v1/clusters", NotOriginForm),
+            ("*", NotOriginForm),
+        ];
+        for (target, want) in cases {
+            assert_eq!(check(target), Err(want), "{target}");
+        }
+    }
+
+    #[test]
+    fn backslashes_are_refused_when_the_parser_lets_them_through() {
+        if let Ok(uri) = "/api\\v1".parse::<Uri>() {
+            assert_eq!(
+                check_target(&uri, Version::HTTP_11),
+                Err(TargetError::EncodedSeparator)
+            );
+        }
+    }
+
+    #[test]
+    fn h2_targets_carry_scheme_and_authority() {
+        let uri: Uri = "https://localhost:8443/api/v1/clusters?organization_id=a"
+            .parse()
+            .unwrap();
+        assert_eq!(check_target(&uri, Version::HTTP_2), Ok(()));
+        assert_eq!(
+            check_target(&uri, Version::HTTP_11),
+            Err(TargetError::NotOriginForm)
+        );
+        let uri: Uri = "https://localhost:8443/api/../x".parse().unwrap();
+        assert_eq!(
+            check_target(&uri, Version::HTTP_2),
+            Err(TargetError::DotSegment)
+        );
+    }
+
+    fn head(version: Version, target: &str, pairs: &[(&str, &str)]) -> Result<(), TargetError> {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        check_head(&target.parse::<Uri>().unwrap(), version, &h)
+    }
+
+    #[test]
+    fn host_and_framing_must_be_unambiguous() {
+        use TargetError::*;
+        let v11 = Version::HTTP_11;
+        assert_eq!(head(v11, "/", &[("host", "api.example:8443")]), Ok(()));
+        assert_eq!(head(Version::HTTP_10, "/", &[]), Ok(()));
+        assert_eq!(head(v11, "/", &[]), Err(BadHost));
+        for bad in ["", "a, b", "user@evil", "evil/x", "a b", "evil?x", "[::1"] {
+            assert_eq!(head(v11, "/", &[("host", bad)]), Err(BadHost), "{bad:?}");
+        }
+        assert_eq!(
+            head(v11, "/", &[("host", "a"), ("host", "a")]),
+            Err(BadHost)
+        );
+        let h2 = Version::HTTP_2;
+        assert_eq!(head(h2, "http://a.example/x", &[]), Ok(()));
+        assert_eq!(
+            head(h2, "http://a.example/x", &[("host", "A.example")]),
+            Ok(())
+        );
+        assert_eq!(
+            head(h2, "http://a.example/x", &[("host", "b.example")]),
+            Err(BadHost)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn check_head_never_panics(host in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut h = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_bytes(&host) {
+                h.insert(HOST, v);
+            }
+            let uri: Uri = "http://a.example/x".parse().unwrap();
+            let _ = check_head(&uri, Version::HTTP_2, &h);
+            let _ = check_head(&Uri::from_static("/x"), Version::HTTP_11, &h);
+        }
+
+        #[test]
+        fn never_panics_and_accepted_paths_have_no_dot_or_empty_segments(s in "/[ -~]{0,40}") {
+            if let Ok(uri) = s.parse::<Uri>() {
+                if check_target(&uri, Version::HTTP_11).is_ok() {
+                    let path = uri.path();
+                    if path != "/" {
+                        for seg in path[1..].split('/') {
+                            prop_assert!(!seg.is_empty() && seg != "." && seg != "..", "{}", path);
+                            prop_assert!(!seg.to_ascii_lowercase().contains("%2e"), "{}", path);
+                            prop_assert!(!seg.to_ascii_lowercase().contains("%2f"), "{}", path);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

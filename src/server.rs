@@ -1,0 +1,286 @@
+//! Listeners: accept loop, connection cap, TLS handshake, HTTP/1.1 and h2
+//! through hyper-util's auto builder, idle-connection closing, and a
+//! graceful drain on shutdown.
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin::names;
+use crate::body::Body;
+use crate::config::Limits;
+
+/// What the pipeline knows about the connection a request came on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+}
+
+/// Turns a request into a response; never fails (errors are responses).
+pub trait Handler: Send + Sync + 'static {
+    /// Called once per request.
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        conn: Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
+/// Connection-level limits of one listener.
+#[derive(Debug, Clone)]
+pub struct ListenerLimits {
+    /// `gateway` or `admin`, for metrics.
+    pub name: &'static str,
+    /// Open connections at most; more are closed at once.
+    pub max_connections: usize,
+    /// TLS handshake and request headers must complete within this.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// hyper's read buffer for a request head (bounds header bytes).
+    pub max_header_bytes: usize,
+    /// In-flight requests get this long after shutdown starts.
+    pub shutdown_grace: Duration,
+}
+
+impl ListenerLimits {
+    /// The gateway listener's limits from `[server.limits]`.
+    pub fn gateway(l: &Limits) -> Self {
+        ListenerLimits {
+            name: "gateway",
+            max_connections: l.max_connections,
+            header_read_timeout: l.header_read_timeout,
+            idle_timeout: l.idle_timeout,
+            max_header_bytes: l.max_header_bytes,
+            shutdown_grace: l.shutdown_grace,
+        }
+    }
+}
+
+fn builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    // hyper's own head limit is a backstop well above max_header_bytes so
+    // the pipeline can answer 431 as JSON; hyper answers bare 431 past it.
+    let head_buffer = (limits.max_header_bytes * 2).max(16 * 1024);
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(head_buffer)
+        .keep_alive(true);
+    // h2 abuse limits: concurrent streams, header list size (also bounds
+    // CONTINUATION floods), and rapid-reset / error-reset floods.
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(head_buffer as u32)
+        .max_pending_accept_reset_streams(50)
+        .max_local_error_reset_streams(Some(256))
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    b
+}
+
+/// When a connection last finished a request, and how many are in flight.
+struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    last_done_ms: AtomicU64,
+}
+
+impl Activity {
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let now = self.started.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(
+            now.saturating_sub(self.last_done_ms.load(Ordering::Acquire)),
+        ))
+    }
+}
+
+/// Decrements the open-connections gauge when the connection task ends.
+struct OpenConnection(&'static str);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!(names::CONNECTIONS, "listener" => self.0).decrement(1.0);
+    }
+}
+
+/// Serves `listener` until `shutdown` resolves, then drains for the grace period.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    limits: ListenerLimits,
+    handler: Arc<H>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let builder = builder(&limits);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "max_connections reached; closing new connection");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        metrics::gauge!(names::CONNECTIONS, "listener" => limits.name).increment(1.0);
+        let open = OpenConnection(limits.name);
+        let conn = Arc::new(ConnInfo {
+            peer,
+            tls: tls.is_some(),
+        });
+        let (handler, builder, tls, limits, stop) = (
+            handler.clone(),
+            builder.clone(),
+            tls.clone(),
+            limits.clone(),
+            stop_rx.clone(),
+        );
+        connections.spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            match tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(stream)) => {
+                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
+                            serve_connection(
+                                &builder,
+                                stream,
+                                conn,
+                                handler,
+                                limits.idle_timeout,
+                                stop,
+                            )
+                            .await
+                        }
+                        Ok(Err(e)) => {
+                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "error")
+                                .increment(1);
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout")
+                                .increment(1);
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                        }
+                    }
+                }
+                None => {
+                    serve_connection(&builder, stream, conn, handler, limits.idle_timeout, stop)
+                        .await
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // Every connection holds a slot: all slots back means all drained.
+    let all = limits.max_connections.min(u32::MAX as usize) as u32;
+    match tokio::time::timeout(limits.shutdown_grace, slots.clone().acquire_many_owned(all)).await {
+        Ok(_) => tracing::info!(listener = limits.name, "all connections drained"),
+        Err(_) => {
+            tracing::warn!(
+                listener = limits.name,
+                open = connections.len(),
+                "shutdown grace period over; closing remaining connections"
+            );
+            connections.abort_all();
+        }
+    }
+}
+
+/// Serves one connection until it ends; closes it gracefully when it has
+/// been idle for `idle_timeout` or when the listener stops.
+async fn serve_connection<S, H>(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: S,
+    conn: Arc<ConnInfo>,
+    handler: Arc<H>,
+    idle_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Handler,
+{
+    let activity = Arc::new(Activity {
+        started: Instant::now(),
+        in_flight: AtomicUsize::new(0),
+        last_done_ms: AtomicU64::new(0),
+    });
+    let track = activity.clone();
+    let peer = conn.peer;
+    let service = service_fn(move |req| {
+        let (handler, conn, track) = (handler.clone(), conn.clone(), track.clone());
+        track.in_flight.fetch_add(1, Ordering::AcqRel);
+        async move {
+            let res = handler.handle(req, conn).await;
+            track.last_done_ms.store(
+                track.started.elapsed().as_millis() as u64,
+                Ordering::Release,
+            );
+            track.in_flight.fetch_sub(1, Ordering::AcqRel);
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut tick = tokio::time::interval((idle_timeout / 4).max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tick.tick(), if !closing => {
+                if activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
+                    tracing::debug!(%peer, "closing idle connection");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Keeps a [`CachedKeyStore`] honest across processes: a task follows the
+//! store's change log (written in the same transaction as every revoke,
+//! delete, role change and session removal) and invalidates what each change
+//! touches. It polls every `poll`; on PostgreSQL it also `LISTEN`s, so a
+//! change lands at once and the poll is the safety net. Store errors are
+//! logged and retried; nothing is missed because the follower resumes from
+//! the last sequence number it applied.
+use super::schema::NOTIFY_CHANNEL;
+use super::sql::unix_now;
+use super::{CachedKeyStore, Change, SqlStore, StoreError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// PostgreSQL may commit sequence numbers out of order; changes this recent
+/// (seconds) are re-read and applied if not seen yet.
+const PG_LOOKBACK_SECS: i64 = 10;
+/// Pause before reconnecting a lost `LISTEN` connection.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// Where the follower reads changes from (the store; a fake in tests).
+#[async_trait::async_trait]
+trait ChangeSource: Send + Sync {
+    /// The highest sequence number logged so far.
+    async fn latest(&self) -> Result<i64, StoreError>;
+    /// Changes after `seq` or logged at/after `recent_at`, with their seq.
+    async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError>;
+    /// How far back (seconds) to re-read; None: sequence order is commit order.
+    fn lookback(&self) -> Option<i64>;
+}
+
+#[async_trait::async_trait]
+impl ChangeSource for SqlStore {
+    async fn latest(&self) -> Result<i64, StoreError> {
+        self.latest_change_seq().await
+    }
+
+    async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError> {
+        self.changes_after(seq, recent_at).await
+    }
+
+    fn lookback(&self) -> Option<i64> {
+        (self.backend() == "postgres").then_some(PG_LOOKBACK_SECS)
+    }
+}
+
+/// Follows the change log: remembers the highest applied seq and, inside
+/// the lookback window, which seqs were applied.
+#[derive(Default)]
+struct Follower {
+    high: Option<i64>,
+    /// Applied seq → unix time it was applied (pruned after the window).
+    seen: HashMap<i64, i64>,
+}
+
+impl Follower {
+    /// Reads new changes and invalidates what they touch.
+    async fn poll(
+        &mut self,
+        src: &dyn ChangeSource,
+        cache: &CachedKeyStore,
+    ) -> Result<(), StoreError> {
+        let Some(high) = self.high else {
+            let latest = src.latest().await?;
+            // Entries cached before we knew where the log stood may predate
+            // a change we will never read: start clean.
+            cache.invalidate(&Change::All);
+            self.high = Some(latest);
+            return Ok(());
+        };
+        let now = unix_now();
+        let recent_at = src.lookback().map_or(i64::MAX, |secs| now - secs);
+        let mut new_high = high;
+        for (seq, change) in src.after(high, recent_at).await? {
+            if self.seen.contains_key(&seq) || (seq <= high && src.lookback().is_none()) {
+                continue;
+            }
+            cache.invalidate(&change);
+            tracing::debug!(seq, ?change, "cache invalidated");
+            if src.lookback().is_some() {
+                self.seen.insert(seq, now);
+            }
+            new_high = new_high.max(seq);
+        }
+        self.high = Some(new_high);
+        if let Some(secs) = src.lookback() {
+            self.seen.retain(|_, at| *at >= now - 2 * secs);
+        }
+        Ok(())
+    }
+}
+
+/// Aborts the wrapped task when dropped (the listener dies with its poller).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Spawns the task that applies the store's change log to `cache` every
+/// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives). Runs until aborted.
+pub fn spawn_invalidation(
+    store: SqlStore,
+    cache: CachedKeyStore,
+    poll: Duration,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let wake = Arc::new(Notify::new());
+        let _listener = (store.backend() == "postgres").then(|| {
+            AbortOnDrop(tokio::spawn(listen(
+                store.url().to_owned(),
+                Arc::clone(&wake),
+            )))
+        });
+        let mut ticker = tokio::time::interval(poll);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut follower = Follower::default();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = wake.notified() => {}
+            }
+            if let Err(e) = follower.poll(&store, &cache).await {
+                tracing::warn!(error = %e, "reading the change log failed; retrying");
+            }
+        }
+    })
+}
+
+/// `LISTEN`s on the change channel and wakes the poller on every
+/// notification; reconnects after errors.
+async fn listen(url: String, wake: Arc<Notify>) {
+    loop {
+        match sqlx::postgres::PgListener::connect(&url).await {
+            Ok(mut listener) => match listener.listen(NOTIFY_CHANNEL).await {
+                Ok(()) => {
+                    // Catch up on anything sent while we were not listening.
+                    wake.notify_one();
+                    loop {
+                        match listener.recv().await {
+                            Ok(_) => wake.notify_one(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "change listener lost; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "LISTEN failed; retrying"),
+            },
+            Err(e) => tracing::warn!(error = %e, "change listener cannot connect; retrying"),
+        }
+        tokio::time::sleep(LISTEN_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::hash_secret;
+    use crate::store::testing::TestDb;
+    use crate::store::{CacheConfig, KeyStatus, KeyStore, NewApiKey};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// A change log in memory that can be switched to fail.
+    #[derive(Default)]
+    struct FakeLog {
+        rows: Mutex<Vec<(i64, Change, i64)>>,
+        failing: AtomicBool,
+        lookback: Option<i64>,
+    }
+
+    #[async_trait::async_trait]
+    impl ChangeSource for FakeLog {
+        async fn latest(&self) -> Result<i64, StoreError> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StoreError::Timeout);
+            }
+            let rows = self.rows.lock().map_err(|_| StoreError::Timeout)?;
+            Ok(rows.iter().map(|r| r.0).max().unwrap_or(0))
+        }
+        async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StoreError::Timeout);
+            }
+            let rows = self.rows.lock().map_err(|_| StoreError::Timeout)?;
+            let mut out: Vec<_> = rows
+                .iter()
+                .filter(|(s, _, at)| *s > seq || *at >= recent_at)
+                .map(|(s, c, _)| (*s, c.clone()))
+                .collect();
+            out.sort_by_key(|(s, _)| *s);
+            Ok(out)
+        }
+        fn lookback(&self) -> Option<i64> {
+            self.lookback
+        }
+    }
+
+    /// A cache over a real SQLite store with one key cached.
+    async fn cached_key(db: &TestDb) -> (SqlStore, CachedKeyStore, String, String) {
+        let store = db.store().await;
+        assert!(store.create_organization("acme", None).await.is_ok());
+        assert!(store.create_user("alice", None).await.is_ok());
+        assert!(store.set_member("acme", "alice", "admin").await.is_ok());
+        let new = NewApiKey {
+            organization_id: "acme".into(),
+            user_id: "alice".into(),
+            name: "ci".into(),
+            scopes: vec!["clusters:read".into()],
+            expires_at: None,
+        };
+        let Ok((secret, rec)) = store.create_api_key(new).await else {
+            panic!("create failed")
+        };
+        let cfg = CacheConfig {
+            ttl: Duration::from_secs(3600),
+            negative_ttl: Duration::from_secs(3600),
+            capacity: 100,
+            stale_if_error: Duration::from_secs(0),
+        };
+        let cache = CachedKeyStore::new(Arc::new(store.clone()) as Arc<dyn KeyStore>, cfg);
+        (store, cache, secret, rec.id)
+    }
+
+    async fn status(cache: &CachedKeyStore, secret: &str) -> Option<KeyStatus> {
+        let found = cache.api_key(&hash_secret(secret)).await.ok().flatten();
+        found.map(|a| a.key.status(unix_now()))
+    }
+
+    /// Waits (on real I/O, bounded) until the cache shows `want`.
+    async fn eventually(cache: &CachedKeyStore, secret: &str, want: KeyStatus) -> bool {
+        for _ in 0..250 {
+            if status(cache, secret).await == Some(want) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn follower_survives_errors_and_misses_nothing() {
+        let db = TestDb::sqlite();
+        let (_store, cache, secret, id) = cached_key(&db).await;
+        let log = FakeLog::default();
+        let mut follower = Follower::default();
+        log.failing.store(true, Ordering::SeqCst);
+        assert!(follower.poll(&log, &cache).await.is_err());
+        log.failing.store(false, Ordering::SeqCst);
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        assert_eq!(follower.high, Some(0));
+        // Cache the key, then the change arrives while the store is down.
+        assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+        log.rows
+            .lock()
+            .map(|mut r| r.push((1, Change::ApiKey { id }, 0)))
+            .ok();
+        log.failing.store(true, Ordering::SeqCst);
+        assert!(follower.poll(&log, &cache).await.is_err());
+        assert_eq!(follower.high, Some(0));
+        log.failing.store(false, Ordering::SeqCst);
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        assert_eq!(follower.high, Some(1));
+        cache.sync_for_tests().await;
+        assert_eq!(cache.entry_count(), 0, "the key's entry was dropped");
+    }
+
+    #[tokio::test]
+    async fn out_of_order_commits_are_applied_once() {
+        let db = TestDb::sqlite();
+        let (_store, cache, _secret, _id) = cached_key(&db).await;
+        let now = unix_now();
+        let log = FakeLog {
+            lookback: Some(10),
+            ..FakeLog::default()
+        };
+        let mut follower = Follower::default();
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        log.rows
+            .lock()
+            .map(|mut r| r.push((2, Change::Session { id: "s2".into() }, now)))
+            .ok();
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        assert_eq!(follower.high, Some(2));
+        // Seq 1 commits late: still applied, because it is recent.
+        log.rows
+            .lock()
+            .map(|mut r| r.push((1, Change::Session { id: "s1".into() }, now)))
+            .ok();
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        assert!(follower.seen.contains_key(&1) && follower.seen.contains_key(&2));
+        assert_eq!(follower.high, Some(2));
+    }
+
+    #[tokio::test]
+    async fn sqlite_revocation_reaches_the_cache_by_polling() {
+        let db = TestDb::sqlite();
+        let (store, cache, secret, id) = cached_key(&db).await;
+        let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+        assert!(eventually(&cache, &secret, KeyStatus::Active).await);
+        assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
+        assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn postgres_revocation_arrives_by_notify() {
+        let db = TestDb::postgres().await;
+        let (store, cache, secret, id) = cached_key(&db).await;
+        let Ok((secret_b, rec_b)) = store
+            .create_api_key(NewApiKey {
+                organization_id: "acme".into(),
+                user_id: "alice".into(),
+                name: "b".into(),
+                scopes: vec![],
+                expires_at: None,
+            })
+            .await
+        else {
+            panic!("create failed")
+        };
+        assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+        // The poll timer fires once at start, then never again in this test.
+        let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_secs(3600));
+        assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
+        assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
+        // The follower is initialized now: the next change can only come by NOTIFY.
+        assert_eq!(status(&cache, &secret_b).await, Some(KeyStatus::Active));
+        assert!(store.revoke_api_key(&rec_b.id, unix_now()).await.is_ok());
+        assert!(eventually(&cache, &secret_b, KeyStatus::Revoked).await);
+        task.abort();
+        store.pool.close().await;
+    }
+}

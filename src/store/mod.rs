@@ -1,0 +1,294 @@
+//! The key store: organizations, users, memberships, API keys and sessions
+//! in one SQL schema served from SQLite or PostgreSQL ([`SqlStore`]), the
+//! [`KeyStore`] seam authentication reads through, the [`CachedKeyStore`]
+//! decorator the hot path uses, and the background tasks that keep the cache
+//! honest ([`spawn_invalidation`]) and record key usage ([`UsageRecorder`]).
+pub mod cache;
+pub mod invalidation;
+mod schema;
+pub mod sql;
+mod sql_accounts;
+mod sql_keys;
+#[cfg(test)]
+pub(crate) mod testing;
+pub mod usage;
+
+pub use cache::{CacheConfig, CachedKeyStore};
+pub use invalidation::spawn_invalidation;
+pub use sql::{NewApiKey, SqlStore};
+pub use usage::UsageRecorder;
+
+use crate::auth::SecretHash;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where the store lives and how long one query may take.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` or `postgres://…`.
+    pub url: String,
+    /// Every query runs under this deadline (→ [`StoreError::Timeout`]).
+    pub query_timeout: Duration,
+}
+
+/// Errors of the store boundary. Messages never hold a secret.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or failed (the gateway answers 503).
+    #[error("key store unavailable")]
+    Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// A query did not finish within `query_timeout` (the gateway answers 503).
+    #[error("key store query timed out")]
+    Timeout,
+    /// The named thing does not exist, e.g. `"organization acme"`.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The named thing already exists.
+    #[error("{0} already exists")]
+    Conflict(String),
+    /// The input is not acceptable; the text says which part.
+    #[error("invalid {0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// True for the errors that mean "store down", not "bad request".
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout)
+    }
+}
+
+/// An API key as stored (never its secret). Times are unix seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    /// `key_` + 16 base62.
+    pub id: String,
+    /// Human name given at creation.
+    pub name: String,
+    /// The organization the key acts for.
+    pub organization_id: String,
+    /// The user who owns the key.
+    pub user_id: String,
+    /// Scopes chosen at creation.
+    pub scopes: Vec<String>,
+    /// Display prefix: the first 8 characters after `mpg_`.
+    pub prefix: String,
+    /// Creation time.
+    pub created_at: i64,
+    /// Expiry time, if any.
+    pub expires_at: Option<i64>,
+    /// First revocation time, if revoked.
+    pub revoked_at: Option<i64>,
+    /// Last recorded use (batched, approximate).
+    pub last_used_at: Option<i64>,
+}
+
+/// Whether a key may be used now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// Usable.
+    Active,
+    /// Past `expires_at`.
+    Expired,
+    /// Revoked (wins over expired).
+    Revoked,
+}
+
+impl KeyStatus {
+    /// The JSON / `details.reason` spelling.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            KeyStatus::Active => "active",
+            KeyStatus::Expired => "expired",
+            KeyStatus::Revoked => "revoked",
+        }
+    }
+}
+
+impl ApiKeyRecord {
+    /// The key's status at `now` (unix seconds); revoked wins over expired.
+    pub fn status(&self, now: i64) -> KeyStatus {
+        if self.revoked_at.is_some() {
+            KeyStatus::Revoked
+        } else if self.expires_at.is_some_and(|at| at <= now) {
+            KeyStatus::Expired
+        } else {
+            KeyStatus::Active
+        }
+    }
+
+    /// DESIGN §6 JSON: id, name, organization_id, user_id, scopes[], prefix,
+    /// status, created_at, expires_at, revoked_at, last_used_at (RFC 3339 UTC or null).
+    pub fn to_json(&self, now: i64) -> Value {
+        json!({
+            "id": self.id,
+            "name": self.name,
+            "organization_id": self.organization_id,
+            "user_id": self.user_id,
+            "scopes": self.scopes,
+            "prefix": self.prefix,
+            "status": self.status(now).as_str(),
+            "created_at": rfc3339(Some(self.created_at)),
+            "expires_at": rfc3339(self.expires_at),
+            "revoked_at": rfc3339(self.revoked_at),
+            "last_used_at": rfc3339(self.last_used_at),
+        })
+    }
+}
+
+/// Unix seconds as an RFC 3339 UTC string, or JSON null.
+pub fn rfc3339(at: Option<i64>) -> Value {
+    at.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .map_or(Value::Null, Value::String)
+}
+
+/// A session as stored (never its token). Times are unix seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// `ses_` + 16 base62.
+    pub id: String,
+    /// The signed-in user.
+    pub user_id: String,
+    /// Creation time.
+    pub created_at: i64,
+    /// The session is unusable from this time on.
+    pub expires_at: i64,
+}
+
+impl SessionRecord {
+    /// True once `now` has reached `expires_at`.
+    pub fn is_expired(&self, now: i64) -> bool {
+        self.expires_at <= now
+    }
+}
+
+/// What authentication needs about an API key (cached).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyAuth {
+    /// The key record.
+    pub key: ApiKeyRecord,
+    /// The user's current role in the key's organization (None: no member).
+    pub role: Option<String>,
+}
+
+/// What authentication needs about a session (cached).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionAuth {
+    /// The session record.
+    pub session: SessionRecord,
+    /// Every (organization, role) of the session's user.
+    pub memberships: Vec<(String, String)>,
+}
+
+impl SessionAuth {
+    /// The user's role in `org`, if a member.
+    pub fn role_in(&self, org: &str) -> Option<&str> {
+        self.memberships
+            .iter()
+            .find(|(o, _)| o == org)
+            .map(|(_, role)| role.as_str())
+    }
+}
+
+/// One entry of the invalidation log: what cached entries it makes stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// An API key was revoked or deleted.
+    ApiKey {
+        /// The key id.
+        id: String,
+    },
+    /// A user's role in an organization changed.
+    Member {
+        /// The organization.
+        organization_id: String,
+        /// The user.
+        user_id: String,
+    },
+    /// A session was removed.
+    Session {
+        /// The session id.
+        id: String,
+    },
+    /// Anything may have changed: drop everything.
+    All,
+}
+
+/// The I/O seam the cache decorates. Called only on cache misses / refreshes.
+#[async_trait::async_trait]
+pub trait KeyStore: Send + Sync + 'static {
+    /// The key with this secret hash and its user's current role, if any.
+    /// Called on a cache miss or when a cached entry is older than `cache_ttl`.
+    async fn find_api_key(&self, hash: &SecretHash) -> Result<Option<ApiKeyAuth>, StoreError>;
+    /// The session with this token hash and its user's memberships, if any.
+    /// Called on a cache miss or when a cached entry is older than `cache_ttl`.
+    async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError>;
+    /// Cheap liveness check, called by readiness probes.
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: "key_abc".into(),
+            name: "ci".into(),
+            organization_id: "acme".into(),
+            user_id: "alice".into(),
+            scopes: vec!["clusters:read".into(), "clusters:write".into()],
+            prefix: "AbCdEfGh".into(),
+            created_at: 0,
+            expires_at: Some(100),
+            revoked_at: None,
+            last_used_at: None,
+        }
+    }
+
+    #[test]
+    fn status_revoked_wins_over_expired() {
+        let mut r = record();
+        assert_eq!(r.status(99), KeyStatus::Active);
+        assert_eq!(r.status(100), KeyStatus::Expired);
+        r.revoked_at = Some(50);
+        assert_eq!(r.status(99), KeyStatus::Revoked);
+        assert_eq!(r.status(200), KeyStatus::Revoked);
+    }
+
+    #[test]
+    fn json_has_every_documented_field() {
+        let j = record().to_json(10);
+        assert_eq!(j["id"], "key_abc");
+        assert_eq!(j["scopes"], json!(["clusters:read", "clusters:write"]));
+        assert_eq!(j["status"], "active");
+        assert_eq!(j["created_at"], "1970-01-01T00:00:00Z");
+        assert_eq!(j["expires_at"], "1970-01-01T00:01:40Z");
+        assert_eq!(j["revoked_at"], Value::Null);
+        assert_eq!(j["last_used_at"], Value::Null);
+        assert_eq!(j["prefix"], "AbCdEfGh");
+        assert_eq!(j.as_object().map(|o| o.len()), Some(11));
+    }
+
+    #[test]
+    fn role_in_finds_membership() {
+        let s = SessionAuth {
+            session: SessionRecord {
+                id: "ses_1".into(),
+                user_id: "alice".into(),
+                created_at: 0,
+                expires_at: 10,
+            },
+            memberships: vec![("acme".into(), "admin".into())],
+        };
+        assert_eq!(s.role_in("acme"), Some("admin"));
+        assert_eq!(s.role_in("other"), None);
+        assert!(s.session.is_expired(10));
+        assert!(!s.session.is_expired(9));
+    }
+}

@@ -1,0 +1,124 @@
+//! The store schema as migrations shipped in the binary. Each migration is a
+//! list of single statements (PostgreSQL's extended protocol runs one at a
+//! time); a backend-specific variant exists only where the syntax differs.
+//! Column types stay portable: TEXT and BIGINT unix seconds.
+
+/// Which SQL dialect a statement list is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// SQLite (embedded).
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// Creates the migration ledger; run before anything else.
+pub(crate) const LEDGER: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (\
+     version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)";
+
+/// One schema version.
+pub(crate) struct Migration {
+    /// Strictly increasing version number.
+    pub(crate) version: i64,
+    /// Statements for SQLite.
+    pub(crate) sqlite: &'static [&'static str],
+    /// Statements for PostgreSQL.
+    pub(crate) postgres: &'static [&'static str],
+}
+
+impl Migration {
+    /// The statements for `dialect`.
+    pub(crate) fn statements(&self, dialect: Dialect) -> &'static [&'static str] {
+        match dialect {
+            Dialect::Sqlite => self.sqlite,
+            Dialect::Postgres => self.postgres,
+        }
+    }
+}
+
+/// Tables every version shares, in dependency order.
+macro_rules! v1_common {
+    () => {
+        [
+            "CREATE TABLE organizations (id TEXT PRIMARY KEY, name TEXT, \
+             created_at BIGINT NOT NULL)",
+            "CREATE TABLE users (id TEXT PRIMARY KEY, email TEXT, created_at BIGINT NOT NULL)",
+            "CREATE TABLE memberships (\
+             organization_id TEXT NOT NULL REFERENCES organizations(id) ON DELETE CASCADE, \
+             user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE, \
+             role TEXT NOT NULL, PRIMARY KEY (organization_id, user_id))",
+            "CREATE INDEX memberships_user ON memberships (user_id)",
+            "CREATE TABLE api_keys (id TEXT PRIMARY KEY, key_hash TEXT NOT NULL UNIQUE, \
+             prefix TEXT NOT NULL, name TEXT NOT NULL, \
+             organization_id TEXT NOT NULL REFERENCES organizations(id) ON DELETE CASCADE, \
+             user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE, \
+             scopes TEXT NOT NULL, created_at BIGINT NOT NULL, expires_at BIGINT, \
+             revoked_at BIGINT, last_used_at BIGINT)",
+            "CREATE INDEX api_keys_org_page ON api_keys (organization_id, created_at, id)",
+            "CREATE TABLE sessions (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE, \
+             user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE, \
+             created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL)",
+            "CREATE INDEX changes_at ON changes (at)",
+        ]
+    };
+}
+
+/// Version 1 for SQLite: `changes` must exist before its index.
+const V1_SQLITE: [&str; 9] = {
+    let common = v1_common!();
+    [
+        "CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, \
+         subject TEXT NOT NULL, at BIGINT NOT NULL)",
+        common[0],
+        common[1],
+        common[2],
+        common[3],
+        common[4],
+        common[5],
+        common[6],
+        common[7],
+    ]
+};
+
+/// Version 1 for PostgreSQL.
+const V1_POSTGRES: [&str; 9] = {
+    let common = v1_common!();
+    [
+        "CREATE TABLE changes (seq BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, \
+         subject TEXT NOT NULL, at BIGINT NOT NULL)",
+        common[0],
+        common[1],
+        common[2],
+        common[3],
+        common[4],
+        common[5],
+        common[6],
+        common[7],
+    ]
+};
+
+/// Every migration, oldest first.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sqlite: &V1_SQLITE,
+    postgres: &V1_POSTGRES,
+}];
+
+/// The channel `NOTIFY` is sent on when a change is logged (PostgreSQL).
+pub(crate) const NOTIFY_CHANNEL: &str = "mpg_gateway_changes";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_strictly_increase_and_dialects_align() {
+        let mut last = 0;
+        for m in MIGRATIONS {
+            assert!(m.version > last);
+            last = m.version;
+            assert_eq!(m.sqlite.len(), m.postgres.len());
+            assert!(m.sqlite[0].starts_with("CREATE TABLE changes"));
+        }
+    }
+}

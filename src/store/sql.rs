@@ -1,0 +1,743 @@
+//! [`SqlStore`]: the one SQL store, served from SQLite or PostgreSQL through
+//! sqlx's `Any` driver so the same statements run on both (`$1` placeholders
+//! work on both). This file owns connecting, migrating, the query deadline
+//! and the change log; accounts and sessions live in `sql_accounts.rs`, API
+//! keys in `sql_keys.rs`.
+use super::schema::{Dialect, LEDGER, MIGRATIONS, NOTIFY_CHANNEL};
+use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreConfig, StoreError};
+use crate::auth::SecretHash;
+use sqlx::any::AnyPoolOptions;
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, AnyPool, Executor, Row, Transaction};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use super::sql_keys::NewApiKey;
+
+/// Busy timeout set on every SQLite connection (writers wait, not fail).
+const SQLITE_BUSY_TIMEOUT_MS: u64 = 5000;
+/// More than this many unseen changes: the reader gets [`Change::All`].
+const CHANGES_BATCH: i64 = 1000;
+
+/// The SQL key store (cheap to clone: a pool handle).
+#[derive(Clone)]
+pub struct SqlStore {
+    pub(super) pool: AnyPool,
+    pub(super) dialect: Dialect,
+    pub(super) timeout: Duration,
+    /// Kept for `LISTEN` (PostgreSQL); may hold a password, so never logged.
+    pub(super) url: Arc<str>,
+}
+
+impl fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("backend", &self.backend())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Current unix time in seconds.
+pub(super) fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Any driver/database failure: the store is unusable for this request.
+pub(super) fn unavailable(e: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(Arc::new(e))
+}
+
+/// `map_err(unavailable)` with less noise.
+pub(super) trait Db<T> {
+    /// Maps a sqlx error to [`StoreError::Unavailable`].
+    fn db(self) -> Result<T, StoreError>;
+}
+
+impl<T> Db<T> for Result<T, sqlx::Error> {
+    fn db(self) -> Result<T, StoreError> {
+        self.map_err(unavailable)
+    }
+}
+
+/// Splits `sqlite://PATH?opts` into the file path (None for in-memory).
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+/// Ids become headers and change-log subjects: keep them short and plain.
+pub(super) fn check_id(what: &str, id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "{what} id (1-128 characters of A-Z a-z 0-9 _ - . : @)"
+        )))
+    }
+}
+
+impl SqlStore {
+    /// Opens a connection pool for `cfg.url` (`sqlite://…` or `postgres://…`).
+    /// SQLite: the file and its parent directory are created if missing, WAL
+    /// mode and a busy timeout are set on every connection. Does NOT migrate.
+    pub async fn connect(cfg: &StoreConfig) -> Result<SqlStore, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (dialect, url) = if cfg.url.starts_with("sqlite:") {
+            if let Some(path) = sqlite_path(&cfg.url) {
+                if let Some(parent) = std::path::Path::new(path).parent() {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| StoreError::Unavailable(Arc::new(e)))?;
+                    }
+                }
+            }
+            let url = if cfg.url.contains("mode=") {
+                cfg.url.clone()
+            } else if cfg.url.contains('?') {
+                format!("{}&mode=rwc", cfg.url)
+            } else {
+                format!("{}?mode=rwc", cfg.url)
+            };
+            (Dialect::Sqlite, url)
+        } else if cfg.url.starts_with("postgres://") || cfg.url.starts_with("postgresql://") {
+            (Dialect::Postgres, cfg.url.clone())
+        } else {
+            return Err(StoreError::Invalid(
+                "store url (want sqlite://PATH or postgres://…)".into(),
+            ));
+        };
+        let in_memory = dialect == Dialect::Sqlite && sqlite_path(&url).is_none();
+        let pool = AnyPoolOptions::new()
+            // An in-memory SQLite database exists once per connection.
+            .max_connections(match (dialect, in_memory) {
+                (Dialect::Sqlite, true) => 1,
+                (Dialect::Sqlite, false) => 4,
+                (Dialect::Postgres, _) => 16,
+            })
+            .acquire_timeout(cfg.query_timeout)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if dialect == Dialect::Sqlite {
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute(
+                            format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}").as_str(),
+                        )
+                        .await?;
+                        conn.execute("PRAGMA foreign_keys = ON").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy(&url)
+            .db()?;
+        Ok(SqlStore {
+            pool,
+            dialect,
+            timeout: cfg.query_timeout,
+            url: url.into(),
+        })
+    }
+
+    /// `"sqlite"` or `"postgres"`.
+    pub fn backend(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+
+    /// The url this store was opened with (may hold a password: never log it).
+    pub(super) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs `fut` under the query deadline.
+    pub(super) async fn timed<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
+    }
+
+    /// A pooled connection; a dead server shows up here as Unavailable.
+    pub(super) async fn conn(&self) -> Result<PoolConnection<Any>, StoreError> {
+        self.pool.acquire().await.db()
+    }
+
+    /// A write transaction (SQLite: `BEGIN IMMEDIATE`, so a read-then-write
+    /// never fails on a lock upgrade).
+    pub(super) async fn begin(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        let begin = match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE"),
+            Dialect::Postgres => self.pool.begin_with("BEGIN"),
+        };
+        tokio::time::timeout(self.timeout.saturating_mul(2), begin)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            .db()
+    }
+
+    /// Commits `tx` under the deadline.
+    pub(super) async fn commit(&self, tx: Transaction<'static, Any>) -> Result<(), StoreError> {
+        self.timed(async { tx.commit().await.db() }).await
+    }
+
+    /// Creates or upgrades the schema; idempotent, safe to run at every start.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        self.timed(async {
+            if self.dialect == Dialect::Postgres {
+                // Serialize concurrent migrators; the void result stays in the subquery.
+                sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock(7301)) AS l")
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
+            }
+            tx.execute(LEDGER).await.db()?;
+            let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
+                .fetch_all(&mut *tx)
+                .await
+                .db()?
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<Result<_, _>>()
+                .db()?;
+            for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+                for stmt in m.statements(self.dialect) {
+                    tx.execute(*stmt).await.db()?;
+                }
+                sqlx::query("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)")
+                    .bind(m.version)
+                    .bind(unix_now())
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
+                tracing::info!(
+                    version = m.version,
+                    backend = self.backend(),
+                    "migrated store"
+                );
+            }
+            Ok(())
+        })
+        .await?;
+        self.commit(tx).await
+    }
+
+    /// Appends `change` to the invalidation log inside the caller's transaction
+    /// (PostgreSQL: also `NOTIFY`, delivered at commit).
+    pub(super) async fn log_change(
+        &self,
+        conn: &mut AnyConnection,
+        change: &Change,
+    ) -> Result<(), StoreError> {
+        let (kind, subject) = match change {
+            Change::ApiKey { id } => ("api_key", id.clone()),
+            Change::Member {
+                organization_id,
+                user_id,
+            } => ("member", format!("{organization_id} {user_id}")),
+            Change::Session { id } => ("session", id.clone()),
+            Change::All => ("all", String::new()),
+        };
+        sqlx::query("INSERT INTO changes (kind, subject, at) VALUES ($1, $2, $3)")
+            .bind(kind)
+            .bind(subject)
+            .bind(unix_now())
+            .execute(&mut *conn)
+            .await
+            .db()?;
+        if self.dialect == Dialect::Postgres {
+            conn.execute(format!("NOTIFY {NOTIFY_CHANNEL}").as_str())
+                .await
+                .db()?;
+        }
+        Ok(())
+    }
+
+    /// Changes logged after `seq`: (new max seq, changes). More than a batch
+    /// behind: `[Change::All]` and the current max.
+    pub async fn changes_since(&self, seq: i64) -> Result<(i64, Vec<Change>), StoreError> {
+        let rows = self.changes_after(seq, i64::MAX).await?;
+        let max = rows.iter().map(|(s, _)| *s).max().unwrap_or(seq);
+        Ok((max, rows.into_iter().map(|(_, c)| c).collect()))
+    }
+
+    /// Changes with `seq > after` or logged at or after `recent_at` (unix
+    /// seconds; PostgreSQL can commit sequence numbers out of order, so the
+    /// poller re-reads a recent window), with their seq, oldest first.
+    pub(super) async fn changes_after(
+        &self,
+        after: i64,
+        recent_at: i64,
+    ) -> Result<Vec<(i64, Change)>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let rows = sqlx::query(
+                "SELECT seq, kind, subject FROM changes WHERE seq > $1 OR at >= $2 \
+                 ORDER BY seq LIMIT $3",
+            )
+            .bind(after)
+            .bind(recent_at)
+            .bind(CHANGES_BATCH + 1)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+            if rows.len() > usize::try_from(CHANGES_BATCH).unwrap_or(usize::MAX) {
+                let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .db()?
+                    .try_get(0)
+                    .db()?;
+                return Ok(vec![(max.unwrap_or(after), Change::All)]);
+            }
+            rows.iter()
+                .map(|r| {
+                    let seq: i64 = r.try_get(0)?;
+                    let kind: String = r.try_get(1)?;
+                    let subject: String = r.try_get(2)?;
+                    Ok((seq, parse_change(&kind, subject)))
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .db()
+        })
+        .await
+    }
+
+    /// The highest seq in the change log (0 when empty).
+    pub async fn latest_change_seq(&self) -> Result<i64, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
+                .fetch_one(&mut *conn)
+                .await
+                .db()?
+                .try_get(0)
+                .db()?;
+            Ok(max.unwrap_or(0))
+        })
+        .await
+    }
+}
+
+/// A change-log row back into a [`Change`]; anything unknown means "drop all".
+fn parse_change(kind: &str, subject: String) -> Change {
+    match kind {
+        "api_key" => Change::ApiKey { id: subject },
+        "session" => Change::Session { id: subject },
+        "member" => match subject.split_once(' ') {
+            Some((org, user)) => Change::Member {
+                organization_id: org.to_owned(),
+                user_id: user.to_owned(),
+            },
+            None => Change::All,
+        },
+        _ => Change::All,
+    }
+}
+
+#[async_trait::async_trait]
+impl KeyStore for SqlStore {
+    async fn find_api_key(&self, hash: &SecretHash) -> Result<Option<ApiKeyAuth>, StoreError> {
+        self.find_api_key_by_hash(hash).await
+    }
+
+    async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
+        self.find_session_by_hash(hash).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async { conn.execute("SELECT 1").await.db().map(|_| ()) })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::hash_secret;
+    use crate::store::testing::TestDb;
+    use crate::store::{KeyStatus, NewApiKey};
+    use serde_json::json;
+
+    /// Runs each suite function against a fresh SQLite file and a fresh
+    /// PostgreSQL database.
+    macro_rules! both_backends {
+        ($($name:ident),* $(,)?) => {
+            mod sqlite {
+                $(#[tokio::test]
+                async fn $name() {
+                    let db = super::TestDb::sqlite();
+                    super::$name(&db.store().await).await;
+                })*
+            }
+            mod postgres {
+                $(#[tokio::test]
+                async fn $name() {
+                    let db = super::TestDb::postgres().await;
+                    let store = db.store().await;
+                    super::$name(&store).await;
+                    store.pool.close().await;
+                })*
+            }
+        };
+    }
+
+    both_backends!(
+        migrate_is_idempotent,
+        orgs_users_and_members,
+        api_key_lifecycle,
+        list_paginates_in_stable_order,
+        auth_lookup_sees_current_role,
+        secret_is_never_stored,
+        changes_feed_sees_every_invalidating_write,
+        sessions_round_trip,
+        usage_stamps_never_go_backwards,
+    );
+
+    async fn seed(store: &SqlStore) {
+        store.create_organization("acme", Some("Acme")).await.ok();
+        store.create_user("alice", Some("a@example.com")).await.ok();
+        store.set_member("acme", "alice", "admin").await.ok();
+    }
+
+    fn new_key(name: &str) -> NewApiKey {
+        NewApiKey {
+            organization_id: "acme".into(),
+            user_id: "alice".into(),
+            name: name.into(),
+            scopes: vec!["clusters:read".into(), "clusters:write".into()],
+            expires_at: None,
+        }
+    }
+
+    async fn migrate_is_idempotent(store: &SqlStore) {
+        store.migrate().await.unwrap_or_else(|e| panic!("{e:?}"));
+        store.migrate().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM schema_migrations WHERE version = $1")
+            .bind(1_i64)
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|r| r.try_get(0))
+            .unwrap_or(-1);
+        assert_eq!(n, 1);
+        assert!(store.ping().await.is_ok());
+    }
+
+    async fn orgs_users_and_members(store: &SqlStore) {
+        let org = store.create_organization("acme", Some("Acme")).await;
+        assert_eq!(org.ok().map(|v| v["id"].clone()), Some(json!("acme")));
+        assert!(matches!(
+            store.create_organization("acme", None).await,
+            Err(StoreError::Conflict(m)) if m == "organization acme"
+        ));
+        assert!(matches!(
+            store.create_organization("bad id", None).await,
+            Err(StoreError::Invalid(_))
+        ));
+        assert!(store.create_user("alice", None).await.is_ok());
+        assert!(matches!(
+            store.create_user("alice", None).await,
+            Err(StoreError::Conflict(_))
+        ));
+        assert!(matches!(
+            store.set_member("nope", "alice", "admin").await,
+            Err(StoreError::NotFound(m)) if m == "organization nope"
+        ));
+        assert!(matches!(
+            store.set_member("acme", "bob", "admin").await,
+            Err(StoreError::NotFound(m)) if m == "user bob"
+        ));
+        assert_eq!(store.member_role("acme", "alice").await.ok(), Some(None));
+        assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+        assert!(store.set_member("acme", "alice", "admin").await.is_ok());
+        assert_eq!(
+            store.member_role("acme", "alice").await.ok().flatten(),
+            Some("admin".to_owned())
+        );
+    }
+
+    async fn api_key_lifecycle(store: &SqlStore) {
+        let mut missing = new_key("x");
+        missing.organization_id = "ghost".into();
+        assert!(matches!(
+            store.create_api_key(missing).await,
+            Err(StoreError::NotFound(m)) if m == "organization ghost"
+        ));
+        seed(store).await;
+        let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+            panic!("create failed")
+        };
+        assert_eq!(rec.prefix, &secret[4..12]);
+        assert_eq!(
+            store.get_api_key(&rec.id).await.ok().flatten(),
+            Some(rec.clone())
+        );
+        let first = store.revoke_api_key(&rec.id, 1000).await.ok().flatten();
+        assert_eq!(first.as_ref().and_then(|r| r.revoked_at), Some(1000));
+        let again = store.revoke_api_key(&rec.id, 2000).await.ok().flatten();
+        assert_eq!(again.as_ref().and_then(|r| r.revoked_at), Some(1000));
+        assert_eq!(again.map(|r| r.status(3000)), Some(KeyStatus::Revoked));
+        assert_eq!(store.revoke_api_key("key_none", 1).await.ok(), Some(None));
+        assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(true));
+        assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(false));
+        assert_eq!(store.get_api_key(&rec.id).await.ok(), Some(None));
+    }
+
+    async fn list_paginates_in_stable_order(store: &SqlStore) {
+        seed(store).await;
+        let mut created = Vec::new();
+        for i in 0..5 {
+            if let Ok((_, rec)) = store.create_api_key(new_key(&format!("k{i}"))).await {
+                created.push(rec);
+            }
+        }
+        created.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        let mut seen = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let Ok((page, next)) = store.list_api_keys("acme", 2, cursor.as_deref()).await else {
+                panic!("list failed")
+            };
+            assert!(page.len() <= 2);
+            seen.extend(page);
+            pages += 1;
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3);
+        assert_eq!(seen, created);
+        assert!(matches!(
+            store.list_api_keys("acme", 2, Some("garbage")).await,
+            Err(StoreError::Invalid(m)) if m == "cursor"
+        ));
+        let other = store.list_api_keys("other", 10, None).await;
+        assert_eq!(other.ok().map(|(p, n)| (p.len(), n)), Some((0, None)));
+    }
+
+    async fn auth_lookup_sees_current_role(store: &SqlStore) {
+        seed(store).await;
+        let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+            panic!("create failed")
+        };
+        let hash = hash_secret(&secret);
+        let found = store.find_api_key(&hash).await.ok().flatten();
+        assert_eq!(found.as_ref().map(|a| &a.key), Some(&rec));
+        assert_eq!(found.and_then(|a| a.role), Some("admin".to_owned()));
+        assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+        let found = store.find_api_key(&hash).await.ok().flatten();
+        assert_eq!(found.and_then(|a| a.role), Some("viewer".to_owned()));
+        let unknown = store.find_api_key(&hash_secret("mpg_nope")).await;
+        assert_eq!(unknown.ok(), Some(None));
+    }
+
+    async fn secret_is_never_stored(store: &SqlStore) {
+        seed(store).await;
+        let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+            panic!("create failed")
+        };
+        let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let rows = sqlx::query("SELECT * FROM api_keys")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_default();
+        assert_eq!(rows.len(), 1);
+        let body = &secret[4..];
+        for i in 0..rows[0].len() {
+            if let Ok(Some(text)) = rows[0].try_get::<Option<String>, _>(i) {
+                assert!(!text.contains(body), "column {i} holds the secret");
+            }
+        }
+        let stored: String = rows[0].try_get("key_hash").unwrap_or_default();
+        assert_eq!(stored, hash_secret(&secret).to_hex());
+        assert_eq!(rec.prefix.len(), 8);
+    }
+
+    async fn changes_feed_sees_every_invalidating_write(store: &SqlStore) {
+        seed(store).await;
+        let start = store.latest_change_seq().await.unwrap_or(-1);
+        let Ok((_, a)) = store.create_api_key(new_key("a")).await else {
+            panic!("create failed")
+        };
+        let Ok((_, b)) = store.create_api_key(new_key("b")).await else {
+            panic!("create failed")
+        };
+        let Ok((_, ses)) = store.create_session("alice", Duration::from_secs(60)).await else {
+            panic!("session failed")
+        };
+        assert!(store.revoke_api_key(&a.id, 5).await.is_ok());
+        assert!(store.revoke_api_key(&a.id, 6).await.is_ok()); // no second entry
+        assert!(store.delete_api_key(&b.id).await.is_ok());
+        assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+        assert_eq!(store.delete_session(&ses.id).await.ok(), Some(true));
+        let Ok((max, changes)) = store.changes_since(start).await else {
+            panic!("changes failed")
+        };
+        assert_eq!(
+            changes,
+            vec![
+                Change::ApiKey { id: a.id.clone() },
+                Change::ApiKey { id: b.id.clone() },
+                Change::Member {
+                    organization_id: "acme".into(),
+                    user_id: "alice".into()
+                },
+                Change::Session { id: ses.id.clone() },
+            ]
+        );
+        assert_eq!(store.latest_change_seq().await.ok(), Some(max));
+        assert_eq!(store.changes_since(max).await.ok(), Some((max, vec![])));
+    }
+
+    async fn sessions_round_trip(store: &SqlStore) {
+        assert!(matches!(
+            store.create_session("ghost", Duration::from_secs(60)).await,
+            Err(StoreError::NotFound(m)) if m == "user ghost"
+        ));
+        seed(store).await;
+        let Ok((token, rec)) = store
+            .create_session("alice", Duration::from_secs(3600))
+            .await
+        else {
+            panic!("session failed")
+        };
+        assert!(crate::auth::check_session_token_format(&token).is_ok());
+        assert_eq!(rec.expires_at - rec.created_at, 3600);
+        let found = store
+            .find_session(&hash_secret(&token))
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(found.as_ref().map(|s| &s.session), Some(&rec));
+        assert_eq!(
+            found.as_ref().and_then(|s| s.role_in("acme")),
+            Some("admin")
+        );
+        assert_eq!(store.delete_session(&rec.id).await.ok(), Some(true));
+        assert_eq!(
+            store.find_session(&hash_secret(&token)).await.ok(),
+            Some(None)
+        );
+    }
+
+    async fn usage_stamps_never_go_backwards(store: &SqlStore) {
+        seed(store).await;
+        let Ok((_, rec)) = store.create_api_key(new_key("ci")).await else {
+            panic!("create failed")
+        };
+        let used = vec![(rec.id.clone(), 500), ("key_unknown".to_owned(), 1)];
+        assert!(store.record_key_usage(&used).await.is_ok());
+        assert!(store
+            .record_key_usage(&[(rec.id.clone(), 400)])
+            .await
+            .is_ok());
+        let got = store.get_api_key(&rec.id).await.ok().flatten();
+        assert_eq!(got.and_then(|r| r.last_used_at), Some(500));
+    }
+
+    #[tokio::test]
+    async fn dead_server_is_unavailable_not_a_panic() {
+        let cfg = StoreConfig {
+            url: "postgres://postgres@127.0.0.1:1/none".into(),
+            query_timeout: Duration::from_millis(300),
+        };
+        let store = SqlStore::connect(&cfg)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(store.backend(), "postgres");
+        let err = store.ping().await.err();
+        assert!(matches!(err, Some(StoreError::Unavailable(_))), "{err:?}");
+        assert!(store.find_api_key(&hash_secret("x")).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn sqlite_connections_use_wal_and_busy_timeout() {
+        let db = TestDb::sqlite();
+        let store = db.store().await;
+        let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let mode: String = sqlx::query("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|r| r.try_get(0))
+            .unwrap_or_default();
+        assert_eq!(mode, "wal");
+        let busy: i64 = sqlx::query("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|r| r.try_get(0))
+            .unwrap_or_default();
+        assert_eq!(busy, 5000);
+        assert_eq!(store.backend(), "sqlite");
+    }
+
+    #[tokio::test]
+    async fn slow_query_is_a_timeout() {
+        let cfg = StoreConfig {
+            url: std::env::var("MPG_TEST_PG_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+            query_timeout: Duration::from_millis(200),
+        };
+        let store = SqlStore::connect(&cfg)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let slow = store
+            .timed(async {
+                sqlx::query("SELECT 1 FROM pg_sleep(2)")
+                    .execute(&mut *conn)
+                    .await
+                    .db()
+            })
+            .await;
+        assert!(matches!(slow, Err(StoreError::Timeout)), "{slow:?}");
+    }
+
+    #[tokio::test]
+    async fn bad_url_is_invalid() {
+        let cfg = StoreConfig {
+            url: "mysql://x".into(),
+            query_timeout: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            SqlStore::connect(&cfg).await,
+            Err(StoreError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn sqlite_path_and_change_parsing() {
+        assert_eq!(
+            sqlite_path("sqlite://data/g.db?mode=rwc"),
+            Some("data/g.db")
+        );
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+        assert_eq!(
+            parse_change("member", "acme alice".into()),
+            Change::Member {
+                organization_id: "acme".into(),
+                user_id: "alice".into()
+            }
+        );
+        assert_eq!(parse_change("weird", String::new()), Change::All);
+    }
+}

@@ -1,0 +1,331 @@
+//! The API key half of [`SqlStore`]: create, list (keyset pagination with an
+//! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
+use super::sql::{unix_now, Db, SqlStore};
+use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
+use crate::auth::token::hex;
+use crate::auth::{generate_api_key, generate_key_id, hash_secret, SecretHash};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+/// What a caller supplies to create an API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewApiKey {
+    /// The organization the key acts for (must exist).
+    pub organization_id: String,
+    /// The owning user (must exist).
+    pub user_id: String,
+    /// Human name.
+    pub name: String,
+    /// Granted scopes (stored space-separated).
+    pub scopes: Vec<String>,
+    /// Optional expiry, unix seconds.
+    pub expires_at: Option<i64>,
+}
+
+/// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
+const KEY_COLUMNS: &str = "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
+                           k.created_at, k.expires_at, k.revoked_at, k.last_used_at";
+
+/// Builds a record from a row selected with [`KEY_COLUMNS`].
+fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+    let scopes: String = row.try_get("scopes")?;
+    Ok(ApiKeyRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        organization_id: row.try_get("organization_id")?,
+        user_id: row.try_get("user_id")?,
+        scopes: scopes.split_whitespace().map(str::to_owned).collect(),
+        prefix: row.try_get("prefix")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+        last_used_at: row.try_get("last_used_at")?,
+    })
+}
+
+/// The opaque cursor for "after this record": hex of `created_at.id`.
+fn encode_cursor(record: &ApiKeyRecord) -> String {
+    hex(format!("{}.{}", record.created_at, record.id).as_bytes())
+}
+
+/// Decodes [`encode_cursor`]; anything else is `Invalid("cursor")`.
+fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
+    let invalid = || StoreError::Invalid("cursor".into());
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 512 {
+        return Err(invalid());
+    }
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| {
+            cursor
+                .get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(invalid)?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
+    let (at, id) = text.split_once('.').ok_or_else(invalid)?;
+    let at = at.parse::<i64>().map_err(|_| invalid())?;
+    Ok((at, id.to_owned()))
+}
+
+impl SqlStore {
+    /// Creates a key; returns the secret (shown once; only its SHA-256 is
+    /// stored) and the record. NotFound if the organization or user is missing.
+    pub async fn create_api_key(
+        &self,
+        new: NewApiKey,
+    ) -> Result<(String, ApiKeyRecord), StoreError> {
+        if new.name.is_empty() {
+            return Err(StoreError::Invalid("name".into()));
+        }
+        if new
+            .scopes
+            .iter()
+            .any(|s| s.is_empty() || s.contains(char::is_whitespace))
+        {
+            return Err(StoreError::Invalid("scopes".into()));
+        }
+        let (secret, prefix) = generate_api_key();
+        let record = ApiKeyRecord {
+            id: generate_key_id(),
+            name: new.name,
+            organization_id: new.organization_id,
+            user_id: new.user_id,
+            scopes: new.scopes,
+            prefix,
+            created_at: unix_now(),
+            expires_at: new.expires_at,
+            revoked_at: None,
+            last_used_at: None,
+        };
+        let mut tx = self.begin().await?;
+        self.timed(async {
+            self.require_org_and_user(&mut tx, &record.organization_id, &record.user_id)
+                .await?;
+            sqlx::query(
+                "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, \
+                 scopes, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&record.id)
+            .bind(hash_secret(&secret).to_hex())
+            .bind(&record.prefix)
+            .bind(&record.name)
+            .bind(&record.organization_id)
+            .bind(&record.user_id)
+            .bind(record.scopes.join(" "))
+            .bind(record.created_at)
+            .bind(record.expires_at)
+            .execute(&mut *tx)
+            .await
+            .db()
+        })
+        .await?;
+        self.commit(tx).await?;
+        Ok((secret, record))
+    }
+
+    /// One page of `org`'s keys in stable (created_at, id) order, and the
+    /// cursor of the next page if there is one. A bad cursor is Invalid.
+    pub async fn list_api_keys(
+        &self,
+        org: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<(Vec<ApiKeyRecord>, Option<String>), StoreError> {
+        if limit == 0 {
+            return Err(StoreError::Invalid("limit".into()));
+        }
+        let (after_at, after_id) = match cursor {
+            Some(c) => decode_cursor(c)?,
+            None => (i64::MIN, String::new()),
+        };
+        let mut conn = self.conn().await?;
+        let mut page = self
+            .timed(async {
+                sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.organization_id = $1 \
+                     AND (k.created_at > $2 OR (k.created_at = $2 AND k.id > $3)) \
+                     ORDER BY k.created_at, k.id LIMIT $4"
+                ))
+                .bind(org)
+                .bind(after_at)
+                .bind(after_id)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&mut *conn)
+                .await
+                .db()?
+                .iter()
+                .map(record_from_row)
+                .collect::<Result<Vec<_>, _>>()
+                .db()
+            })
+            .await?;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(encode_cursor)
+        } else {
+            None
+        };
+        Ok((page, next))
+    }
+
+    /// The key with this id, if any.
+    pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            sqlx::query(&format!(
+                "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await
+            .db()?
+            .as_ref()
+            .map(record_from_row)
+            .transpose()
+            .db()
+        })
+        .await
+    }
+
+    /// Revokes a key at `now`; idempotent (keeps the first `revoked_at`).
+    /// Logs a key change the first time. None if there is no such key.
+    pub async fn revoke_api_key(
+        &self,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let mut tx = self.begin().await?;
+        let record = self
+            .timed(async {
+                let done = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+                )
+                .bind(id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+                if done.rows_affected() > 0 {
+                    self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
+                        .await?;
+                }
+                sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?
+                .as_ref()
+                .map(record_from_row)
+                .transpose()
+                .db()
+            })
+            .await?;
+        self.commit(tx).await?;
+        Ok(record)
+    }
+
+    /// Deletes a key; logs a key change. False if there was none.
+    pub async fn delete_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let deleted = self
+            .timed(async {
+                let done = sqlx::query("DELETE FROM api_keys WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
+                if done.rows_affected() > 0 {
+                    self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
+                        .await?;
+                }
+                Ok(done.rows_affected() > 0)
+            })
+            .await?;
+        self.commit(tx).await?;
+        Ok(deleted)
+    }
+
+    /// Stamps `last_used_at` for a batch of (key id, unix seconds), in one
+    /// transaction; a stamp never moves backwards.
+    pub async fn record_key_usage(&self, used: &[(String, i64)]) -> Result<(), StoreError> {
+        if used.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin().await?;
+        self.timed(async {
+            for (id, at) in used {
+                sqlx::query(
+                    "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 \
+                     AND (last_used_at IS NULL OR last_used_at < $2)",
+                )
+                .bind(id)
+                .bind(*at)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.commit(tx).await
+    }
+
+    /// The auth lookup: the key with this hash and its user's current role.
+    pub(super) async fn find_api_key_by_hash(
+        &self,
+        hash: &SecretHash,
+    ) -> Result<Option<ApiKeyAuth>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let row = sqlx::query(&format!(
+                "SELECT {KEY_COLUMNS}, m.role FROM api_keys k LEFT JOIN memberships m \
+                 ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
+                 WHERE k.key_hash = $1"
+            ))
+            .bind(hash.to_hex())
+            .fetch_optional(&mut *conn)
+            .await
+            .db()?;
+            let Some(row) = row else { return Ok(None) };
+            Ok(Some(ApiKeyAuth {
+                key: record_from_row(&row).db()?,
+                role: row.try_get("role").db()?,
+            }))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_rejects_garbage() {
+        let record = ApiKeyRecord {
+            id: "key_x.y".into(),
+            name: String::new(),
+            organization_id: String::new(),
+            user_id: String::new(),
+            scopes: vec![],
+            prefix: String::new(),
+            created_at: -5,
+            expires_at: None,
+            revoked_at: None,
+            last_used_at: None,
+        };
+        let c = encode_cursor(&record);
+        assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));
+        for bad in ["", "zz", "abc", "6162", "é0"] {
+            assert!(
+                matches!(decode_cursor(bad), Err(StoreError::Invalid(_))),
+                "{bad}"
+            );
+        }
+    }
+}

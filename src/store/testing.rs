@@ -1,0 +1,121 @@
+//! Test helpers: a throw-away SQLite file or PostgreSQL database per test.
+use super::{SqlStore, StoreConfig};
+use sqlx::{Connection, Executor, PgConnection};
+use std::time::Duration;
+
+/// The admin url tests create their PostgreSQL databases from.
+fn pg_admin_url() -> String {
+    std::env::var("MPG_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `url` with its database name replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let root = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{db}?{q}"),
+        None => format!("{root}/{db}"),
+    }
+}
+
+/// A database that exists for one test and is dropped afterwards.
+pub(crate) enum TestDb {
+    /// A SQLite file in a temp dir (removed with the dir).
+    Sqlite(tempfile::TempDir),
+    /// A PostgreSQL database `mpg_test_<random>` (dropped on drop).
+    Postgres { name: String },
+}
+
+impl TestDb {
+    /// A fresh SQLite file in a new temp dir (the file itself not created yet,
+    /// in a subdirectory that does not exist yet).
+    pub(crate) fn sqlite() -> TestDb {
+        match tempfile::tempdir() {
+            Ok(dir) => TestDb::Sqlite(dir),
+            Err(e) => panic!("tempdir: {e}"),
+        }
+    }
+
+    /// A fresh PostgreSQL database created from `MPG_TEST_PG_URL`.
+    pub(crate) async fn postgres() -> TestDb {
+        let name = crate::auth::generate_id("mpg_test_").to_ascii_lowercase();
+        let mut admin = PgConnection::connect(&pg_admin_url())
+            .await
+            .unwrap_or_else(|e| panic!("connect to MPG_TEST_PG_URL: {e}"));
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .unwrap_or_else(|e| panic!("create database: {e}"));
+        let _ = admin.close().await;
+        TestDb::Postgres { name }
+    }
+
+    /// The store url of this database.
+    pub(crate) fn url(&self) -> String {
+        match self {
+            TestDb::Sqlite(dir) => {
+                format!("sqlite://{}/nested/dir/gateway.db", dir.path().display())
+            }
+            TestDb::Postgres { name } => with_database(&pg_admin_url(), name),
+        }
+    }
+
+    /// A connected and migrated store on this database.
+    pub(crate) async fn store(&self) -> SqlStore {
+        let cfg = StoreConfig {
+            url: self.url(),
+            query_timeout: Duration::from_secs(5),
+        };
+        let store = SqlStore::connect(&cfg)
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e:?}"));
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrate: {e:?}"));
+        store
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let TestDb::Postgres { name } = self else {
+            return;
+        };
+        let name = name.clone();
+        // Drop may run inside a runtime: do the async cleanup on its own thread.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
+                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = admin.execute(sql.as_str()).await;
+                    let _ = admin.close().await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+#[test]
+fn with_database_replaces_the_path() {
+    assert_eq!(
+        with_database("postgres://u@h:5432/test?sslmode=disable", "x"),
+        "postgres://u@h:5432/x?sslmode=disable"
+    );
+    assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+}

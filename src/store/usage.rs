@@ -1,0 +1,162 @@
+//! [`UsageRecorder`]: batched `last_used_at` stamps. The hot path only notes
+//! a key in memory ([`UsageRecorder::touch`], no await, no I/O); a background
+//! task writes each noted key at most once per flush interval.
+use super::SqlStore;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// Pending stamps: key id → latest use (unix seconds).
+struct Pending {
+    store: SqlStore,
+    used: Mutex<HashMap<String, i64>>,
+}
+
+impl Pending {
+    fn used(&self) -> MutexGuard<'_, HashMap<String, i64>> {
+        // Every critical section is one map operation: poison is harmless.
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn flush(&self) {
+        let batch: Vec<(String, i64)> = std::mem::take(&mut *self.used()).into_iter().collect();
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.record_key_usage(&batch).await {
+            tracing::warn!(error = %e, keys = batch.len(), "recording key usage failed; will retry");
+            // Put the stamps back (keeping any newer one) for the next flush.
+            let mut used = self.used();
+            for (id, at) in batch {
+                let slot = used.entry(id).or_insert(at);
+                *slot = (*slot).max(at);
+            }
+        }
+    }
+}
+
+/// Records API key use in batches (cheap to clone; the flush task stops
+/// once every clone is dropped).
+#[derive(Clone)]
+pub struct UsageRecorder {
+    pending: Arc<Pending>,
+}
+
+impl UsageRecorder {
+    /// Spawns the task that flushes every `flush_every` (needs a tokio runtime).
+    pub fn new(store: SqlStore, flush_every: Duration) -> Self {
+        let pending = Arc::new(Pending {
+            store,
+            used: Mutex::new(HashMap::new()),
+        });
+        let weak: Weak<Pending> = Arc::downgrade(&pending);
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now() + flush_every;
+            let mut ticker = tokio::time::interval_at(start, flush_every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(pending) = weak.upgrade() else { break };
+                pending.flush().await;
+            }
+        });
+        UsageRecorder { pending }
+    }
+
+    /// Notes that `key_id` was used at `now` (unix seconds). No await, no I/O;
+    /// allocates only the first time a key is seen in an interval.
+    pub fn touch(&self, key_id: &str, now: i64) {
+        let mut used = self.pending.used();
+        match used.get_mut(key_id) {
+            Some(at) => *at = (*at).max(now),
+            None => {
+                used.insert(key_id.to_owned(), now);
+            }
+        }
+    }
+
+    /// Writes every pending stamp now (tests and shutdown).
+    pub async fn flush(&self) {
+        self.pending.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::TestDb;
+    use crate::store::NewApiKey;
+
+    async fn store_with_key(db: &TestDb) -> (SqlStore, String) {
+        let store = db.store().await;
+        assert!(store.create_organization("acme", None).await.is_ok());
+        assert!(store.create_user("alice", None).await.is_ok());
+        let new = NewApiKey {
+            organization_id: "acme".into(),
+            user_id: "alice".into(),
+            name: "ci".into(),
+            scopes: vec![],
+            expires_at: None,
+        };
+        let Ok((_, rec)) = store.create_api_key(new).await else {
+            panic!("create failed")
+        };
+        (store, rec.id)
+    }
+
+    async fn last_used(store: &SqlStore, id: &str) -> Option<i64> {
+        store
+            .get_api_key(id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.last_used_at)
+    }
+
+    #[tokio::test]
+    async fn touches_coalesce_into_one_stamp_per_key() {
+        let db = TestDb::sqlite();
+        let (store, id) = store_with_key(&db).await;
+        let rec = UsageRecorder::new(store.clone(), Duration::from_secs(3600));
+        for t in [100, 300, 200] {
+            rec.touch(&id, t);
+        }
+        assert_eq!(rec.pending.used().len(), 1);
+        assert_eq!(
+            last_used(&store, &id).await,
+            None,
+            "nothing written before a flush"
+        );
+        rec.flush().await;
+        assert!(rec.pending.used().is_empty());
+        assert_eq!(last_used(&store, &id).await, Some(300));
+    }
+
+    #[tokio::test]
+    async fn background_task_flushes_on_its_interval() {
+        let db = TestDb::sqlite();
+        let (store, id) = store_with_key(&db).await;
+        let rec = UsageRecorder::new(store.clone(), Duration::from_millis(20));
+        rec.touch(&id, 42);
+        let mut written = None;
+        for _ in 0..250 {
+            written = last_used(&store, &id).await;
+            if written.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(written, Some(42));
+    }
+
+    #[tokio::test]
+    async fn failed_flush_keeps_stamps_for_the_next_one() {
+        let db = TestDb::sqlite();
+        let (store, id) = store_with_key(&db).await;
+        let rec = UsageRecorder::new(store.clone(), Duration::from_secs(3600));
+        rec.touch(&id, 7);
+        store.pool.close().await;
+        rec.flush().await;
+        assert_eq!(rec.pending.used().get(&id), Some(&7));
+    }
+}

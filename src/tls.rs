@@ -1,0 +1,167 @@
+//! rustls server configuration: certificate loading (PEM files, or a
+//! self-signed localhost certificate for development), TLS 1.2/1.3 only,
+//! ALPN `h2` and `http/1.1`. The certificate sits behind a swappable resolver
+//! so a reload can replace it without touching open connections.
+use arc_swap::ArcSwap;
+use rustls::crypto::ring::default_provider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::ServerConfig;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::TlsSettings;
+
+/// Why TLS could not be set up; names the file involved.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or parsed.
+    #[error("{path}: {what}")]
+    File {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The private key does not belong to the certificate, or is unusable.
+    #[error("the private key does not match the certificate: {0}")]
+    KeyMismatch(String),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// Hands out the current certificate; `replace` swaps it for new handshakes.
+#[derive(Debug)]
+pub struct CertResolver {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl CertResolver {
+    /// Replaces the certificate used by new handshakes.
+    pub fn replace(&self, key: CertifiedKey) {
+        self.current.store(Arc::new(key));
+    }
+}
+
+impl ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// Loads the certificate named by the settings (or generates one).
+pub fn load_certified_key(tls: &TlsSettings) -> Result<CertifiedKey, TlsError> {
+    match tls {
+        TlsSettings::Files { cert, key } => load_pem(cert, key),
+        TlsSettings::SelfSigned => self_signed(),
+    }
+}
+
+/// The rustls server config and its resolver (kept for reloads).
+pub fn server_config(
+    key: CertifiedKey,
+) -> Result<(Arc<ServerConfig>, Arc<CertResolver>), TlsError> {
+    let resolver = Arc::new(CertResolver {
+        current: ArcSwap::from_pointee(key),
+    });
+    let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver.clone());
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok((Arc::new(config), resolver))
+}
+
+fn file_error(path: &Path, what: impl ToString) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        what: what.to_string(),
+    }
+}
+
+fn load_pem(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+        .map_err(|e| file_error(cert_path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_error(cert_path, e))?;
+    if certs.is_empty() {
+        return Err(file_error(cert_path, "no PEM certificate found"));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| file_error(key_path, e))?;
+    certified(certs, key)
+}
+
+fn certified(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, TlsError> {
+    let provider = default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
+    let ck = CertifiedKey::new(certs, signing);
+    ck.keys_match()
+        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
+    Ok(ck)
+}
+
+/// A certificate for `localhost`, `127.0.0.1` and `::1`, generated in memory.
+pub fn self_signed() -> Result<CertifiedKey, TlsError> {
+    let names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    let generated = rcgen::generate_simple_self_signed(names)
+        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
+    let cert = generated.cert.der().clone();
+    let key = PrivateKeyDer::try_from(generated.key_pair.serialize_der())
+        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
+    certified(vec![cert], key)
+}
+
+/// A self-signed certificate and key as PEM text (for `demo` and tests that need files).
+pub fn self_signed_pem() -> Result<(String, String), TlsError> {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let generated = rcgen::generate_simple_self_signed(names)
+        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
+    Ok((generated.cert.pem(), generated.key_pair.serialize_pem()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_signed_builds_a_config_with_alpn() {
+        let (config, _) = server_config(self_signed().unwrap()).unwrap();
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+    }
+
+    #[test]
+    fn pem_files_load_and_a_mismatched_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = self_signed_pem().unwrap();
+        let (_, other_key) = self_signed_pem().unwrap();
+        let (c, k, o) = (
+            dir.path().join("c.pem"),
+            dir.path().join("k.pem"),
+            dir.path().join("o.pem"),
+        );
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        std::fs::write(&o, other_key).unwrap();
+        assert!(load_pem(&c, &k).is_ok());
+        let err = load_pem(&c, &o).unwrap_err();
+        assert!(matches!(err, TlsError::KeyMismatch(_)), "{err}");
+        let err = load_pem(&k, &k).unwrap_err().to_string();
+        assert!(err.contains("k.pem"), "{err}");
+    }
+}

@@ -1,0 +1,194 @@
+//! The command line of DESIGN.md §1: exit codes, JSON on stdout, messages naming what is wrong.
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn config() -> TestConfig {
+    TestConfig::new("127.0.0.1:9".parse().unwrap())
+}
+
+#[test]
+fn check_config_accepts_a_good_file_and_lists_every_problem_of_a_bad_one() {
+    let cfg = config();
+    let path = cfg.write();
+    let (code, _, err) = cli(&path, &["check-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("OK"), "{err}");
+
+    let bad = cfg.dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[server]\nlisten = \"nowhere\"\n[server.tls]\ncert = \"missing.pem\"\nkey = \"missing.pem\"\n[upstreams.x]\ntargets = []\n[[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"api_key\"\nupstream = \"y\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = cli(&bad, &["check-config"]);
+    assert_eq!(code, 2);
+    for path in [
+        "server.listen",
+        "server.tls.cert",
+        "server.tls.key",
+        "upstreams.x.targets",
+        "routes[0].upstream",
+    ] {
+        assert!(err.contains(path), "{path} not named in:\n{err}");
+    }
+    let (code, _, err) = cli(&cfg.dir.path().join("absent.toml"), &["check-config"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("absent.toml"), "{err}");
+}
+
+#[test]
+fn check_config_refuses_a_key_that_does_not_match_its_certificate() {
+    let mut cfg = config();
+    let (cert, _) = mpg_gateway::tls::self_signed_pem().unwrap();
+    let (_, other_key) = mpg_gateway::tls::self_signed_pem().unwrap();
+    let c = cfg.dir.path().join("cert.pem");
+    let k = cfg.dir.path().join("key.pem");
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&k, other_key).unwrap();
+    cfg.set("server.insecure_http", false);
+    cfg.set("server.tls.cert", c.to_str().unwrap());
+    cfg.set("server.tls.key", k.to_str().unwrap());
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("does not match"), "{err}");
+}
+
+#[test]
+fn admin_commands_print_json_and_refuse_bad_input_with_exit_2() {
+    let cfg = config();
+    let path = cfg.write();
+    let org = cli_ok(&path, &["orgs", "create", "--id", "acme", "--name", "Acme"]);
+    assert_eq!(org["id"], "acme");
+    let (code, _, err) = cli(&path, &["orgs", "create", "--id", "acme"]);
+    assert_eq!(code, 2, "duplicate org: {err}");
+    cli_ok(
+        &path,
+        &[
+            "users",
+            "create",
+            "--id",
+            "alice",
+            "--email",
+            "a@example.com",
+        ],
+    );
+    let (code, _, err) = cli(
+        &path,
+        &[
+            "members", "add", "--org", "acme", "--user", "alice", "--role", "emperor",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("emperor") && err.contains("viewer"), "{err}");
+    let (code, _, _) = cli(
+        &path,
+        &[
+            "members", "add", "--org", "nope", "--user", "alice", "--role", "owner",
+        ],
+    );
+    assert_eq!(code, 2);
+    cli_ok(
+        &path,
+        &[
+            "members", "add", "--org", "acme", "--user", "alice", "--role", "member",
+        ],
+    );
+
+    let session = cli_ok(
+        &path,
+        &["sessions", "create", "--user", "alice", "--ttl", "1h"],
+    );
+    assert!(session["token"].as_str().unwrap().starts_with("mps_"));
+    assert_eq!(session["user_id"], "alice");
+    assert!(session["expires_at"].as_str().unwrap().ends_with('Z'));
+    let (code, _, err) = cli(
+        &path,
+        &["sessions", "create", "--user", "alice", "--ttl", "soon"],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("--ttl"), "{err}");
+
+    let key = cli_ok(
+        &path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "ci",
+            "--scopes",
+            "clusters:read,clusters:write",
+            "--expires-in",
+            "30d",
+        ],
+    );
+    let id = key["id"].as_str().unwrap();
+    assert!(key["key"].as_str().unwrap().starts_with("mpg_"));
+    assert_eq!(
+        key["scopes"],
+        serde_json::json!(["clusters:read", "clusters:write"])
+    );
+    let (code, _, err) = cli(
+        &path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "x",
+            "--scopes",
+            "clusters:nuke",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("clusters:nuke"), "{err}");
+
+    let got = cli_ok(&path, &["keys", "get", id]);
+    assert!(
+        got.get("key").is_none(),
+        "the secret must be shown only once"
+    );
+    let list = cli_ok(&path, &["keys", "list", "--org", "acme"]);
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+    assert_eq!(cli_ok(&path, &["keys", "revoke", id])["status"], "revoked");
+    cli_ok(&path, &["keys", "delete", id]);
+    let (code, _, _) = cli(&path, &["keys", "get", id]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn migrate_is_idempotent_and_usage_errors_exit_2() {
+    let cfg = config();
+    let path = cfg.write();
+    cli_ok(&path, &["migrate"]);
+    cli_ok(&path, &["migrate"]);
+    let out = Command::new(BIN)
+        .args(["keys", "create", "--org"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(BIN).arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn run_refuses_an_invalid_config_with_exit_2() {
+    let cfg = config();
+    let bad = cfg.dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\nlisten = 1\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"));
+}

@@ -1,0 +1,422 @@
+//! Test harness: a recording upstream on port 0, the real `mpg-gateway`
+//! binary started on port 0 with a generated config (its log captured), the
+//! admin CLI, and a raw-socket client for targets a normal client would fix.
+#![allow(dead_code, unreachable_pub)]
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_mpg-gateway");
+pub const SHIPPED_CONFIG: &str = include_str!("../../config/gateway.toml");
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// A real HTTP/1.1 upstream on 127.0.0.1:0 that records what reaches it.
+///
+/// Paths: `/api/v1/slow` sleeps 3 s; `/api/v1/busy` answers 409 with
+/// `Retry-After: 7`; anything else echoes the request as JSON.
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockUpstream {
+    pub async fn start() -> MockUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let record = record.clone();
+                        async move { Ok::<_, std::convert::Infallible>(answer(req, record).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        MockUpstream { addr, seen, task }
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    pub fn last(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("upstream saw no request")
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Seen>>>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let path = parts.uri.path().to_string();
+    record.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        uri: parts.uri.to_string(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    match path.as_str() {
+        "/api/v1/slow" => {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Response::new(Full::new(Bytes::from_static(b"late")))
+        }
+        "/api/v1/busy" => Response::builder()
+            .status(StatusCode::CONFLICT)
+            .header("retry-after", "7")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                b"{\"error\":\"Conflict\",\"message\":\"cluster is still changing\"}",
+            )))
+            .unwrap(),
+        _ => {
+            let headers: serde_json::Map<String, Value> = parts
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        Value::String(v.to_str().unwrap_or("").to_string()),
+                    )
+                })
+                .collect();
+            let v = json!({ "method": parts.method.as_str(), "uri": parts.uri.to_string(), "headers": headers, "body_len": body.len() });
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("connection", "x-upstream-hop")
+                .header("x-upstream-hop", "must be removed")
+                .body(Full::new(Bytes::from(v.to_string())))
+                .unwrap()
+        }
+    }
+}
+
+/// A config file built from the shipped route table, plain HTTP on port 0.
+pub struct TestConfig {
+    pub table: toml::Table,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestConfig {
+    /// The shipped routes, `clusters` pointing at `upstream`, SQLite in a temp dir.
+    pub fn new(upstream: SocketAddr) -> TestConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table: toml::Table = SHIPPED_CONFIG.parse().unwrap();
+        let mut c = TestConfig { table, dir };
+        c.set("server.listen", "127.0.0.1:0");
+        c.set("server.insecure_http", true);
+        c.remove("server.tls");
+        c.set("admin.enabled", false);
+        c.set("log.format", "json");
+        c.set(
+            "log.level",
+            "debug,hyper=info,h2=info,sqlx=warn,rustls=info",
+        );
+        let db = c.dir.path().join("gateway.db");
+        c.set("store.path", db.to_str().unwrap());
+        c.set(
+            "upstreams.clusters.targets",
+            vec![format!("http://{upstream}")],
+        );
+        table = std::mem::take(&mut c.table);
+        c.table = table;
+        c
+    }
+
+    /// Sets a dotted path (tables are created as needed).
+    pub fn set(&mut self, path: &str, value: impl Into<toml::Value>) -> &mut Self {
+        let keys: Vec<&str> = path.split('.').collect();
+        let mut t = &mut self.table;
+        for k in &keys[..keys.len() - 1] {
+            t = t
+                .entry(k.to_string())
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .unwrap();
+        }
+        t.insert(keys[keys.len() - 1].to_string(), value.into());
+        self
+    }
+
+    pub fn remove(&mut self, path: &str) -> &mut Self {
+        let keys: Vec<&str> = path.split('.').collect();
+        let mut t = &mut self.table;
+        for k in &keys[..keys.len() - 1] {
+            t = t.get_mut(*k).unwrap().as_table_mut().unwrap();
+        }
+        t.remove(keys[keys.len() - 1]);
+        self
+    }
+
+    /// Appends a `[[routes]]` entry written as inline TOML (`method = "GET"` …).
+    pub fn route(&mut self, fields: &str) -> &mut Self {
+        let route: toml::Table = fields.parse().unwrap();
+        self.table
+            .get_mut("routes")
+            .unwrap()
+            .as_array_mut()
+            .unwrap()
+            .push(toml::Value::Table(route));
+        self
+    }
+
+    pub fn write(&self) -> PathBuf {
+        let path = self.dir.path().join("gateway.toml");
+        std::fs::write(&path, toml::to_string(&self.table).unwrap()).unwrap();
+        path
+    }
+}
+
+/// Runs an admin command; returns (exit code, stdout parsed as JSON or Null, stderr).
+pub fn cli(config: &Path, args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Like `cli` but panics unless it succeeds; returns stdout JSON.
+pub fn cli_ok(config: &Path, args: &[&str]) -> Value {
+    let (code, json, err) = cli(config, args);
+    assert_eq!(code, 0, "{args:?} failed: {err}");
+    json
+}
+
+/// Organization, user, membership, session and key, made with the CLI.
+pub struct Seed {
+    pub session: String,
+    pub key: String,
+    pub key_id: String,
+}
+
+pub fn seed(config: &Path, org: &str, user: &str, role: &str, scopes: &str) -> Seed {
+    let _ = cli(config, &["orgs", "create", "--id", org]);
+    let _ = cli(config, &["users", "create", "--id", user]);
+    cli_ok(
+        config,
+        &[
+            "members", "add", "--org", org, "--user", user, "--role", role,
+        ],
+    );
+    let session = cli_ok(config, &["sessions", "create", "--user", user]);
+    let key = cli_ok(
+        config,
+        &[
+            "keys", "create", "--org", org, "--user", user, "--name", "test", "--scopes", scopes,
+        ],
+    );
+    Seed {
+        session: session["token"].as_str().unwrap().to_string(),
+        key: key["key"].as_str().unwrap().to_string(),
+        key_id: key["id"].as_str().unwrap().to_string(),
+    }
+}
+
+/// The real gateway process; killed on drop. Its stderr (JSON log lines) is kept.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub child: Child,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    pub fn start(config: &Path) -> Gateway {
+        Self::try_start(config).unwrap_or_else(|log| panic!("gateway did not start:\n{log}"))
+    }
+
+    pub fn try_start(config: &Path) -> Result<Gateway, String> {
+        let mut child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+        let admin_seen: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let admin_sink = admin_seen.clone();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if v["message"] == "admin listening" {
+                        *admin_sink.lock().unwrap() =
+                            v["addr"].as_str().and_then(|a| a.parse().ok());
+                    }
+                    if v["message"] == "listening" {
+                        if let Some(addr) = v["addr"].as_str().and_then(|a| a.parse().ok()) {
+                            let _ = tx.send(addr);
+                        }
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(addr) => {
+                let admin = *admin_seen.lock().unwrap();
+                Ok(Gateway {
+                    addr,
+                    admin,
+                    child,
+                    log,
+                })
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                Err(log.lock().unwrap().join("\n"))
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Everything the process has logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain reqwest client (no redirects, no proxies).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// A parsed raw HTTP/1.1 response.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// Writes `raw` bytes as-is and reads one response (connection closed after).
+pub async fn raw(addr: SocketAddr, raw: &[u8]) -> RawResponse {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect();
+    RawResponse {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// `GET target` with the given extra header lines, `Connection: close`.
+pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawResponse {
+    let req =
+        format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
+    raw(addr, req.as_bytes()).await
+}

@@ -1,0 +1,303 @@
+//! The built-in API key service (DESIGN.md §7) over HTTP, on the embedded store.
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+struct World {
+    _up: MockUpstream,
+    _cfg: TestConfig,
+    path: std::path::PathBuf,
+    gw: Gateway,
+    seed: Seed,
+}
+
+async fn world() -> World {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set(
+        "roles.keymaster",
+        vec!["api-keys:read".to_string(), "api-keys:write".to_string()],
+    );
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    World {
+        _up: up,
+        _cfg: cfg,
+        path,
+        gw,
+        seed,
+    }
+}
+
+async fn call(
+    w: &World,
+    method: reqwest::Method,
+    target: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = client()
+        .request(method, w.gw.url(target))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+const KEYS: &str = "/api/v1/api-keys?organization_id=acme";
+
+#[tokio::test]
+async fn the_whole_lifecycle_works_and_the_secret_is_shown_once() {
+    let w = world().await;
+    let s = &w.seed.session;
+    let (status, created) =
+        call(&w, reqwest::Method::POST, KEYS, s, Some(json!({"name": "ci", "scopes": ["clusters:read"], "expires_at": "2999-01-01T00:00:00Z"}))).await;
+    assert_eq!(status, 201, "{created}");
+    let secret = created["key"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("mpg_") && secret.len() == 42, "{secret}");
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("key_"));
+    assert_eq!(created["status"], "active");
+    assert_eq!(created["organization_id"], "acme");
+    assert_eq!(created["user_id"], "alice");
+    assert_eq!(created["scopes"], json!(["clusters:read"]));
+    assert_eq!(created["prefix"], &secret[4..12]);
+    assert_eq!(created["expires_at"], "2999-01-01T00:00:00Z");
+    for field in ["created_at", "revoked_at", "last_used_at", "name"] {
+        assert!(created.get(field).is_some(), "missing {field}");
+    }
+
+    // The new key works on the clusters route.
+    let res = client()
+        .get(w.gw.url("/api/v1/clusters?organization_id=acme"))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+
+    let (status, got) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("/api/v1/api-keys/{id}"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["id"], id.as_str());
+    assert!(got.get("key").is_none(), "the secret was shown again");
+
+    let (status, list) = call(&w, reqwest::Method::GET, KEYS, s, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list["data"].as_array().unwrap().len(), 2);
+    assert!(list["next_cursor"].is_null());
+    assert!(!list.to_string().contains(&secret));
+
+    let (status, revoked) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{id}/revoke"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(revoked["status"], "revoked");
+    let first_revoked_at = revoked["revoked_at"].clone();
+    assert!(first_revoked_at.is_string());
+    // Seen at once in this process.
+    let res = client()
+        .get(w.gw.url("/api/v1/clusters?organization_id=acme"))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    let (status, again) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{id}/revoke"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(again["revoked_at"], first_revoked_at);
+
+    let res = client()
+        .delete(w.gw.url(&format!("/api/v1/api-keys/{id}")))
+        .bearer_auth(s)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    let (status, _) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("/api/v1/api-keys/{id}"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn pagination_walks_every_key_once() {
+    let w = world().await;
+    for i in 0..5 {
+        let (status, _) = call(
+            &w,
+            reqwest::Method::POST,
+            KEYS,
+            &w.seed.session,
+            Some(json!({"name": format!("k{i}"), "scopes": ["clusters:read"]})),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let target = match &cursor {
+            Some(c) => format!("{KEYS}&limit=2&cursor={c}"),
+            None => format!("{KEYS}&limit=2"),
+        };
+        let (status, page) = call(&w, reqwest::Method::GET, &target, &w.seed.session, None).await;
+        assert_eq!(status, 200, "{page}");
+        let data = page["data"].as_array().unwrap();
+        assert!(data.len() <= 2);
+        ids.extend(data.iter().map(|r| r["id"].as_str().unwrap().to_string()));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((ids.len(), unique.len()), (6, 6), "{ids:?}");
+    let (status, body) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("{KEYS}&limit=0"),
+        &w.seed.session,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["details"]["field"].as_str()),
+        (400, Some("limit"))
+    );
+    let (status, body) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("{KEYS}&cursor=garbage"),
+        &w.seed.session,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["details"]["field"].as_str()),
+        (400, Some("cursor"))
+    );
+}
+
+#[tokio::test]
+async fn validation_names_the_field() {
+    let w = world().await;
+    let s = &w.seed.session;
+    let cases = [
+        (json!({"scopes": ["clusters:read"]}), "name"),
+        (json!({"name": "", "scopes": ["clusters:read"]}), "name"),
+        (
+            json!({"name": "x".repeat(101), "scopes": ["clusters:read"]}),
+            "name",
+        ),
+        (json!({"name": "a"}), "scopes"),
+        (json!({"name": "a", "scopes": []}), "scopes"),
+        (
+            json!({"name": "a", "scopes": ["clusters:destroy"]}),
+            "scopes",
+        ),
+        (
+            json!({"name": "a", "scopes": ["clusters:read"], "expires_at": "next week"}),
+            "expires_at",
+        ),
+        (
+            json!({"name": "a", "scopes": ["clusters:read"], "expires_at": "2001-01-01T00:00:00Z"}),
+            "expires_at",
+        ),
+        (json!(["not", "an", "object"]), "body"),
+    ];
+    for (body, field) in cases {
+        let (status, res) = call(&w, reqwest::Method::POST, KEYS, s, Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {res}");
+        assert_eq!(res["details"]["field"], field, "{body}: {res}");
+        assert!(res["message"].as_str().unwrap().contains(field), "{res}");
+    }
+    let res = client()
+        .post(w.gw.url(KEYS))
+        .bearer_auth(s)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["details"]["field"], "body");
+}
+
+#[tokio::test]
+async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found() {
+    let w = world().await;
+    let km = seed(&w.path, "acme", "kim", "keymaster", "api-keys:read");
+    let (status, body) = call(
+        &w,
+        reqwest::Method::POST,
+        KEYS,
+        &km.session,
+        Some(json!({"name": "x", "scopes": ["clusters:read"]})),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["details"]["required_scope"], "clusters:read");
+
+    let other = seed(&w.path, "globex", "gus", "owner", "clusters:read");
+    for (method, target) in [
+        (
+            reqwest::Method::GET,
+            format!("/api/v1/api-keys/{}", other.key_id),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/api/v1/api-keys/{}/revoke", other.key_id),
+        ),
+        (
+            reqwest::Method::DELETE,
+            format!("/api/v1/api-keys/{}", other.key_id),
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/api-keys/key_doesnotexist000".to_string(),
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/api-keys?organization_id=globex".to_string(),
+        ),
+    ] {
+        let (status, body) = call(&w, method.clone(), &target, &w.seed.session, None).await;
+        assert_eq!(status, 404, "{method} {target}: {body}");
+    }
+    // The other organization's key was not touched.
+    let got = cli_ok(&w.path, &["keys", "get", &other.key_id]);
+    assert_eq!(got["status"], "active");
+}

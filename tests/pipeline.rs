@@ -1,0 +1,588 @@
+//! DESIGN.md §3–§5 over real sockets: the real binary, a real upstream,
+//! every status the pipeline gives, and the headers that go with it.
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
+
+struct World {
+    up: MockUpstream,
+    _cfg: TestConfig,
+    path: std::path::PathBuf,
+    gw: Gateway,
+    seed: Seed,
+}
+
+/// A gateway over the shipped routes plus a few test routes, seeded with
+/// org `acme`, user `alice` (owner) and a `clusters:read` key.
+async fn world(tune: impl FnOnce(&mut TestConfig)) -> World {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("upstreams.clusters.request_timeout", "1s");
+    cfg.set(
+        "upstreams.dead.targets",
+        vec!["http://127.0.0.1:1".to_string()],
+    );
+    cfg.set("upstreams.dead.connect_timeout", "500ms");
+    cfg.set("rate_limit.policies.tight.requests", 3);
+    cfg.set("rate_limit.policies.tight.per", "1m");
+    cfg.set("roles.billing", vec!["api-keys:read".to_string()]);
+    for (method, path, upstream, policy) in [
+        ("GET", "/api/v1/slow", "clusters", "default"),
+        ("GET", "/api/v1/busy", "clusters", "default"),
+        ("GET", "/api/v1/dead", "dead", "default"),
+        ("GET", "/api/v1/limited", "clusters", "tight"),
+        ("POST", "/api/v1/clusters", "clusters", "default"),
+    ] {
+        let scope = if method == "GET" {
+            "clusters:read"
+        } else {
+            "clusters:write"
+        };
+        cfg.route(&format!(
+            "method = \"{method}\"\npath = \"{path}\"\nauth = \"api_key\"\nscope = \"{scope}\"\norganization = \"query:organization_id\"\nupstream = \"{upstream}\"\nrate_limit = \"{policy}\""
+        ));
+    }
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    tune(&mut cfg);
+    let path = cfg.write();
+    let seed = seed(
+        &path,
+        "acme",
+        "alice",
+        "owner",
+        "clusters:read,clusters:write",
+    );
+    let gw = Gateway::start(&path);
+    World {
+        up,
+        _cfg: cfg,
+        path,
+        gw,
+        seed,
+    }
+}
+
+async fn get(w: &World, target: &str, token: Option<&str>) -> reqwest::Response {
+    let mut req = client().get(w.gw.url(target));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.unwrap()
+}
+
+async fn error_of(res: reqwest::Response) -> (u16, reqwest::header::HeaderMap, Value) {
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    assert_eq!(
+        headers["content-type"], "application/json",
+        "status {status}"
+    );
+    assert!(
+        headers.contains_key("x-request-id"),
+        "status {status} lacks X-Request-Id"
+    );
+    let body: Value = res.json().await.unwrap();
+    assert!(
+        body["error"].is_string() && body["message"].is_string(),
+        "{body}"
+    );
+    (status, headers, body)
+}
+
+#[tokio::test]
+async fn an_api_key_reaches_the_upstream_with_the_identity_the_gateway_vouches_for() {
+    let w = world(|_| {}).await;
+    let res = client()
+        .get(w.gw.url(CLUSTERS))
+        .bearer_auth(&w.seed.key)
+        .header("x-mpg-user-id", "mallory")
+        .header("x-mpg-organization-id", "evil")
+        .header("x-forwarded-for", "6.6.6.6")
+        .header("x-request-id", "trace-123")
+        .header("connection", "keep-alive, x-mpg-role, x-request-id")
+        .header("x-custom", "kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-request-id"], "trace-123");
+    assert_eq!(res.headers()["x-ratelimit-limit"], "100");
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "99");
+    let reset: u64 = res.headers()["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(reset >= now && reset <= now + 61, "reset {reset} now {now}");
+    assert!(
+        !res.headers().contains_key("x-upstream-hop"),
+        "Connection-named upstream header leaked"
+    );
+
+    let seen = w.up.last();
+    let h = &seen.headers;
+    assert_eq!(seen.uri, CLUSTERS);
+    assert!(
+        !h.contains_key("authorization"),
+        "Authorization reached the upstream"
+    );
+    assert_eq!(h["x-mpg-organization-id"], "acme");
+    assert_eq!(h["x-mpg-user-id"], "alice");
+    assert_eq!(h["x-mpg-role"], "owner");
+    assert_eq!(h["x-mpg-auth"], "api_key");
+    assert_eq!(h["x-mpg-key-id"], w.seed.key_id.as_str());
+    assert_eq!(h["x-mpg-scopes"], "clusters:read clusters:write");
+    assert_eq!(h["x-request-id"], "trace-123");
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-forwarded-host"], w.gw.addr.to_string().as_str());
+    assert_eq!(h["x-custom"], "kept");
+    assert_eq!(h.get_all("x-mpg-user-id").iter().count(), 1);
+    assert!(!h.contains_key("keep-alive"));
+}
+
+#[tokio::test]
+async fn every_401_reason_and_nothing_reaches_the_upstream() {
+    let w = world(|c| {
+        c.set("rate_limit.auth_failures.requests", 1000);
+    })
+    .await;
+    let unknown = {
+        // Well-formed (right length, alphabet and checksum) but never issued.
+        let other = TestConfig::new(w.up.addr);
+        let p = other.write();
+        seed(&p, "o", "u", "owner", "clusters:read").key
+    };
+    let expiring = cli_ok(
+        &w.path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "short",
+            "--scopes",
+            "clusters:read",
+            "--expires-in",
+            "1s",
+        ],
+    );
+    let revoked = cli_ok(
+        &w.path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "r",
+            "--scopes",
+            "clusters:read",
+        ],
+    );
+    cli_ok(
+        &w.path,
+        &["keys", "revoke", revoked["id"].as_str().unwrap()],
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let mut bad_checksum = w.seed.key.clone();
+    let last = bad_checksum.pop().unwrap();
+    bad_checksum.push(if last == 'A' { 'B' } else { 'A' });
+    let cases: Vec<(Option<String>, &str)> = vec![
+        (None, "missing"),
+        (Some("Basic dXNlcjpwYXNz".into()), "malformed"),
+        (Some(format!("Bearer {bad_checksum}")), "malformed"),
+        (Some("Bearer mpg_short".into()), "malformed"),
+        (Some(format!("Bearer  {}", w.seed.key)), "malformed"),
+        (Some(format!("Bearer {unknown}")), "invalid"),
+        (
+            Some(format!("Bearer {}", expiring["key"].as_str().unwrap())),
+            "expired",
+        ),
+        (
+            Some(format!("Bearer {}", revoked["key"].as_str().unwrap())),
+            "revoked",
+        ),
+        (
+            Some(format!("Bearer {}", w.seed.session)),
+            "wrong_credential_type",
+        ),
+    ];
+    for (auth, reason) in cases {
+        let mut req = client().get(w.gw.url(CLUSTERS));
+        if let Some(a) = &auth {
+            req = req.header("authorization", a);
+        }
+        let (status, headers, body) = error_of(req.send().await.unwrap()).await;
+        assert_eq!(status, 401, "{reason}: {body}");
+        assert_eq!(headers["www-authenticate"], "Bearer", "{reason}");
+        assert_eq!(body["error"], "Unauthorized");
+        assert_eq!(body["details"]["reason"], reason, "{auth:?}");
+    }
+    // An API key on a session route.
+    let (status, _, body) = error_of(
+        get(
+            &w,
+            "/api/v1/api-keys?organization_id=acme",
+            Some(&w.seed.key),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["details"]["reason"].as_str()),
+        (401, Some("wrong_credential_type"))
+    );
+    // Two Authorization headers are refused, never "first wins".
+    let res = raw_get(
+        w.gw.addr,
+        CLUSTERS,
+        &format!(
+            "Authorization: Bearer {}\r\nAuthorization: Bearer {}\r\n",
+            w.seed.key, w.seed.key
+        ),
+    )
+    .await;
+    assert_eq!(res.status, 401);
+    assert_eq!(res.json()["details"]["reason"], "malformed");
+    assert_eq!(w.up.count(), 0, "a refused request reached the upstream");
+}
+
+#[tokio::test]
+async fn the_organization_parameter_is_validated_and_named() {
+    let w = world(|_| {}).await;
+    for target in [
+        "/api/v1/clusters",
+        "/api/v1/clusters?organization_id=",
+        "/api/v1/clusters?organization_id=acme&organization_id=acme",
+        "/api/v1/clusters?organization_id=acme&organization%5Fid=other",
+    ] {
+        let (status, _, body) = error_of(get(&w, target, Some(&w.seed.key)).await).await;
+        assert_eq!(status, 400, "{target}: {body}");
+        assert_eq!(body["error"], "BadRequest");
+        assert_eq!(body["details"]["field"], "organization_id", "{target}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("organization_id"),
+            "{body}"
+        );
+    }
+    assert_eq!(w.up.count(), 0);
+}
+
+#[tokio::test]
+async fn another_organization_is_not_found_and_a_missing_scope_is_forbidden() {
+    let w = world(|_| {}).await;
+    seed(&w.path, "globex", "bob", "owner", "clusters:read");
+    let (status, _, body) = error_of(
+        get(
+            &w,
+            "/api/v1/clusters?organization_id=globex",
+            Some(&w.seed.key),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("NotFound")));
+
+    let write_only = cli_ok(
+        &w.path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "w",
+            "--scopes",
+            "clusters:write",
+        ],
+    );
+    let (status, _, body) = error_of(get(&w, CLUSTERS, write_only["key"].as_str()).await).await;
+    assert_eq!(status, 403);
+    assert_eq!(body["error"], "Forbidden");
+    assert_eq!(body["details"]["required_scope"], "clusters:read");
+    assert_eq!(w.up.count(), 0);
+}
+
+#[tokio::test]
+async fn a_role_that_loses_the_permission_is_forbidden_within_a_second() {
+    let w = world(|_| {}).await;
+    assert_eq!(get(&w, CLUSTERS, Some(&w.seed.key)).await.status(), 200);
+    cli_ok(
+        &w.path,
+        &[
+            "members", "add", "--org", "acme", "--user", "alice", "--role", "billing",
+        ],
+    );
+    let started = Instant::now();
+    loop {
+        let res = get(&w, CLUSTERS, Some(&w.seed.key)).await;
+        if res.status() == 403 {
+            let (_, _, body) = error_of(res).await;
+            assert_eq!(body["details"]["required_scope"], "clusters:read");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "role change not seen within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_key_stops_working_within_a_second_even_when_cached() {
+    let w = world(|_| {}).await;
+    assert_eq!(get(&w, CLUSTERS, Some(&w.seed.key)).await.status(), 200);
+    cli_ok(&w.path, &["keys", "revoke", &w.seed.key_id]);
+    let started = Instant::now();
+    loop {
+        let res = get(&w, CLUSTERS, Some(&w.seed.key)).await;
+        if res.status() == 401 {
+            let (_, _, body) = error_of(res).await;
+            assert_eq!(body["details"]["reason"], "revoked");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "revocation not seen within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn routing_answers_404_405_and_400_for_ambiguous_targets() {
+    let w = world(|_| {}).await;
+    let (status, _, body) = error_of(get(&w, "/api/v1/nothing", Some(&w.seed.key)).await).await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("NotFound")));
+    let res = client()
+        .delete(w.gw.url(CLUSTERS))
+        .bearer_auth(&w.seed.key)
+        .send()
+        .await
+        .unwrap();
+    let (status, headers, body) = error_of(res).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (405, Some("MethodNotAllowed"))
+    );
+    assert_eq!(headers["allow"], "GET, POST");
+    let auth = format!("Authorization: Bearer {}\r\n", w.seed.key);
+    for target in [
+        "/api/v1/../v1/clusters?organization_id=acme",
+        "/api/v1/./clusters?organization_id=acme",
+        "/api/v1//clusters?organization_id=acme",
+        "/api/v1/clusters/?organization_id=acme",
+        "/api/v1/%2e%2e/v1/clusters?organization_id=acme",
+        "/api/v1/%2E%2e/v1/clusters?organization_id=acme",
+        "/api/v1%2Fclusters?organization_id=acme",
+        "/api/v1%5cclusters?organization_id=acme",
+        "/api/v1/clusters%00?organization_id=acme",
+        "/api/v1\\clusters?organization_id=acme",
+        "http://evil.example/api/v1/clusters?organization_id=acme",
+    ] {
+        let res = raw_get(w.gw.addr, target, &auth).await;
+        assert_eq!(res.status, 400, "{target}: {res:?}");
+        assert_eq!(res.json()["error"], "BadRequest", "{target}");
+    }
+    // Matched as received: an encoded letter or a `;` parameter is another path.
+    for target in [
+        "/api/v1/clust%65rs?organization_id=acme",
+        "/api/v1/clusters;x=1?organization_id=acme",
+        "/API/v1/clusters?organization_id=acme",
+    ] {
+        let res = raw_get(w.gw.addr, target, &auth).await;
+        assert_eq!(res.status, 404, "{target}: {res:?}");
+    }
+    assert_eq!(w.up.count(), 0);
+}
+
+#[tokio::test]
+async fn the_limit_answers_429_with_retry_after_and_counts_down() {
+    let w = world(|_| {}).await;
+    let target = "/api/v1/limited?organization_id=acme";
+    for remaining in ["2", "1", "0"] {
+        let res = get(&w, target, Some(&w.seed.key)).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["x-ratelimit-limit"], "3");
+        assert_eq!(res.headers()["x-ratelimit-remaining"], remaining);
+    }
+    let (status, headers, body) = error_of(get(&w, target, Some(&w.seed.key)).await).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (429, Some("TooManyRequests"))
+    );
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(
+        (1..=20).contains(&retry),
+        "one token per 20 s: retry after {retry}"
+    );
+    assert_eq!(headers["x-ratelimit-remaining"], "0");
+    assert!(headers.contains_key("x-ratelimit-reset"));
+    assert_eq!(w.up.count(), 3);
+}
+
+#[tokio::test]
+async fn ips_that_pile_up_401s_get_429_before_any_lookup() {
+    let w = world(|c| {
+        c.set("rate_limit.auth_failures.requests", 3);
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(get(&w, CLUSTERS, Some("mpg_garbage")).await.status(), 401);
+    }
+    // Even a valid key from that IP now waits.
+    let (status, headers, _) = error_of(get(&w, CLUSTERS, Some(&w.seed.key)).await).await;
+    assert_eq!(status, 429);
+    assert!(headers.contains_key("retry-after"));
+    // Routes without authentication are not affected.
+    assert_eq!(get(&w, "/public/ping", None).await.status(), 200);
+}
+
+#[tokio::test]
+async fn upstream_failures_are_502_504_and_pass_through_keeps_retry_after() {
+    let w = world(|_| {}).await;
+    let (status, _, body) =
+        error_of(get(&w, "/api/v1/dead?organization_id=acme", Some(&w.seed.key)).await).await;
+    assert_eq!((status, body["error"].as_str()), (502, Some("BadGateway")));
+    let started = Instant::now();
+    let (status, _, body) =
+        error_of(get(&w, "/api/v1/slow?organization_id=acme", Some(&w.seed.key)).await).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (504, Some("GatewayTimeout"))
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "timeout took {:?}",
+        started.elapsed()
+    );
+    let res = get(&w, "/api/v1/busy?organization_id=acme", Some(&w.seed.key)).await;
+    assert_eq!(res.status(), 409);
+    assert_eq!(res.headers()["retry-after"], "7");
+    assert!(res.headers().contains_key("x-ratelimit-limit"));
+    assert!(res.headers().contains_key("x-request-id"));
+    assert_eq!(
+        res.text().await.unwrap(),
+        "{\"error\":\"Conflict\",\"message\":\"cluster is still changing\"}"
+    );
+}
+
+#[tokio::test]
+async fn body_and_header_limits_answer_413_and_431() {
+    let w = world(|c| {
+        c.set("server.limits.max_body_bytes", 1024);
+    })
+    .await;
+    let post = |body: Vec<u8>| {
+        client()
+            .post(w.gw.url(CLUSTERS))
+            .bearer_auth(&w.seed.key)
+            .body(body)
+            .send()
+    };
+    assert_eq!(post(vec![b'x'; 1000]).await.unwrap().status(), 200);
+    assert_eq!(w.up.last().body.len(), 1000);
+    let (status, _, body) = error_of(post(vec![b'x'; 4096]).await.unwrap()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (413, Some("PayloadTooLarge"))
+    );
+    // Chunked, no Content-Length: refused while streaming.
+    let chunks =
+        futures_util::stream::iter((0..8).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 512])));
+    let res = client()
+        .post(w.gw.url(CLUSTERS))
+        .bearer_auth(&w.seed.key)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+    let (status, _, body) = error_of(
+        client()
+            .get(w.gw.url(CLUSTERS))
+            .bearer_auth(&w.seed.key)
+            .header("x-big", "a".repeat(20_000))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (431, Some("RequestHeaderFieldsTooLarge"))
+    );
+}
+
+#[tokio::test]
+async fn request_ids_are_kept_when_sane_and_made_otherwise() {
+    let w = world(|_| {}).await;
+    let res = client()
+        .get(w.gw.url("/public/ping"))
+        .header("x-request-id", "bad id with spaces")
+        .send()
+        .await
+        .unwrap();
+    let id = res.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_ne!(id, "bad id with spaces");
+    assert_eq!(id.len(), 32);
+    assert_eq!(w.up.last().headers["x-request-id"], id.as_str());
+    let res = get(&w, "/api/v1/nothing", None).await;
+    assert!(res.headers().contains_key("x-request-id"));
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_log() {
+    let w = world(|_| {}).await;
+    let _ = get(&w, CLUSTERS, Some(&w.seed.key)).await;
+    let _ = get(
+        &w,
+        "/api/v1/api-keys?organization_id=acme",
+        Some(&w.seed.session),
+    )
+    .await;
+    let mut wrong = w.seed.key.clone();
+    wrong.replace_range(10..11, "Z");
+    let _ = get(&w, CLUSTERS, Some(&wrong)).await;
+    let _ = get(
+        &w,
+        &format!("/api/v1/clusters?organization_id=acme&token={}", w.seed.key),
+        Some(&w.seed.key),
+    )
+    .await;
+    let _ = get(&w, "/api/v1/dead?organization_id=acme", Some(&w.seed.key)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = w.gw.log_text();
+    assert!(
+        log.contains("\"message\":\"request\""),
+        "no access log lines:\n{log}"
+    );
+    for secret in [&w.seed.key, &w.seed.session, &wrong] {
+        assert!(!log.contains(secret.as_str()), "a secret reached the log");
+        assert!(
+            !log.contains(&secret[4..]),
+            "a secret's body reached the log"
+        );
+    }
+}
