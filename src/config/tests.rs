@@ -246,5 +246,8 @@ fn syntax_errors_name_the_line() {
 fn the_production_example_is_valid_apart_from_its_tls_files() {
     let text = include_str!("../../config/production.toml");
     let errs = Settings::parse(text).err().unwrap_or_default();
-    assert!(errs.iter().all(|p| p.path.starts_with("server.tls.")), "{errs:?}");
+    assert!(
+        errs.iter().all(|p| p.path.starts_with("server.tls.")),
+        "{errs:?}"
+    );
 }
