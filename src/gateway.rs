@@ -301,6 +301,9 @@ pub async fn start(
     settings: Settings,
     config_path: Option<std::path::PathBuf>,
 ) -> Result<Running, StartError> {
+    // The recorder first: handles made while building (route, upstream and
+    // target metrics) are no-ops if made before it exists.
+    crate::admin::metrics_handle();
     let (tls, resolver) = match &settings.server.tls {
         Some(t) => {
             if *t == crate::config::TlsSettings::SelfSigned {

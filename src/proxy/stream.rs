@@ -1,9 +1,9 @@
 //! Bodies on the way through, streamed frame by frame (never collected):
 //! the request body kept reclaimable until its first poll (so a request
 //! whose connect failed can go to another target), and the response body
-//! that holds the target's in-flight slot until it ends, reports a
-//! mid-stream failure to the health state, and enforces the whole-request
-//! `timeout`.
+//! that holds the target's in-flight slot until it ends, tells the health
+//! state how the exchange ended (a body cut off mid-stream is a failure,
+//! even after a 200), and enforces the whole-request `timeout`.
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use std::future::Future;
@@ -132,7 +132,21 @@ pub(crate) struct BodyTimeout;
 pub(crate) struct ResponseBody {
     pub(crate) inner: hyper::body::Incoming,
     pub(crate) hold: Option<InFlight>,
+    /// Count the target's success when the body ends (not for a 5xx, already a failure).
+    pub(crate) succeed_at_end: bool,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl ResponseBody {
+    /// The body ended normally: release the target, count its success.
+    fn finish(&mut self) {
+        if let Some(h) = self.hold.take() {
+            if self.succeed_at_end {
+                h.targets.succeeded(h.index);
+            }
+        }
+        self.deadline = None;
+    }
 }
 
 impl HttpBody for ResponseBody {
@@ -155,9 +169,15 @@ impl HttpBody for ResponseBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
-                this.hold = None;
-                this.deadline = None;
+                this.finish();
                 Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                // hyper stops polling a body that says it has ended.
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 // Reset or cut off mid-response: counts against the target.

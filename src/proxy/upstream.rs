@@ -278,22 +278,25 @@ impl Upstream {
     }
 
     /// The response as the client gets it: hop-by-hop headers removed, the
-    /// body relayed as it arrives; a 5xx counts against the target.
+    /// body relayed as it arrives. A 5xx counts against the target at once;
+    /// anything else counts for it once the body has ended.
     fn relay(
         &self,
         res: Response<hyper::body::Incoming>,
         hold: InFlight,
         deadline: Option<Instant>,
     ) -> Response<Body> {
-        if res.status().is_server_error() {
+        let server_error = res.status().is_server_error();
+        if server_error {
             hold.failed();
-        } else {
+        } else if http_body::Body::is_end_stream(res.body()) {
             self.targets.succeeded(hold.index);
         }
         let (mut parts, inner) = res.into_parts();
         sanitize_response(&mut parts.headers);
         let body = ResponseBody {
             inner,
+            succeed_at_end: !server_error,
             hold: Some(hold),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
         };
