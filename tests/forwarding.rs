@@ -360,6 +360,9 @@ async fn a_post_is_never_retried_but_put_and_delete_are() {
         for i in 0..4 {
             let (status, _, body) = send(&gw, method, &format!("/fwd/idem{i}")).await;
             assert_eq!(status, 200, "{method}: {body}");
+            // A retried request still carries its whole body.
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["body_len"], "payload".len(), "{method}");
         }
     }
     let methods = good.methods.lock().unwrap().clone();
@@ -650,6 +653,7 @@ async fn large_bodies_stream_both_ways_in_bounded_gateway_memory() {
     assert_eq!(got, SIZE);
 
     let grew_mib = (vm_hwm_kib(gw.child.id()).saturating_sub(before)) / 1024;
+    eprintln!("gateway peak RSS {before} KiB before, grew {grew_mib} MiB");
     assert!(
         grew_mib < 32,
         "gateway peak memory grew by {grew_mib} MiB moving 2 x {} MiB",

@@ -428,6 +428,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_active_checker_stops_when_the_upstream_is_dropped() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = checks.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        if buf[..n].starts_with(b"GET /hc ") {
+                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                        if s.write_all(ok).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let mut c = cfg(addr, 1000);
+        c.health_path = Some("/hc".into());
+        c.health_interval = Duration::from_millis(50);
+        let up = Upstream::new("t", &c).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while checks.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert!(std::time::Instant::now() < until, "no health checks ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(up);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let after_drop = checks.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), after_drop);
+    }
+
+    #[tokio::test]
     async fn an_oversized_streamed_body_is_body_too_large() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false, true).await;
         let up = Upstream::new("t", &cfg(addr, 3000)).unwrap();
