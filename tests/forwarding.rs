@@ -73,7 +73,8 @@ impl Backend {
                         let (h, m, ok) = (h.clone(), m.clone(), ok.clone());
                         async move { Ok::<_, std::convert::Infallible>(backend(req, h, m, ok).await) }
                     });
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     match tls {
                         Some(acceptor) => {
                             if let Ok(s) = acceptor.accept(stream).await {
@@ -123,7 +124,13 @@ async fn backend(
     healthy: Arc<AtomicBool>,
 ) -> Response<BoxBody> {
     // Only the last segment counts, so any route prefix reaches the same behaviour.
-    let op = req.uri().path().rsplit('/').next().unwrap_or("").to_string();
+    let op = req
+        .uri()
+        .path()
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_string();
     if op == "health" {
         let ok = healthy.load(Ordering::SeqCst);
         return full(if ok { 200 } else { 503 }, "");
@@ -160,7 +167,10 @@ async fn backend(
         "slow-body" => {
             let frames = futures_util::stream::unfold(0u8, |state| async move {
                 match state {
-                    0 => Some((Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"x"))), 1)),
+                    0 => Some((
+                        Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"x"))),
+                        1,
+                    )),
                     _ => {
                         tokio::time::sleep(Duration::from_secs(5)).await;
                         None
@@ -261,7 +271,14 @@ fn start(c: &TestConfig) -> Gateway {
 
 async fn metrics(gw: &Gateway) -> String {
     let url = format!("http://{}/metrics", gw.admin.expect("admin listener"));
-    client().get(url).send().await.unwrap().text().await.unwrap()
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 /// The value of the first metric line starting with `prefix` (labels included).
@@ -354,7 +371,10 @@ async fn a_post_is_never_retried_but_put_and_delete_are() {
             other => panic!("POST answered {other}: {body}"),
         }
     }
-    assert!(bad_gateway >= 2, "round robin sends some POSTs to the refusing target");
+    assert!(
+        bad_gateway >= 2,
+        "round robin sends some POSTs to the refusing target"
+    );
     assert_eq!(good.hits(), ok, "every 200 is one POST at the good target");
     for method in ["PUT", "DELETE", "GET"] {
         for i in 0..4 {
@@ -428,10 +448,18 @@ async fn a_target_that_resets_mid_response_is_ejected_then_503_comes_at_once() {
     let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=20).contains(&retry), "{retry}");
     assert!(headers.contains_key("x-request-id"));
-    assert_eq!(conns.load(Ordering::SeqCst), 2, "an ejected target is not tried");
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        2,
+        "an ejected target is not tried"
+    );
     let m = metrics(&gw).await;
     assert!(
-        metric(&m, "mpg_upstream_requests_total", &["outcome=\"unavailable\""]) == Some(1.0),
+        metric(
+            &m,
+            "mpg_upstream_requests_total",
+            &["outcome=\"unavailable\""]
+        ) == Some(1.0),
         "{m}"
     );
 }
@@ -450,11 +478,18 @@ async fn a_target_that_comes_back_takes_requests_after_its_cool_down() {
     assert_eq!(headers["retry-after"], "1");
     let back = Backend::start_at(addr).await;
     let recovered = eventually(8, || async { send(&gw, "GET", "/fwd/c").await.0 == 200 }).await;
-    assert!(recovered, "the target took requests again after the cool-down");
+    assert!(
+        recovered,
+        "the target took requests again after the cool-down"
+    );
     assert!(back.hits() >= 1);
     let m = metrics(&gw).await;
     let t = format!("target=\"http://{addr}\"");
-    assert_eq!(metric(&m, "mpg_upstream_target_up", &[&t]), Some(1.0), "{m}");
+    assert_eq!(
+        metric(&m, "mpg_upstream_target_up", &[&t]),
+        Some(1.0),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -483,7 +518,10 @@ async fn active_checks_eject_and_restore_a_target_without_failing_client_request
         metric(&metrics(&gw).await, "mpg_upstream_target_up", &[&label]) == Some(1.0)
     })
     .await;
-    assert!(restored, "a passing check restores it long before fail_timeout");
+    assert!(
+        restored,
+        "a passing check restores it long before fail_timeout"
+    );
     for i in 0..6 {
         assert_eq!(send(&gw, "GET", &format!("/fwd/r{i}")).await.0, 200);
     }
@@ -505,7 +543,10 @@ async fn stalls_past_the_connect_header_and_whole_request_timeouts() {
     c.set("upstreams.body.targets", vec![good.url()]);
     c.set("upstreams.body.request_timeout", "500ms");
     c.set("upstreams.body.timeout", "800ms");
-    c.set("upstreams.connect.targets", vec![format!("https://{silent}")]);
+    c.set(
+        "upstreams.connect.targets",
+        vec![format!("https://{silent}")],
+    );
     c.set("upstreams.connect.connect_timeout", "300ms");
     route(&mut c, "GET", "/stall/{x}", "stall");
     route(&mut c, "GET", "/body/{x}", "body");
@@ -522,7 +563,10 @@ async fn stalls_past_the_connect_header_and_whole_request_timeouts() {
     let (status, _, body) = send(&gw, "GET", "/connect/x").await;
     assert_eq!(status, 502, "{body}");
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
 
     // Header stall: 504 after request_timeout.
     let started = Instant::now();
@@ -534,15 +578,28 @@ async fn stalls_past_the_connect_header_and_whole_request_timeouts() {
     );
     assert!(headers.contains_key("x-request-id"));
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(350) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
 
     // Body stall: the headers come, the body is cut at the whole-request timeout.
     let started = Instant::now();
-    let res = client().get(gw.url("/body/slow-body")).send().await.unwrap();
+    let res = client()
+        .get(gw.url("/body/slow-body"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
-    assert!(res.bytes().await.is_err(), "the stalled body ends in an error");
+    assert!(
+        res.bytes().await.is_err(),
+        "the stalled body ends in an error"
+    );
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(4), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
 }
 
 #[tokio::test]
@@ -579,7 +636,10 @@ async fn statuses_bodies_and_headers_pass_through_over_h1_and_h2() {
     assert_eq!(status, 429);
     assert_eq!(headers["retry-after"], "5");
     assert_eq!(headers["x-backend-note"], "kept");
-    assert!(!headers.contains_key("x-hop"), "hop-by-hop headers are removed");
+    assert!(
+        !headers.contains_key("x-hop"),
+        "hop-by-hop headers are removed"
+    );
     assert!(headers.contains_key("x-request-id"));
     assert_eq!(body, "{\"error\":\"slow down\"}");
     let (status, _, body) = send(&gw, "GET", "/fwd/fail").await;
@@ -694,10 +754,12 @@ fn pki() -> Pki {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der().clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
     let key = rustls::pki_types::PrivateKeyDer::try_from(server_key.serialize_der()).unwrap();
     let mut server = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -716,7 +778,10 @@ fn pki() -> Pki {
 async fn https_targets_use_the_ca_file_and_present_the_client_certificate() {
     let pki = pki();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls = Backend::serve(listener, Some(tokio_rustls::TlsAcceptor::from(pki.server.clone())));
+    let tls = Backend::serve(
+        listener,
+        Some(tokio_rustls::TlsAcceptor::from(pki.server.clone())),
+    );
     let target = vec![format!("https://{}", tls.addr)];
     let file = |name: &str| pki.dir.path().join(name).to_str().unwrap().to_string();
     let mut c = config(&target);
@@ -738,16 +803,26 @@ async fn https_targets_use_the_ca_file_and_present_the_client_certificate() {
 
     let (status, _, body) = send(&gw, "GET", "/fwd/echo").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["version"], "HTTP/1.1");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["version"],
+        "HTTP/1.1"
+    );
     let (status, _, body) = send(&gw, "GET", "/h2tls/echo").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["version"], "HTTP/2.0");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["version"],
+        "HTTP/2.0"
+    );
     let hits = tls.hits();
     // The server wants a client certificate; without one the handshake fails.
     assert_eq!(send(&gw, "GET", "/nocert/x").await.0, 502);
     // Without the CA file the system roots do not trust the test CA.
     assert_eq!(send(&gw, "GET", "/noca/x").await.0, 502);
-    assert_eq!(tls.hits(), hits, "no request passed an unverified handshake");
+    assert_eq!(
+        tls.hits(),
+        hits,
+        "no request passed an unverified handshake"
+    );
 }
 
 // === check-config ===
@@ -756,11 +831,17 @@ async fn https_targets_use_the_ca_file_and_present_the_client_certificate() {
 fn check_config_names_every_bad_forwarding_key() {
     let mut c = config(&["http://127.0.0.1:9".to_string()]);
     c.set("upstreams.clusters.balance", "fastest");
-    c.set("upstreams.bad.targets", vec!["http://127.0.0.1:9".to_string()]);
+    c.set(
+        "upstreams.bad.targets",
+        vec!["http://127.0.0.1:9".to_string()],
+    );
     c.set("upstreams.bad.ca_file", "/nonexistent/ca.pem");
     c.set("upstreams.bad.health_interval", "1s");
     c.set("upstreams.bad.max_connections_per_target", 0);
-    c.set("upstreams.tls.targets", vec!["https://127.0.0.1:9".to_string()]);
+    c.set(
+        "upstreams.tls.targets",
+        vec!["https://127.0.0.1:9".to_string()],
+    );
     c.set("upstreams.tls.ca_file", "/nonexistent/ca.pem");
     c.set("upstreams.tls.client_cert", "/nonexistent/c.pem");
     let (code, _, err) = common::cli(&c.write(), &["check-config"]);

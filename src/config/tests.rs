@@ -285,7 +285,10 @@ fn forwarding_keys_get_defaults_a_user_would_expect() {
     assert_eq!(h.targets.len(), 2);
     assert_eq!(h.balance, Balance::LeastOutstanding);
     assert_eq!(h.timeout, Some(Duration::from_secs(120)));
-    assert_eq!((h.retries, h.max_connections_per_target, h.max_fails), (0, 8, 0));
+    assert_eq!(
+        (h.retries, h.max_connections_per_target, h.max_fails),
+        (0, 8, 0)
+    );
     assert_eq!(h.health_path.as_deref(), Some("/healthz"));
     assert_eq!(h.health_interval, Duration::from_secs(2));
     assert!(h.http2);
@@ -318,16 +321,18 @@ fn bad_forwarding_keys_are_each_named() {
         "client_cert = \"/nonexistent/c.pem\"\nclient_key = \"/nonexistent/k.pem\"\ntargets = [",
     ));
     assert!(
-        errs.iter()
-            .any(|e| e.starts_with("upstreams.clusters.client_cert: cannot read /nonexistent/c.pem")),
+        errs.iter().any(
+            |e| e.starts_with("upstreams.clusters.client_cert: cannot read /nonexistent/c.pem")
+        ),
         "{errs:?}"
     );
     let errs = problems(&format!(
         "{MINIMAL}\n[upstreams.keys]\nbuiltin = \"api-keys\"\nretries = 2\nhttp2 = true\n"
     ));
     assert!(
-        errs.iter().any(|e| e
-            == "upstreams.keys: retries, http2 apply to targets, not to a builtin service"),
+        errs.iter()
+            .any(|e| e
+                == "upstreams.keys: retries, http2 apply to targets, not to a builtin service"),
         "{errs:?}"
     );
 }
@@ -342,7 +347,11 @@ fn a_ca_file_and_a_matching_client_identity_are_accepted() {
         std::fs::write(&p, text).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let (c, k, o) = (write("c.pem", &cert), write("k.pem", &key), write("o.pem", &other_key));
+    let (c, k, o) = (
+        write("c.pem", &cert),
+        write("k.pem", &key),
+        write("o.pem", &other_key),
+    );
     let text = |key: &str| {
         MINIMAL
             .replace("http://127.0.0.1:9000", "https://127.0.0.1:9000")
@@ -364,7 +373,8 @@ fn a_ca_file_and_a_matching_client_identity_are_accepted() {
     );
     let errs = problems(&text(&c));
     assert!(
-        errs.iter().any(|e| e.starts_with("upstreams.clusters.client_key: cannot read")),
+        errs.iter()
+            .any(|e| e.starts_with("upstreams.clusters.client_key: cannot read")),
         "{errs:?}"
     );
 }

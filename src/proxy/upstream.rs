@@ -101,7 +101,9 @@ impl Upstream {
         for t in &cfg.targets {
             let parts = t.clone().into_parts();
             match (parts.scheme, parts.authority) {
-                (Some(s), Some(a)) => targets.push((s, a, t.to_string().trim_end_matches('/').to_string())),
+                (Some(s), Some(a)) => {
+                    targets.push((s, a, t.to_string().trim_end_matches('/').to_string()))
+                }
                 _ => {
                     return Err(UpstreamError::Config(format!(
                         "target {t} needs a scheme and host"
@@ -199,7 +201,8 @@ impl Upstream {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let may_retry = self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
+        let may_retry =
+            self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
         // Only a request that may be retried pays for the reclaimable body.
         let (slot, mut body): (Option<Slot>, Option<Body>) = if may_retry {
             let (slot, b) = TakeOnPoll::new(body);
