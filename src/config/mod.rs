@@ -265,7 +265,7 @@ impl Roles {
 #[derive(Debug, Clone)]
 pub enum UpstreamSettings {
     /// Forward over HTTP(S).
-    Http(HttpUpstreamSettings),
+    Http(Box<HttpUpstreamSettings>),
     /// Served in-process.
     Builtin(BuiltinService),
 }

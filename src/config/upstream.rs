@@ -56,7 +56,7 @@ pub(super) fn upstream_settings(
                 None
             }
         }
-        (Some(_), None) => http_settings(p, path, raw).map(UpstreamSettings::Http),
+        (Some(_), None) => http_settings(p, path, raw).map(|h| UpstreamSettings::Http(Box::new(h))),
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) struct TakeOnPoll {
 
 impl TakeOnPoll {
     /// Puts `body` in a new slot; returns the slot and the body to send.
-    pub(crate) fn new(body: Body) -> (Slot, Body) {
+    pub(crate) fn slot(body: Body) -> (Slot, Body) {
         let slot = Arc::new(Mutex::new(Some(body)));
         (slot.clone(), Self::from_slot(&slot))
     }
@@ -85,7 +85,7 @@ impl HttpBody for TakeOnPoll {
     fn size_hint(&self) -> SizeHint {
         match &self.body {
             Some(b) => b.size_hint(),
-            None => self.hint.clone(),
+            None => self.hint,
         }
     }
 }

@@ -205,7 +205,7 @@ impl Upstream {
             self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
         // Only a request that may be retried pays for the reclaimable body.
         let (slot, mut body): (Option<Slot>, Option<Body>) = if may_retry {
-            let (slot, b) = TakeOnPoll::new(body);
+            let (slot, b) = TakeOnPoll::slot(body);
             (Some(slot), Some(b))
         } else {
             (None, Some(body))
@@ -345,7 +345,7 @@ mod tests {
             "[server]\ninsecure_http = true\n[upstreams.t]\ntargets = [\"http://{addr}\"]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"{timeout_ms}ms\"\n[[routes]]\nmethod = \"GET\"\npath = \"/\"\nauth = \"none\"\nupstream = \"t\"\n"
         );
         match &crate::config::Settings::parse(&text).unwrap().upstreams["t"] {
-            crate::config::UpstreamSettings::Http(h) => h.clone(),
+            crate::config::UpstreamSettings::Http(h) => (**h).clone(),
             _ => unreachable!(),
         }
     }
