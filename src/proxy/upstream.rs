@@ -168,7 +168,17 @@ impl Upstream {
         let now = self.targets.now();
         let mut full: Vec<usize> = Vec::new();
         loop {
-            let skip: Vec<usize> = tried.iter().chain(&full).copied().collect();
+            // The common case (no target full) allocates nothing.
+            let skip: std::borrow::Cow<'_, [usize]> = if full.is_empty() {
+                tried.into()
+            } else {
+                tried
+                    .iter()
+                    .chain(&full)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .into()
+            };
             let Some(i) = self.balancer.pick(&self.targets, &skip, now) else {
                 break;
             };
