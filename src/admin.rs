@@ -31,6 +31,12 @@ pub mod names {
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
     /// Counter: upstream responses and failures by `upstream` and `outcome`.
     pub const UPSTREAM: &str = "mpg_upstream_requests_total";
+    /// Counter: extra attempts on another target after a connect failure, by `upstream`.
+    pub const UPSTREAM_RETRIES: &str = "mpg_upstream_retries_total";
+    /// Counter: targets taken out of rotation, by `upstream` and `target` (as configured).
+    pub const UPSTREAM_EJECTIONS: &str = "mpg_upstream_target_ejections_total";
+    /// Gauge: 1 while a target is in rotation, 0 while ejected, by `upstream` and `target`.
+    pub const UPSTREAM_TARGET_UP: &str = "mpg_upstream_target_up";
     /// Gauge: open client connections.
     pub const CONNECTIONS: &str = "mpg_open_connections";
     /// Counter: TLS handshakes by `result`.

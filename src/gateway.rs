@@ -11,7 +11,7 @@ use crate::config::{
     BuiltinService, OrgSource, PolicyKey, RouteSettings, Settings, UpstreamSettings,
 };
 use crate::keys_service::{KeysService, Operation};
-use crate::proxy::upstream::{Upstream, UpstreamConfig};
+use crate::proxy::upstream::Upstream;
 use crate::ratelimit::{OnBackendError, PolicyId, Quota, RateLimiter};
 use crate::reload::Live;
 use crate::routes::Router;
@@ -131,17 +131,7 @@ impl Gateway {
         let settings = Arc::new(settings);
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &settings.upstreams {
-            if let UpstreamSettings::Http {
-                targets,
-                connect_timeout,
-                request_timeout,
-            } = u
-            {
-                let cfg = UpstreamConfig {
-                    targets: targets.clone(),
-                    connect_timeout: *connect_timeout,
-                    request_timeout: *request_timeout,
-                };
+            if let UpstreamSettings::Http(cfg) = u {
                 let up = Upstream::new(name, cfg).map_err(|e| StartError::Upstream {
                     name: name.clone(),
                     reason: e.to_string(),
@@ -156,7 +146,7 @@ impl Gateway {
                 .insert(route.method.clone(), &route.path, i)
                 .map_err(|e| StartError::Route(format!("routes[{i}]: {e}")))?;
             let target = match &settings.upstreams[&route.upstream] {
-                UpstreamSettings::Http { .. } => Target::Http(upstreams[&route.upstream].clone()),
+                UpstreamSettings::Http(_) => Target::Http(upstreams[&route.upstream].clone()),
                 UpstreamSettings::Builtin(BuiltinService::ApiKeys) => {
                     let op = Operation::for_route(&route.method, &route.path).ok_or_else(|| {
                         StartError::Route(format!("routes[{i}]: not a key service endpoint"))
@@ -311,6 +301,9 @@ pub async fn start(
     settings: Settings,
     config_path: Option<std::path::PathBuf>,
 ) -> Result<Running, StartError> {
+    // The recorder first: handles made while building (route, upstream and
+    // target metrics) are no-ops if made before it exists.
+    crate::admin::metrics_handle();
     let (tls, resolver) = match &settings.server.tls {
         Some(t) => {
             if *t == crate::config::TlsSettings::SelfSigned {

@@ -5,10 +5,11 @@
 //! own, so one typo does not hide the next: `check-config` lists them all.
 mod duration;
 mod raw;
+mod upstream;
 mod validate;
 
 pub use duration::{format_duration, parse_duration};
-pub use raw::{AuthMode, BackendErrorPolicy, LogFormat, PolicyKey};
+pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey};
 
 use http::{Method, Uri};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -264,16 +265,44 @@ impl Roles {
 #[derive(Debug, Clone)]
 pub enum UpstreamSettings {
     /// Forward over HTTP(S).
-    Http {
-        /// One or more `http://` or `https://` base URIs.
-        targets: Vec<Uri>,
-        /// TCP (and TLS) connect timeout.
-        connect_timeout: Duration,
-        /// No response headers within this: 504.
-        request_timeout: Duration,
-    },
+    Http(Box<HttpUpstreamSettings>),
     /// Served in-process.
     Builtin(BuiltinService),
+}
+
+/// `[upstreams.NAME]` with `targets`: how requests are forwarded there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpUpstreamSettings {
+    /// One or more `http://` or `https://` base URIs.
+    pub targets: Vec<Uri>,
+    /// How a target is picked among the healthy ones.
+    pub balance: Balance,
+    /// TCP connect and TLS handshake must finish within this (else a connect error: 502).
+    pub connect_timeout: Duration,
+    /// No response headers within this: 504.
+    pub request_timeout: Duration,
+    /// The whole exchange, response body included; `None` = no limit.
+    pub timeout: Option<Duration>,
+    /// Extra attempts on other targets after a connect failure (idempotent methods only).
+    pub retries: u32,
+    /// Requests in flight to one target at most (= connections for HTTP/1.1).
+    pub max_connections_per_target: usize,
+    /// Idle pooled connections are closed after this.
+    pub idle_timeout: Duration,
+    /// Consecutive failures that eject a target; 0 = never eject.
+    pub max_fails: u32,
+    /// How long an ejected target is left alone.
+    pub fail_timeout: Duration,
+    /// Active check: `GET` this path on every target each `health_interval`.
+    pub health_path: Option<String>,
+    /// Period of the active check.
+    pub health_interval: Duration,
+    /// Trust only these CA certificates (PEM) for `https://` targets, not the system's.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain and key (PEM) presented to `https://` targets.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// Talk HTTP/2 to the targets (prior knowledge on `http://`, ALPN `h2` on `https://`).
+    pub http2: bool,
 }
 
 /// Services the gateway serves itself.

@@ -229,6 +229,17 @@ impl Default for RawRateLimit {
     }
 }
 
+/// `[upstreams.NAME] balance`: how a target is picked among the healthy ones.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Each target in turn.
+    #[default]
+    RoundRobin,
+    /// The target with the fewest requests in flight (ties taken in turn).
+    LeastOutstanding,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstream {
@@ -238,6 +249,50 @@ pub(crate) struct RawUpstream {
     pub(crate) connect_timeout: Option<Duration>,
     #[serde(default, with = "opt_duration")]
     pub(crate) request_timeout: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) balance: Option<Balance>,
+    pub(crate) retries: Option<u32>,
+    pub(crate) max_connections_per_target: Option<usize>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_fails: Option<u32>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) fail_timeout: Option<Duration>,
+    pub(crate) health_path: Option<String>,
+    #[serde(default, with = "opt_duration")]
+    pub(crate) health_interval: Option<Duration>,
+    pub(crate) ca_file: Option<String>,
+    pub(crate) client_cert: Option<String>,
+    pub(crate) client_key: Option<String>,
+    pub(crate) http2: Option<bool>,
+}
+
+impl RawUpstream {
+    /// Names of the keys that only make sense with `targets` (for builtin upstreams).
+    pub(crate) fn forwarding_keys(&self) -> Vec<&'static str> {
+        let set = [
+            ("connect_timeout", self.connect_timeout.is_some()),
+            ("request_timeout", self.request_timeout.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("balance", self.balance.is_some()),
+            ("retries", self.retries.is_some()),
+            (
+                "max_connections_per_target",
+                self.max_connections_per_target.is_some(),
+            ),
+            ("idle_timeout", self.idle_timeout.is_some()),
+            ("max_fails", self.max_fails.is_some()),
+            ("fail_timeout", self.fail_timeout.is_some()),
+            ("health_path", self.health_path.is_some()),
+            ("health_interval", self.health_interval.is_some()),
+            ("ca_file", self.ca_file.is_some()),
+            ("client_cert", self.client_cert.is_some()),
+            ("client_key", self.client_key.is_some()),
+            ("http2", self.http2.is_some()),
+        ];
+        set.iter().filter(|(_, s)| *s).map(|(k, _)| *k).collect()
+    }
 }
 
 /// `[[routes]] auth`.

@@ -1,5 +1,5 @@
 //! Raw TOML → [`Settings`], collecting every problem with its TOML path.
-use http::{Method, Uri};
+use http::Method;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -23,7 +23,7 @@ const SECTIONS: [&str; 8] = [
 
 /// Collects problems while walking the file.
 #[derive(Default)]
-struct Problems {
+pub(super) struct Problems {
     /// Each problem, and whether it is a parse (structural) one.
     list: Vec<(Problem, bool)>,
     /// TOML paths whose value failed to parse; defaults stood in for them.
@@ -31,7 +31,7 @@ struct Problems {
 }
 
 impl Problems {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.list.push((
             Problem {
                 path: path.into(),
@@ -88,7 +88,7 @@ impl Problems {
         }
     }
 
-    fn positive(&mut self, path: &str, d: Duration) {
+    pub(super) fn positive(&mut self, path: &str, d: Duration) {
         if d.is_zero() {
             self.add(path, "must be longer than zero");
         }
@@ -159,7 +159,7 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
     for (name, value) in raw_upstreams {
         let path = format!("upstreams.{name}");
         if let Some(raw) = p.de::<RawUpstream>(&path, value) {
-            if let Some(u) = upstream_settings(&mut p, &path, raw) {
+            if let Some(u) = super::upstream::upstream_settings(&mut p, &path, raw) {
                 upstreams.insert(name, u);
             }
         }
@@ -510,65 +510,6 @@ fn roles_settings(
     Roles { map }
 }
 
-fn upstream_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<UpstreamSettings> {
-    match (raw.targets, raw.builtin) {
-        (Some(_), Some(_)) => {
-            p.add(path, "set either targets or builtin, not both");
-            None
-        }
-        (None, None) => {
-            p.add(
-                path,
-                "needs targets = [\"http://HOST:PORT\", …] or builtin = \"api-keys\"",
-            );
-            None
-        }
-        (None, Some(b)) => {
-            if raw.connect_timeout.is_some() || raw.request_timeout.is_some() {
-                p.add(path, "timeouts apply to targets, not to a builtin service");
-            }
-            if b == "api-keys" {
-                Some(UpstreamSettings::Builtin(BuiltinService::ApiKeys))
-            } else {
-                p.add(
-                    format!("{path}.builtin"),
-                    format!("unknown builtin service {b:?}; known: \"api-keys\""),
-                );
-                None
-            }
-        }
-        (Some(targets), None) => {
-            if targets.is_empty() {
-                p.add(format!("{path}.targets"), "needs at least one target");
-            }
-            let mut uris = Vec::new();
-            for (i, t) in targets.iter().enumerate() {
-                let tpath = format!("{path}.targets[{i}]");
-                match t.parse::<Uri>() {
-                    Ok(u)
-                        if matches!(u.scheme_str(), Some("http" | "https"))
-                            && u.authority().is_some()
-                            && matches!(u.path(), "" | "/")
-                            && u.query().is_none() =>
-                    {
-                        uris.push(u)
-                    }
-                    _ => p.add(tpath, format!("invalid target {t:?}: expected http://HOST:PORT or https://HOST:PORT with no path")),
-                }
-            }
-            let connect_timeout = raw.connect_timeout.unwrap_or(Duration::from_secs(2));
-            let request_timeout = raw.request_timeout.unwrap_or(Duration::from_secs(30));
-            p.positive(&format!("{path}.connect_timeout"), connect_timeout);
-            p.positive(&format!("{path}.request_timeout"), request_timeout);
-            Some(UpstreamSettings::Http {
-                targets: uris,
-                connect_timeout,
-                request_timeout,
-            })
-        }
-    }
-}
-
 /// `{name}` parameters of a route template, or why the template is invalid.
 pub(crate) fn template_params(template: &str) -> Result<Vec<&str>, String> {
     let Some(rest) = template.strip_prefix('/') else {
@@ -722,7 +663,7 @@ fn route_settings(
                 }
             }
         }
-        Some(UpstreamSettings::Http { .. }) => {}
+        Some(UpstreamSettings::Http(_)) => {}
     }
     let rate_limit = match raw.rate_limit.as_deref() {
         Some("none") => None,

@@ -481,13 +481,25 @@ impl Gateway {
             Err(UpstreamError::Timeout) => "timeout",
             Err(UpstreamError::BodyTooLarge) => "body_too_large",
             Err(UpstreamError::Connect(_)) => "connect_error",
-            Err(_) => "error",
+            Err(UpstreamError::Unavailable { .. }) => "unavailable",
+            Err(UpstreamError::Saturated) => "saturated",
+            Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
         };
         metrics::counter!(names::UPSTREAM, "upstream" => entry.route.upstream.clone(), "outcome" => outcome).increment(1);
         result.map_err(|e| match e {
             UpstreamError::Timeout => GatewayError::GatewayTimeout,
             UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
-            other => GatewayError::BadGateway(Box::new(other)),
+            UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
+                what: format!("upstream {}", entry.route.upstream).into(),
+                retry_after,
+            },
+            UpstreamError::Saturated => GatewayError::ServiceUnavailable {
+                what: format!("upstream {}", entry.route.upstream).into(),
+                retry_after: 1,
+            },
+            other @ (UpstreamError::Connect(_)
+            | UpstreamError::Reset(_)
+            | UpstreamError::Config(_)) => GatewayError::BadGateway(Box::new(other)),
         })
     }
 

@@ -1,3 +1,8 @@
-//! Forwarding (DESIGN.md §5): header hygiene and the upstream client.
+//! Forwarding (DESIGN.md §5): header hygiene, the upstream client, target
+//! balancing and health, the TLS client, and the streamed bodies.
+mod balance;
 pub mod headers;
+mod health;
+mod stream;
+pub mod tls_client;
 pub mod upstream;

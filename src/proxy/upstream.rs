@@ -1,38 +1,34 @@
-//! The upstream client: a pooled hyper-util client (plain HTTP, or HTTPS
-//! through rustls with the system's roots), targets taken in turn, the
-//! connect and response timeouts, and errors sorted for 502 / 504 / 413.
+//! The Upstream: pick a healthy target (balance) → take one of its
+//! connection permits → send over the pooled client (HTTP/1.1, or h2 where
+//! configured; HTTPS through rustls) → classify the outcome for health and
+//! for the client → retry a connect failure on another target when that is
+//! safe. Bodies stream both ways (see `stream`).
 use http::uri::{Parts, PathAndQuery};
-use http::{Request, Response, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::balance::Balancer;
 use super::headers::sanitize_response;
+use super::health::{active_check, Targets};
+use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
+use super::tls_client::{connector, TimeoutConnector};
+use crate::admin::names;
 use crate::body::{Body, BoxError};
-
-/// One upstream's settings.
-#[derive(Debug, Clone)]
-pub struct UpstreamConfig {
-    /// `http://` or `https://` base URIs (no path).
-    pub targets: Vec<Uri>,
-    /// TCP (and TLS) connect timeout.
-    pub connect_timeout: Duration,
-    /// Response headers must arrive within this.
-    pub request_timeout: Duration,
-}
+use crate::config::HttpUpstreamSettings;
 
 /// Why forwarding failed.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    /// The target could not be reached (→ 502).
+    /// The target could not be reached, or the connect timed out (→ 502).
     #[error("cannot connect to the upstream: {0}")]
     Connect(#[source] BoxError),
-    /// No response headers within `request_timeout` (→ 504).
+    /// No response headers within `request_timeout` (or `timeout`) (→ 504).
     #[error("the upstream did not answer in time")]
     Timeout,
     /// The connection failed mid-request (→ 502).
@@ -41,57 +37,73 @@ pub enum UpstreamError {
     /// The client's request body went over `max_body_bytes` while streaming (→ 413).
     #[error("the request body is too large")]
     BodyTooLarge,
+    /// Every target is ejected (→ 503 with `Retry-After`).
+    #[error("every target of the upstream is down")]
+    Unavailable {
+        /// Whole seconds until the first target's cool-down ends (at least 1).
+        retry_after: u64,
+    },
+    /// Every healthy target is at `max_connections_per_target` (→ 503).
+    #[error("every target of the upstream is at its connection limit")]
+    Saturated,
     /// The upstream configuration is unusable.
     #[error("invalid upstream: {0}")]
     Config(String),
 }
 
-/// A named upstream with its targets and connection pool.
+type HttpClient = Client<TimeoutConnector<HttpsConnector<HttpConnector>>, Body>;
+
+/// Stops the active checker when the upstream goes (e.g. replaced on reload).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A named upstream: its targets, their health, and the connection pool.
 pub struct Upstream {
     name: String,
-    targets: Vec<(http::uri::Scheme, http::uri::Authority)>,
-    next: AtomicUsize,
+    targets: Arc<Targets>,
+    balancer: Balancer,
+    client: HttpClient,
+    connect_timeout: Duration,
     request_timeout: Duration,
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    timeout: Option<Duration>,
+    retries: u32,
+    retry_counter: metrics::Counter,
+    _checker: Option<AbortOnDrop>,
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<&str> = self.targets.list.iter().map(|t| t.label.as_str()).collect();
         f.debug_struct("Upstream")
             .field("name", &self.name)
-            .field("targets", &self.targets)
+            .field("targets", &labels)
             .finish()
     }
 }
 
-fn tls_connector(http: HttpConnector) -> Result<HttpsConnector<HttpConnector>, UpstreamError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider.clone())
-    {
-        Ok(b) => b,
-        Err(e) => {
-            // No system roots: plain HTTP still works; HTTPS targets will fail to verify.
-            tracing::warn!(error = %e, "no system root certificates; https upstreams cannot be verified");
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| UpstreamError::Config(e.to_string()))?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth();
-            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
-        }
-    };
-    Ok(builder.https_or_http().enable_http1().wrap_connector(http))
+/// RFC 9110 §9.2.2: methods whose repetition has the same effect as one request.
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
 }
 
 impl Upstream {
-    /// Builds the pool for `cfg`.
-    pub fn new(name: &str, cfg: UpstreamConfig) -> Result<Self, UpstreamError> {
+    /// Builds the pool for `cfg` (and starts its active checker, if any).
+    pub fn new(name: &str, cfg: &HttpUpstreamSettings) -> Result<Self, UpstreamError> {
         let mut targets = Vec::with_capacity(cfg.targets.len());
         for t in &cfg.targets {
             let parts = t.clone().into_parts();
             match (parts.scheme, parts.authority) {
-                (Some(s), Some(a)) => targets.push((s, a)),
+                (Some(s), Some(a)) => {
+                    targets.push((s, a, t.to_string().trim_end_matches('/').to_string()))
+                }
                 _ => {
                     return Err(UpstreamError::Config(format!(
                         "target {t} needs a scheme and host"
@@ -102,21 +114,46 @@ impl Upstream {
         if targets.is_empty() {
             return Err(UpstreamError::Config("no targets".into()));
         }
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(cfg.connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
+        let targets = Arc::new(Targets::new(
+            name,
+            targets,
+            cfg.max_connections_per_target,
+            cfg.max_fails,
+            cfg.fail_timeout,
+        ));
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(tls_connector(http)?);
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.idle_timeout)
+            .pool_max_idle_per_host(cfg.max_connections_per_target)
+            .http2_only(cfg.http2)
+            .build(connector(cfg).map_err(UpstreamError::Config)?);
+        let checker = match (&cfg.health_path, tokio::runtime::Handle::try_current()) {
+            (Some(path), Ok(rt)) => {
+                let path = PathAndQuery::try_from(path.as_str())
+                    .map_err(|e| UpstreamError::Config(format!("health_path: {e}")))?;
+                let timeout = cfg.request_timeout.min(cfg.health_interval);
+                Some(AbortOnDrop(rt.spawn(active_check(
+                    Arc::downgrade(&targets),
+                    client.clone(),
+                    path,
+                    cfg.health_interval,
+                    timeout,
+                ))))
+            }
+            _ => None,
+        };
         Ok(Upstream {
             name: name.to_string(),
+            retry_counter: metrics::counter!(names::UPSTREAM_RETRIES, "upstream" => name.to_string()),
             targets,
-            next: AtomicUsize::new(0),
-            request_timeout: cfg.request_timeout,
+            balancer: Balancer::new(cfg.balance),
             client,
+            connect_timeout: cfg.connect_timeout,
+            request_timeout: cfg.request_timeout,
+            timeout: cfg.timeout,
+            retries: cfg.retries,
+            _checker: checker,
         })
     }
 
@@ -125,33 +162,158 @@ impl Upstream {
         &self.name
     }
 
-    /// Sends `req` (origin-form URI; headers already sanitized) to the next
-    /// target, streaming the body both ways.
-    pub async fn forward(&self, mut req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
-        let (scheme, authority) = &self.targets[i];
-        let mut parts = Parts::default();
-        parts.scheme = Some(scheme.clone());
-        parts.authority = Some(authority.clone());
-        parts.path_and_query = Some(
-            req.uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        *req.uri_mut() =
-            Uri::from_parts(parts).map_err(|e| UpstreamError::Config(e.to_string()))?;
-        let res = match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
-            Err(_) => return Err(UpstreamError::Timeout),
-            Ok(Err(e)) => return Err(classify(e)),
-            Ok(Ok(res)) => res,
+    /// A healthy target not in `tried`, with one of its connection permits.
+    /// `None` when no untried target is up.
+    async fn acquire(&self, tried: &[usize]) -> Result<Option<InFlight>, UpstreamError> {
+        let now = self.targets.now();
+        let mut full: Vec<usize> = Vec::new();
+        loop {
+            // The common case (no target full) allocates nothing.
+            let skip: std::borrow::Cow<'_, [usize]> = if full.is_empty() {
+                tried.into()
+            } else {
+                tried
+                    .iter()
+                    .chain(&full)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .into()
+            };
+            let Some(i) = self.balancer.pick(&self.targets, &skip, now) else {
+                break;
+            };
+            match self.targets.list[i].permits.clone().try_acquire_owned() {
+                Ok(p) => return Ok(Some(InFlight::new(self.targets.clone(), i, p))),
+                Err(_) => full.push(i),
+            }
+        }
+        let Some(&first) = full.first() else {
+            return Ok(None);
         };
-        let (mut parts, body) = res.into_parts();
+        // Every healthy target is at its limit: wait a little for a slot, then 503.
+        let permits = self.targets.list[first].permits.clone();
+        match tokio::time::timeout(self.connect_timeout, permits.acquire_owned()).await {
+            Ok(Ok(p)) => Ok(Some(InFlight::new(self.targets.clone(), first, p))),
+            _ => Err(UpstreamError::Saturated),
+        }
+    }
+
+    /// Sends `req` (origin-form URI; headers already sanitized) to a healthy
+    /// target, streaming the body both ways. A connect failure is retried on
+    /// another target only for an idempotent method whose body was never
+    /// polled: nothing of it can have reached a target.
+    pub async fn forward(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let started = Instant::now();
+        let deadline = self.timeout.map(|t| started + t);
+        let (mut parts, body) = req.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let may_retry =
+            self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
+        // Only a request that may be retried pays for the reclaimable body.
+        let (slot, mut body): (Option<Slot>, Option<Body>) = if may_retry {
+            let (slot, b) = TakeOnPoll::slot(body);
+            (Some(slot), Some(b))
+        } else {
+            (None, Some(body))
+        };
+        let mut tried: Vec<usize> = Vec::with_capacity(2);
+        loop {
+            let hold = match self.acquire(&tried).await? {
+                Some(h) => h,
+                None => {
+                    return Err(UpstreamError::Unavailable {
+                        retry_after: self.targets.retry_after(self.targets.now()),
+                    })
+                }
+            };
+            let i = hold.index;
+            tried.push(i);
+            let target = &self.targets.list[i];
+            let mut uri = Parts::default();
+            uri.scheme = Some(target.scheme.clone());
+            uri.authority = Some(target.authority.clone());
+            uri.path_and_query = Some(path.clone());
+            let attempts_left = may_retry && tried.len() <= self.retries as usize;
+            let mut this_parts = if attempts_left {
+                parts.clone()
+            } else {
+                std::mem::replace(&mut parts, Request::new(()).into_parts().0)
+            };
+            this_parts.uri =
+                Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+            let this_body = match (body.take(), &slot) {
+                (Some(b), _) => b,
+                (None, Some(slot)) => TakeOnPoll::from_slot(slot),
+                (None, None) => crate::body::empty(),
+            };
+            let wait = match deadline {
+                Some(d) => self
+                    .request_timeout
+                    .min(d.saturating_duration_since(Instant::now())),
+                None => self.request_timeout,
+            };
+            let sent = self
+                .client
+                .request(Request::from_parts(this_parts, this_body));
+            let err = match tokio::time::timeout(wait, sent).await {
+                Ok(Ok(res)) => return Ok(self.relay(res, hold, deadline)),
+                Err(_) => {
+                    hold.failed();
+                    return Err(UpstreamError::Timeout);
+                }
+                Ok(Err(e)) => classify(e),
+            };
+            match &err {
+                UpstreamError::BodyTooLarge => return Err(err),
+                UpstreamError::Connect(_) => hold.failed(),
+                _ => {
+                    hold.failed();
+                    return Err(err);
+                }
+            }
+            drop(hold);
+            let untouched = slot.as_ref().is_some_and(TakeOnPoll::untouched);
+            if !(attempts_left && untouched) {
+                return Err(err);
+            }
+            if !(0..self.targets.list.len())
+                .any(|j| !tried.contains(&j) && self.targets.is_up(j, self.targets.now()))
+            {
+                return Err(err);
+            }
+            self.retry_counter.increment(1);
+            tracing::debug!(upstream = %self.name, target = %target.label, error = %err, "connect failed; retrying on another target");
+        }
+    }
+
+    /// The response as the client gets it: hop-by-hop headers removed, the
+    /// body relayed as it arrives. A 5xx counts against the target at once;
+    /// anything else counts for it once the body has ended.
+    fn relay(
+        &self,
+        res: Response<hyper::body::Incoming>,
+        hold: InFlight,
+        deadline: Option<Instant>,
+    ) -> Response<Body> {
+        let server_error = res.status().is_server_error();
+        if server_error {
+            hold.failed();
+        } else if http_body::Body::is_end_stream(res.body()) {
+            self.targets.succeeded(hold.index);
+        }
+        let (mut parts, inner) = res.into_parts();
         sanitize_response(&mut parts.headers);
-        Ok(Response::from_parts(
-            parts,
-            body.map_err(|e| Box::new(e) as BoxError).boxed(),
-        ))
+        let body = ResponseBody {
+            inner,
+            succeed_at_end: !server_error,
+            hold: Some(hold),
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+        };
+        Response::from_parts(parts, body.boxed())
     }
 }
 
@@ -188,11 +350,13 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
-    fn cfg(addr: std::net::SocketAddr, timeout_ms: u64) -> UpstreamConfig {
-        UpstreamConfig {
-            targets: vec![format!("http://{addr}").parse().unwrap()],
-            connect_timeout: Duration::from_millis(500),
-            request_timeout: Duration::from_millis(timeout_ms),
+    fn cfg(addr: std::net::SocketAddr, timeout_ms: u64) -> HttpUpstreamSettings {
+        let text = format!(
+            "[server]\ninsecure_http = true\n[upstreams.t]\ntargets = [\"http://{addr}\"]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"{timeout_ms}ms\"\n[[routes]]\nmethod = \"GET\"\npath = \"/\"\nauth = \"none\"\nupstream = \"t\"\n"
+        );
+        match &crate::config::Settings::parse(&text).unwrap().upstreams["t"] {
+            crate::config::UpstreamSettings::Http(h) => (**h).clone(),
+            _ => unreachable!(),
         }
     }
 
@@ -227,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn forwards_and_strips_hop_headers_from_the_response() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, x-hop\r\nx-hop: 1\r\nRetry-After: 3\r\n\r\nok", false, false).await;
-        let up = Upstream::new("t", cfg(addr, 2000)).unwrap();
+        let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         let res = up.forward(get("/a?b=c")).await.unwrap();
         assert_eq!(res.status(), 200);
         assert!(!res.headers().contains_key("x-hop"));
@@ -241,7 +405,7 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             l.local_addr().unwrap()
         };
-        let up = Upstream::new("t", cfg(refused, 2000)).unwrap();
+        let up = Upstream::new("t", &cfg(refused, 2000)).unwrap();
         assert!(matches!(
             up.forward(get("/")).await,
             Err(UpstreamError::Connect(_))
@@ -253,21 +417,21 @@ mod tests {
             false,
         )
         .await;
-        let up = Upstream::new("t", cfg(addr, 2000)).unwrap();
+        let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         match up.forward(get("/")).await {
             // Headers arrived; the body then fails mid-stream.
             Ok(res) => assert!(res.into_body().collect().await.is_err()),
             Err(e) => assert!(matches!(e, UpstreamError::Reset(_)), "{e}"),
         }
         let addr = raw_server(b"", true, false).await;
-        let up = Upstream::new("t", cfg(addr, 2000)).unwrap();
+        let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         assert!(matches!(
             up.forward(get("/")).await,
             Err(UpstreamError::Reset(_))
         ));
 
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false, true).await;
-        let up = Upstream::new("t", cfg(addr, 200)).unwrap();
+        let up = Upstream::new("t", &cfg(addr, 200)).unwrap();
         let started = std::time::Instant::now();
         assert!(matches!(
             up.forward(get("/")).await,
@@ -277,9 +441,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_active_checker_stops_when_the_upstream_is_dropped() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = checks.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        if buf[..n].starts_with(b"GET /hc ") {
+                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                        if s.write_all(ok).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let mut c = cfg(addr, 1000);
+        c.health_path = Some("/hc".into());
+        c.health_interval = Duration::from_millis(50);
+        let up = Upstream::new("t", &c).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while checks.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert!(std::time::Instant::now() < until, "no health checks ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(up);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let after_drop = checks.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), after_drop);
+    }
+
+    #[tokio::test]
     async fn an_oversized_streamed_body_is_body_too_large() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false, true).await;
-        let up = Upstream::new("t", cfg(addr, 3000)).unwrap();
+        let up = Upstream::new("t", &cfg(addr, 3000)).unwrap();
         let chunks = futures_util::stream::iter((0..64).map(|_| {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'x'; 1024])))
         }));

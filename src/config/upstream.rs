@@ -1,0 +1,192 @@
+//! `[upstreams.NAME]` → [`UpstreamSettings`]: targets, balancing, timeouts,
+//! retries, health and the TLS client files, each problem at its TOML path.
+use http::Uri;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::raw::RawUpstream;
+use super::validate::Problems;
+use super::{BuiltinService, HttpUpstreamSettings, UpstreamSettings};
+
+/// Defaults a user would expect (nginx- and Envoy-like).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const RETRIES: u32 = 1;
+const MAX_CONNECTIONS_PER_TARGET: usize = 512;
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const MAX_FAILS: u32 = 3;
+const FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
+pub(super) fn upstream_settings(
+    p: &mut Problems,
+    path: &str,
+    raw: RawUpstream,
+) -> Option<UpstreamSettings> {
+    match (&raw.targets, &raw.builtin) {
+        (Some(_), Some(_)) => {
+            p.add(path, "set either targets or builtin, not both");
+            None
+        }
+        (None, None) => {
+            p.add(
+                path,
+                "needs targets = [\"http://HOST:PORT\", …] or builtin = \"api-keys\"",
+            );
+            None
+        }
+        (None, Some(b)) => {
+            let keys = raw.forwarding_keys();
+            if !keys.is_empty() {
+                p.add(
+                    path,
+                    format!(
+                        "{} apply to targets, not to a builtin service",
+                        keys.join(", ")
+                    ),
+                );
+            }
+            if b == "api-keys" {
+                Some(UpstreamSettings::Builtin(BuiltinService::ApiKeys))
+            } else {
+                p.add(
+                    format!("{path}.builtin"),
+                    format!("unknown builtin service {b:?}; known: \"api-keys\""),
+                );
+                None
+            }
+        }
+        (Some(_), None) => http_settings(p, path, raw).map(|h| UpstreamSettings::Http(Box::new(h))),
+    }
+}
+
+fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpUpstreamSettings> {
+    let targets = raw.targets.unwrap_or_default();
+    if targets.is_empty() {
+        p.add(format!("{path}.targets"), "needs at least one target");
+    }
+    let mut uris = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let tpath = format!("{path}.targets[{i}]");
+        match t.parse::<Uri>() {
+            Ok(u)
+                if matches!(u.scheme_str(), Some("http" | "https"))
+                    && u.authority().is_some()
+                    && matches!(u.path(), "" | "/")
+                    && u.query().is_none() =>
+            {
+                if uris.contains(&u) {
+                    p.add(tpath, format!("duplicate target {t:?}"));
+                } else {
+                    uris.push(u)
+                }
+            }
+            _ => p.add(
+                tpath,
+                format!(
+                "invalid target {t:?}: expected http://HOST:PORT or https://HOST:PORT with no path"
+            ),
+            ),
+        }
+    }
+    let key = |k: &str| format!("{path}.{k}");
+    let connect_timeout = raw.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+    let request_timeout = raw.request_timeout.unwrap_or(REQUEST_TIMEOUT);
+    p.positive(&key("connect_timeout"), connect_timeout);
+    p.positive(&key("request_timeout"), request_timeout);
+    if let Some(t) = raw.timeout {
+        p.positive(&key("timeout"), t);
+        if t < request_timeout && !t.is_zero() {
+            p.add(
+                key("timeout"),
+                "the whole-request timeout must not be shorter than request_timeout",
+            );
+        }
+    }
+    let max_connections_per_target = raw
+        .max_connections_per_target
+        .unwrap_or(MAX_CONNECTIONS_PER_TARGET);
+    if max_connections_per_target == 0 {
+        p.add(key("max_connections_per_target"), "must be at least 1");
+    }
+    let retries = raw.retries.unwrap_or(RETRIES);
+    if retries > 10 {
+        p.add(key("retries"), "at most 10");
+    }
+    let idle_timeout = raw.idle_timeout.unwrap_or(IDLE_TIMEOUT);
+    p.positive(&key("idle_timeout"), idle_timeout);
+    let fail_timeout = raw.fail_timeout.unwrap_or(FAIL_TIMEOUT);
+    p.positive(&key("fail_timeout"), fail_timeout);
+    let health_interval = raw.health_interval.unwrap_or(HEALTH_INTERVAL);
+    p.positive(&key("health_interval"), health_interval);
+    if raw.health_interval.is_some() && raw.health_path.is_none() {
+        p.add(
+            key("health_interval"),
+            "needs health_path (the active check is off without it)",
+        );
+    }
+    if let Some(hp) = &raw.health_path {
+        let ok = hp.starts_with('/')
+            && hp
+                .parse::<http::uri::PathAndQuery>()
+                .is_ok_and(|pq| pq.as_str() == hp);
+        if !ok {
+            p.add(
+                key("health_path"),
+                format!("invalid path {hp:?}: expected an origin-form path such as \"/healthz\""),
+            );
+        }
+    }
+    let https = uris.iter().any(|u| u.scheme_str() == Some("https"));
+    let mut tls_file = |name: &str, value: &Option<String>| -> Option<PathBuf> {
+        let f = value.as_ref()?;
+        if !https {
+            p.add(key(name), "applies only to https:// targets");
+            return None;
+        }
+        Some(PathBuf::from(f))
+    };
+    let ca_file = tls_file("ca_file", &raw.ca_file);
+    let cert = tls_file("client_cert", &raw.client_cert);
+    let client_key = tls_file("client_key", &raw.client_key);
+    if let Some(ca) = &ca_file {
+        if let Err(e) = crate::proxy::tls_client::load_roots(ca) {
+            p.add(key("ca_file"), e);
+        }
+    }
+    let client_identity = match (cert, client_key) {
+        (Some(c), Some(k)) => {
+            match crate::proxy::tls_client::load_identity(&c, &k) {
+                Ok(_) => {}
+                Err((which, e)) => p.add(key(which), e),
+            }
+            Some((c, k))
+        }
+        (Some(_), None) => {
+            p.add(key("client_key"), "required with client_cert");
+            None
+        }
+        (None, Some(_)) => {
+            p.add(key("client_cert"), "required with client_key");
+            None
+        }
+        (None, None) => None,
+    };
+    Some(HttpUpstreamSettings {
+        targets: uris,
+        balance: raw.balance.unwrap_or_default(),
+        connect_timeout,
+        request_timeout,
+        timeout: raw.timeout,
+        retries,
+        max_connections_per_target,
+        idle_timeout,
+        max_fails: raw.max_fails.unwrap_or(MAX_FAILS),
+        fail_timeout,
+        health_path: raw.health_path,
+        health_interval,
+        ca_file,
+        client_identity,
+        http2: raw.http2.unwrap_or(false),
+    })
+}
