@@ -34,7 +34,15 @@ async fn run(backend: &str, prefix: &RedisPrefix) -> (Report, Report) {
         let k = cli_ok(
             &path,
             &[
-                "keys", "create", "--org", "acme", "--user", "alice", "--name", "b", "--scopes",
+                "keys",
+                "create",
+                "--org",
+                "acme",
+                "--user",
+                "alice",
+                "--name",
+                "b",
+                "--scopes",
                 "clusters:read",
             ],
         );
@@ -46,7 +54,11 @@ async fn run(backend: &str, prefix: &RedisPrefix) -> (Report, Report) {
     let _ = load(&target, keys.clone(), 4, 500, RUN).await; // warm the key cache
     let sequential = load(&target, keys.clone(), 1, usize::MAX, RUN).await;
     let concurrent = load(&target, keys, 16, usize::MAX, RUN).await;
-    assert_eq!(sequential.failures + concurrent.failures, 0, "requests failed");
+    assert_eq!(
+        sequential.failures + concurrent.failures,
+        0,
+        "requests failed"
+    );
     (sequential, concurrent)
 }
 

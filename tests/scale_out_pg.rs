@@ -30,7 +30,15 @@ fn new_key(config: &std::path::Path, user: &str) -> (String, String) {
     let k = cli_ok(
         config,
         &[
-            "keys", "create", "--org", "acme", "--user", user, "--name", "k", "--scopes",
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            user,
+            "--name",
+            "k",
+            "--scopes",
             "clusters:read",
         ],
     );
@@ -61,7 +69,9 @@ async fn revocation_deletion_and_role_changes_reach_the_other_instance_within_on
     cli_ok(&path, &["users", "create", "--id", "bob"]);
     cli_ok(
         &path,
-        &["members", "add", "--org", "acme", "--user", "bob", "--role", "member"],
+        &[
+            "members", "add", "--org", "acme", "--user", "bob", "--role", "member",
+        ],
     );
     let (key_bob, _) = new_key(&path, "bob");
     let a = Gateway::start(&path);
@@ -120,7 +130,9 @@ async fn revocation_deletion_and_role_changes_reach_the_other_instance_within_on
     // Bob becomes an auditor (no clusters:read): his key keeps authenticating but is refused.
     cli_ok(
         &path,
-        &["members", "add", "--org", "acme", "--user", "bob", "--role", "auditor"],
+        &[
+            "members", "add", "--org", "acme", "--user", "bob", "--role", "auditor",
+        ],
     );
     let took = until_status(&b, &key_bob, 403, Duration::from_secs(5)).await;
     assert!(
@@ -156,7 +168,11 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
     // Past cache_ttl: the entry is stale, only stale_if_error keeps it.
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     for _ in 0..3 {
-        assert_eq!(status_of(&gw, &seed.key).await, 200, "stale entry not served");
+        assert_eq!(
+            status_of(&gw, &seed.key).await,
+            200,
+            "stale entry not served"
+        );
     }
     let res = client()
         .get(gw.url(CLUSTERS))
@@ -165,7 +181,11 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
         .await
         .unwrap();
     assert_eq!(res.status(), 503, "an uncached valid key during an outage");
-    let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1);
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["error"], "ServiceUnavailable");
@@ -174,7 +194,11 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
     proxy.set(ProxyMode::Blackhole);
     let started = Instant::now();
     assert_eq!(status_of(&gw, &hung).await, 503);
-    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(status_of(&gw, &seed.key).await, 200);
 
     // A change made while the gateway cannot hear it (its LISTEN connection is gone).
@@ -182,7 +206,10 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
     cli_ok(&direct, &["keys", "revoke", &seed.key_id]);
     proxy.set(ProxyMode::Open);
     let took = until_status(&gw, &seed.key, 401, Duration::from_secs(10)).await;
-    assert!(took.is_some(), "revocation made during the outage never applied");
+    assert!(
+        took.is_some(),
+        "revocation made during the outage never applied"
+    );
     assert!(until_status(&gw, &uncached, 200, Duration::from_secs(10))
         .await
         .is_some());

@@ -34,7 +34,15 @@ fn new_key(config: &std::path::Path) -> String {
     let k = cli_ok(
         config,
         &[
-            "keys", "create", "--org", "acme", "--user", "alice", "--name", "k", "--scopes",
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "k",
+            "--scopes",
             "clusters:read",
         ],
     );
@@ -211,13 +219,27 @@ async fn redis_headers_equal_the_local_backend_s_including_the_ietf_fields() {
             Some("\"3-per-60s\";q=3;w=60"),
             "request {i}"
         );
-        let t: u64 = r.ratelimit.as_ref().unwrap().split(";t=").nth(1).unwrap().parse().unwrap();
+        let t: u64 = r
+            .ratelimit
+            .as_ref()
+            .unwrap()
+            .split(";t=")
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(t <= 60, "t={t}");
     }
     let refused = get(&redis, CLUSTERS, Some(&seed.key)).await;
     assert_eq!(refused.status, 429);
     assert_eq!(refused.remaining.as_deref(), Some("0"));
-    assert_eq!(refused.ratelimit.as_deref().map(|v| v.starts_with("\"3-per-60s\";r=0;t=")), Some(true));
+    assert_eq!(
+        refused
+            .ratelimit
+            .as_deref()
+            .map(|v| v.starts_with("\"3-per-60s\";r=0;t=")),
+        Some(true)
+    );
     // One token every 20 s: the next is due in (0, 20] s.
     let retry: u64 = refused.retry_after.unwrap().parse().unwrap();
     assert!((1..=20).contains(&retry), "retry-after {retry}");
@@ -248,7 +270,8 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
     let proxy = TcpProxy::start(host_port(&redis_url())).await;
     let up = MockUpstream::start().await;
     let mut cfg = config(&up, 3, "1h");
-    cfg.redis(&via(&redis_url(), proxy.addr), &prefix.0).admin_on();
+    cfg.redis(&via(&redis_url(), proxy.addr), &prefix.0)
+        .admin_on();
     let mut gws = Vec::new();
     let mut keys = Vec::new();
     for mode in ["local", "deny", "allow"] {
@@ -272,7 +295,10 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
         for _ in 0..5 {
             let started = Instant::now();
             statuses.push(get(gw, CLUSTERS, Some(key)).await.status);
-            assert!(started.elapsed() < Duration::from_secs(2), "{mode}: slow answer");
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{mode}: slow answer"
+            );
         }
         let want: &[u16] = match *mode {
             "local" => &[200, 200, 200, 429, 429], // a fresh in-process bucket of 3
@@ -281,7 +307,8 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
         };
         assert_eq!(statuses, want, "on_backend_error = {mode}");
         assert!(
-            gw.log_text().contains("rate-limit backend failed; using fallback"),
+            gw.log_text()
+                .contains("rate-limit backend failed; using fallback"),
             "{mode}: not logged"
         );
         let text = metrics(gw.admin.unwrap()).await;
@@ -301,7 +328,11 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
         .await;
         assert!(back.is_some(), "{mode}: never returned to Redis");
         let r = get(gw, CLUSTERS, Some(key)).await;
-        assert_eq!((r.status, r.remaining.as_deref()), (200, Some("0")), "{mode}");
+        assert_eq!(
+            (r.status, r.remaining.as_deref()),
+            (200, Some("0")),
+            "{mode}"
+        );
         assert_eq!(get(gw, CLUSTERS, Some(key)).await.status, 429, "{mode}");
     }
 }

@@ -88,7 +88,10 @@ impl Follower {
         if src.lookback().is_some() && gap.is_some_and(|gap| gap >= GAP_CLEAR) {
             // Changes that committed late during the gap may be out of reach.
             cache.invalidate(&Change::All);
-            tracing::info!(gap_ms = gap.map_or(0, |g| g.as_millis() as u64), "change log unread for a while; cache cleared");
+            tracing::info!(
+                gap_ms = gap.map_or(0, |g| g.as_millis() as u64),
+                "change log unread for a while; cache cleared"
+            );
         }
         for (seq, change) in changes {
             if self.seen.contains_key(&seq) || (seq <= high && src.lookback().is_none()) {
@@ -430,7 +433,10 @@ mod tests {
         // Wait for the new subscription, then let its catch-up poll pass.
         let mut again = false;
         for _ in 0..250 {
-            if listener_pid(&mut admin, name).await.is_some_and(|p| p != first) {
+            if listener_pid(&mut admin, name)
+                .await
+                .is_some_and(|p| p != first)
+            {
                 again = true;
                 break;
             }

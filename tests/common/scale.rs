@@ -266,8 +266,7 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
-            l.starts_with(name)
-                && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
         })
         .filter(|l| labels.iter().all(|want| l.contains(want)))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
