@@ -336,3 +336,33 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
         assert_eq!(get(gw, CLUSTERS, Some(key)).await.status, 429, "{mode}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_flush_is_survived_without_falling_back() {
+    let prefix = RedisPrefix::new();
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up, 5, "1h");
+    cfg.redis(&redis_url(), &prefix.0).admin_on();
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    for want in ["4", "3"] {
+        let r = get(&gw, CLUSTERS, Some(&seed.key)).await;
+        assert_eq!(r.remaining.as_deref(), Some(want));
+    }
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Still the shared bucket (a local fallback would start again at 4).
+    let r = get(&gw, CLUSTERS, Some(&seed.key)).await;
+    assert_eq!(r.remaining.as_deref(), Some("2"));
+    let text = metrics(gw.admin.unwrap()).await;
+    assert_eq!(
+        metric_sum(&text, "mpg_rate_limit_backend_errors_total", &[]),
+        0.0
+    );
+}
