@@ -25,6 +25,8 @@ pub mod names {
     pub const AUTH: &str = "mpg_auth_decisions_total";
     /// Counter: rate-limit decisions by `policy` and `decision` (`allowed`/`limited`).
     pub const RATE_LIMIT: &str = "mpg_rate_limit_decisions_total";
+    /// Counter: failed calls to the shared rate-limit backend (Redis) by `backend`.
+    pub const RATE_LIMIT_BACKEND_ERRORS: &str = "mpg_rate_limit_backend_errors_total";
     /// Gauge: key-cache entries.
     pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
     /// Counter: store lookups that failed (unavailable or timeout).

@@ -55,9 +55,33 @@ fn check_config_refuses_a_key_that_does_not_match_its_certificate() {
     assert!(err.contains("does not match"), "{err}");
 }
 
+/// A config on SQLite, or on a PostgreSQL database of its own (kept alive by the `PgDb`).
+fn config_on(pg: bool) -> (TestConfig, Option<common::scale::PgDb>) {
+    let mut cfg = config();
+    if !pg {
+        return (cfg, None);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = rt.block_on(common::scale::PgDb::create());
+    cfg.postgres(&db.url);
+    (cfg, Some(db))
+}
+
 #[test]
 fn admin_commands_print_json_and_refuse_bad_input_with_exit_2() {
-    let cfg = config();
+    admin_commands(false);
+}
+
+#[test]
+fn admin_commands_work_the_same_on_postgres() {
+    admin_commands(true);
+}
+
+fn admin_commands(pg: bool) {
+    let (cfg, _db) = config_on(pg);
     let path = cfg.write();
     let org = cli_ok(&path, &["orgs", "create", "--id", "acme", "--name", "Acme"]);
     assert_eq!(org["id"], "acme");
@@ -166,10 +190,12 @@ fn admin_commands_print_json_and_refuse_bad_input_with_exit_2() {
 
 #[test]
 fn migrate_is_idempotent_and_usage_errors_exit_2() {
-    let cfg = config();
-    let path = cfg.write();
-    cli_ok(&path, &["migrate"]);
-    cli_ok(&path, &["migrate"]);
+    for pg in [false, true] {
+        let (cfg, _db) = config_on(pg);
+        let path = cfg.write();
+        cli_ok(&path, &["migrate"]);
+        cli_ok(&path, &["migrate"]);
+    }
     let out = Command::new(BIN)
         .args(["keys", "create", "--org"])
         .output()

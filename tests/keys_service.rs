@@ -1,6 +1,8 @@
-//! The built-in API key service (DESIGN.md §7) over HTTP, on the embedded store.
+//! The built-in API key service (DESIGN.md §7) over HTTP, every case on both stores:
+//! `sqlite::…` on the embedded one, `postgres::…` on a database of its own.
 mod common;
 
+use common::scale::PgDb;
 use common::*;
 use serde_json::{json, Value};
 
@@ -10,11 +12,18 @@ struct World {
     path: std::path::PathBuf,
     gw: Gateway,
     seed: Seed,
+    /// Dropped last, after the gateway.
+    _db: Option<PgDb>,
 }
 
-async fn world() -> World {
+/// The gateway on SQLite, or on PostgreSQL when `pg`.
+async fn world(pg: bool) -> World {
     let up = MockUpstream::start().await;
     let mut cfg = TestConfig::new(up.addr);
+    let db = if pg { Some(PgDb::create().await) } else { None };
+    if let Some(db) = &db {
+        cfg.postgres(&db.url);
+    }
     cfg.set(
         "roles.keymaster",
         vec!["api-keys:read".to_string(), "api-keys:write".to_string()],
@@ -28,6 +37,7 @@ async fn world() -> World {
         path,
         gw,
         seed,
+        _db: db,
     }
 }
 
@@ -52,9 +62,33 @@ async fn call(
 
 const KEYS: &str = "/api/v1/api-keys?organization_id=acme";
 
-#[tokio::test]
-async fn the_whole_lifecycle_works_and_the_secret_is_shown_once() {
-    let w = world().await;
+/// Runs every case on SQLite and on PostgreSQL.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(false).await
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(true).await
+            })*
+        }
+    };
+}
+
+on_both_stores!(
+    the_whole_lifecycle_works_and_the_secret_is_shown_once,
+    pagination_walks_every_key_once,
+    validation_names_the_field,
+    scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found,
+);
+
+async fn the_whole_lifecycle_works_and_the_secret_is_shown_once(pg: bool) {
+    let w = world(pg).await;
     let s = &w.seed.session;
     let (status, created) =
         call(&w, reqwest::Method::POST, KEYS, s, Some(json!({"name": "ci", "scopes": ["clusters:read"], "expires_at": "2999-01-01T00:00:00Z"}))).await;
@@ -149,9 +183,8 @@ async fn the_whole_lifecycle_works_and_the_secret_is_shown_once() {
     assert_eq!(status, 404);
 }
 
-#[tokio::test]
-async fn pagination_walks_every_key_once() {
-    let w = world().await;
+async fn pagination_walks_every_key_once(pg: bool) {
+    let w = world(pg).await;
     for i in 0..5 {
         let (status, _) = call(
             &w,
@@ -210,9 +243,8 @@ async fn pagination_walks_every_key_once() {
     );
 }
 
-#[tokio::test]
-async fn validation_names_the_field() {
-    let w = world().await;
+async fn validation_names_the_field(pg: bool) {
+    let w = world(pg).await;
     let s = &w.seed.session;
     let cases = [
         (json!({"scopes": ["clusters:read"]}), "name"),
@@ -256,9 +288,8 @@ async fn validation_names_the_field() {
     assert_eq!(body["details"]["field"], "body");
 }
 
-#[tokio::test]
-async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found() {
-    let w = world().await;
+async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found(pg: bool) {
+    let w = world(pg).await;
     let km = seed(&w.path, "acme", "kim", "keymaster", "api-keys:read");
     let (status, body) = call(
         &w,

@@ -290,6 +290,8 @@ impl Remote {
 
     fn mark_down(&self, now: u64, err: &LimiterError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::admin::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
+            .increment(1);
         self.down_until.store(probe_time(now), Ordering::Release);
         let last = self.last_warn.load(Ordering::Acquire);
         let due = now >= last.saturating_add(WARN_INTERVAL_NANOS) || last == 0;

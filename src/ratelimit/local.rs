@@ -378,5 +378,45 @@ mod tests {
                 }
             }
         }
+
+        /// The same bound when several threads call at once: at each random instant
+        /// 1–4 threads race for the one shared key.
+        #[test]
+        fn window_bound_holds_for_concurrent_callers(
+            capacity in 1u32..6,
+            period_ms in 1u64..1_000,
+            arrivals in proptest::collection::vec((0u64..3_000_000_000, 1usize..5), 1..40),
+        ) {
+            let mut arrivals = arrivals;
+            arrivals.sort_unstable();
+            let clock = Arc::new(ManualClock::new(START));
+            let q = quota(capacity, Duration::from_millis(period_ms));
+            let interval = Gcra::new(&q).interval();
+            let l = LocalLimiter::with_clock(vec![q], clock.clone());
+            let mut admitted = Vec::new();
+            for (offset, callers) in arrivals {
+                clock.set(START + offset);
+                let won = std::sync::atomic::AtomicU64::new(0);
+                std::thread::scope(|s| {
+                    for _ in 0..callers {
+                        s.spawn(|| {
+                            if l.check(P, "shared").allowed {
+                                won.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        });
+                    }
+                });
+                for _ in 0..won.into_inner() {
+                    admitted.push(offset);
+                }
+            }
+            for (i, start) in admitted.iter().enumerate() {
+                for (j, end) in admitted.iter().enumerate().skip(i) {
+                    let count = (j - i + 1) as u64;
+                    let bound = u64::from(capacity) + (end - start) / interval;
+                    prop_assert!(count <= bound, "{count} > {bound} in [{start}, {end}]");
+                }
+            }
+        }
     }
 }

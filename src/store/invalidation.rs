@@ -4,7 +4,11 @@
 //! touches. It polls every `poll`; on PostgreSQL it also `LISTEN`s, so a
 //! change lands at once and the poll is the safety net. Store errors are
 //! logged and retried; nothing is missed because the follower resumes from
-//! the last sequence number it applied.
+//! the last sequence number it applied. On PostgreSQL sequence numbers can
+//! commit out of order, and the follower only re-reads [`PG_LOOKBACK_SECS`]
+//! back; so after a gap of [`GAP_CLEAR`] without a successful read (the store
+//! was unreachable) it also clears the whole cache, since a late commit may
+//! have slipped past.
 use super::schema::NOTIFY_CHANNEL;
 use super::sql::unix_now;
 use super::{CachedKeyStore, Change, SqlStore, StoreError};
@@ -17,6 +21,8 @@ use tokio::task::JoinHandle;
 /// PostgreSQL may commit sequence numbers out of order; changes this recent
 /// (seconds) are re-read and applied if not seen yet.
 const PG_LOOKBACK_SECS: i64 = 10;
+/// A gap this long between successful reads clears the cache (PostgreSQL).
+const GAP_CLEAR: Duration = Duration::from_secs(5);
 /// Pause before reconnecting a lost `LISTEN` connection.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
@@ -53,6 +59,8 @@ struct Follower {
     high: Option<i64>,
     /// Applied seq → unix time it was applied (pruned after the window).
     seen: HashMap<i64, i64>,
+    /// When the change log was last read successfully.
+    last_ok: Option<std::time::Instant>,
 }
 
 impl Follower {
@@ -68,12 +76,24 @@ impl Follower {
             // a change we will never read: start clean.
             cache.invalidate(&Change::All);
             self.high = Some(latest);
+            self.last_ok = Some(std::time::Instant::now());
             return Ok(());
         };
         let now = unix_now();
         let recent_at = src.lookback().map_or(i64::MAX, |secs| now - secs);
         let mut new_high = high;
-        for (seq, change) in src.after(high, recent_at).await? {
+        let changes = src.after(high, recent_at).await?;
+        let gap = self.last_ok.map(|at| at.elapsed());
+        self.last_ok = Some(std::time::Instant::now());
+        if src.lookback().is_some() && gap.is_some_and(|gap| gap >= GAP_CLEAR) {
+            // Changes that committed late during the gap may be out of reach.
+            cache.invalidate(&Change::All);
+            tracing::info!(
+                gap_ms = gap.map_or(0, |g| g.as_millis() as u64),
+                "change log unread for a while; cache cleared"
+            );
+        }
+        for (seq, change) in changes {
             if self.seen.contains_key(&seq) || (seq <= high && src.lookback().is_none()) {
                 continue;
             }
@@ -132,7 +152,8 @@ pub fn spawn_invalidation(
 }
 
 /// `LISTEN`s on the change channel and wakes the poller on every
-/// notification; reconnects after errors.
+/// notification. When the connection drops (notifications sent meanwhile are
+/// lost) it reconnects, subscribes again and wakes the poller to catch up.
 async fn listen(url: String, wake: Arc<Notify>) {
     loop {
         match sqlx::postgres::PgListener::connect(&url).await {
@@ -141,8 +162,14 @@ async fn listen(url: String, wake: Arc<Notify>) {
                     // Catch up on anything sent while we were not listening.
                     wake.notify_one();
                     loop {
-                        match listener.recv().await {
-                            Ok(_) => wake.notify_one(),
+                        // `try_recv` reports a lost connection as `None`
+                        // instead of reconnecting silently.
+                        match listener.try_recv().await {
+                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(None) => {
+                                tracing::warn!("change listener lost; reconnecting");
+                                break;
+                            }
                             Err(e) => {
                                 tracing::warn!(error = %e, "change listener lost; reconnecting");
                                 break;
@@ -154,6 +181,7 @@ async fn listen(url: String, wake: Arc<Notify>) {
             },
             Err(e) => tracing::warn!(error = %e, "change listener cannot connect; retrying"),
         }
+        wake.notify_one();
         tokio::time::sleep(LISTEN_RETRY).await;
     }
 }
@@ -299,6 +327,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_gap_clears_the_cache_on_postgres_only() {
+        let db = TestDb::sqlite();
+        let (_store, cache, secret, _id) = cached_key(&db).await;
+        for (lookback, cleared) in [(Some(10), true), (None, false)] {
+            let log = FakeLog {
+                lookback,
+                ..FakeLog::default()
+            };
+            let mut follower = Follower::default();
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+            // A short gap keeps the cache.
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            cache.sync_for_tests().await;
+            assert_eq!(cache.entry_count(), 1);
+            // The store was unreachable for longer than GAP_CLEAR.
+            follower.last_ok = std::time::Instant::now().checked_sub(GAP_CLEAR * 2);
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            cache.sync_for_tests().await;
+            assert_eq!(cache.entry_count() == 0, cleared, "lookback {lookback:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn sqlite_revocation_reaches_the_cache_by_polling() {
         let db = TestDb::sqlite();
         let (store, cache, secret, id) = cached_key(&db).await;
@@ -335,6 +387,69 @@ mod tests {
         assert!(store.revoke_api_key(&rec_b.id, unix_now()).await.is_ok());
         assert!(eventually(&cache, &secret_b, KeyStatus::Revoked).await);
         task.abort();
+        store.pool.close().await;
+    }
+
+    /// The pid of the backend holding this database's `LISTEN`, if any.
+    async fn listener_pid(admin: &mut sqlx::PgConnection, db: &str) -> Option<i32> {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND query LIKE 'LISTEN%'",
+        )
+        .bind(db)
+        .fetch_optional(admin)
+        .await
+        .ok()
+        .flatten()
+    }
+
+    #[tokio::test]
+    async fn postgres_listener_resubscribes_after_its_connection_is_killed() {
+        use sqlx::Connection;
+        let db = TestDb::postgres().await;
+        let TestDb::Postgres { name } = &db else {
+            panic!("not postgres")
+        };
+        let (store, cache, secret, id) = cached_key(&db).await;
+        let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_secs(3600));
+        let Ok(mut admin) = sqlx::PgConnection::connect(&db.url()).await else {
+            panic!("admin connect")
+        };
+        let mut first = None;
+        for _ in 0..250 {
+            first = listener_pid(&mut admin, name).await;
+            if first.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Some(first) = first else {
+            panic!("no LISTEN connection")
+        };
+        assert!(sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(first)
+            .execute(&mut admin)
+            .await
+            .is_ok());
+        // Wait for the new subscription, then let its catch-up poll pass.
+        let mut again = false;
+        for _ in 0..250 {
+            if listener_pid(&mut admin, name)
+                .await
+                .is_some_and(|p| p != first)
+            {
+                again = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(again, "the listener did not come back");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+        // The poll timer is an hour away: only a NOTIFY can carry this.
+        assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
+        assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
+        task.abort();
+        let _ = admin.close().await;
         store.pool.close().await;
     }
 }

@@ -420,3 +420,6 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
         format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
     raw(addr, req.as_bytes()).await
 }
+
+// === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
+pub mod scale;
