@@ -27,10 +27,14 @@ pub mod names {
     pub const RATE_LIMIT: &str = "mpg_rate_limit_decisions_total";
     /// Counter: failed calls to the shared rate-limit backend (Redis) by `backend`.
     pub const RATE_LIMIT_BACKEND_ERRORS: &str = "mpg_rate_limit_backend_errors_total";
+    /// Histogram: seconds per call to the shared rate-limit backend (Redis), by `backend`.
+    pub const RATE_LIMIT_BACKEND_SECONDS: &str = "mpg_rate_limit_backend_duration_seconds";
     /// Gauge: key-cache entries.
     pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
     /// Counter: store lookups that failed (unavailable or timeout).
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
+    /// Histogram: seconds per store query or commit (cache misses, key service, admin).
+    pub const STORE_SECONDS: &str = "mpg_store_query_duration_seconds";
     /// Counter: upstream responses and failures by `upstream` and `outcome`.
     pub const UPSTREAM: &str = "mpg_upstream_requests_total";
     /// Counter: extra attempts on another target after a connect failure, by `upstream`.

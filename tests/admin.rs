@@ -68,6 +68,12 @@ async fn health_readiness_and_a_metric_that_moves() {
         .unwrap();
     assert_eq!(count(&text), before + 3, "{text}");
     assert!(text.contains("mpg_request_duration_seconds"), "{text}");
+    // The first request missed the key cache, so the store was asked and timed.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("mpg_store_query_duration_seconds_count ") && !l.ends_with(" 0")),
+        "{text}"
+    );
     assert!(!text.contains(&seed.key[4..]), "a secret reached /metrics");
     let res = c.get(format!("http://{admin}/nope")).send().await.unwrap();
     assert_eq!(res.status(), 404);

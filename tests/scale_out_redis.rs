@@ -316,6 +316,10 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
             metric_sum(&text, "mpg_rate_limit_backend_errors_total", &[]) >= 1.0,
             "{mode}: not counted"
         );
+        assert!(
+            metric_sum(&text, "mpg_rate_limit_backend_duration_seconds_count", &[]) >= 1.0,
+            "{mode}: Redis calls not timed"
+        );
     }
 
     // Back on Redis by itself: the shared bucket still holds two tokens for each key.

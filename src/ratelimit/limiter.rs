@@ -262,11 +262,15 @@ impl Remote {
                 limiter
             }
         };
-        match op {
+        let started = std::time::Instant::now();
+        let decision = match op {
             Op::Check => limiter.check(policy, key).await,
             Op::Peek => limiter.peek(policy, key).await,
             Op::Consume => limiter.consume(policy, key).await,
-        }
+        };
+        metrics::histogram!(crate::admin::names::RATE_LIMIT_BACKEND_SECONDS, "backend" => "redis")
+            .record(started.elapsed().as_secs_f64());
+        decision
     }
 
     /// Healthy: always. Failed: not before the probe time, then one caller at a time.

@@ -169,9 +169,13 @@ impl SqlStore {
         &self,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, fut)
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(self.timeout, fut)
             .await
-            .unwrap_or(Err(StoreError::Timeout))
+            .unwrap_or(Err(StoreError::Timeout));
+        metrics::histogram!(crate::admin::names::STORE_SECONDS)
+            .record(started.elapsed().as_secs_f64());
+        result
     }
 
     /// A pooled connection; a dead server shows up here as Unavailable.
