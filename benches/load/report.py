@@ -170,9 +170,14 @@ def markdown(rep):
     r = rep["resources"]
     out.append("\n| resource (gateway) | value |")
     out.append("| - | -: |")
-    out.append(f"| RSS idle | {r['rss_idle_kib'] / 1024:.1f} MiB |")
+    out.append(f"| RSS idle (fresh, after one request) | {r['rss_idle_kib'] / 1024:.1f} MiB |")
     out.append(f"| RSS under load (mid-run) | {fmt(r['rss_under_load_mib'], 1)} MiB |")
     out.append(f"| RSS holding {r['idle_conns_held']:,} idle keep-alive connections | {r['rss_10k_idle_conns_kib'] / 1024:.1f} MiB |")
+    if r.get("rss_after_100k_keys_kib"):
+        out.append(f"| RSS after the runs above (100 000 keys cached and tracked) | {r['rss_after_100k_keys_kib'] / 1024:.1f} MiB |")
+    if r.get("idle_conns_held"):
+        per = (r["rss_10k_idle_conns_kib"] - r["rss_idle_kib"]) / r["idle_conns_held"]
+        out.append(f"| RSS per idle keep-alive connection | {per:.1f} KiB |")
     out.append(f"| CPU seconds per 100 000 requests (plain HTTP, saturated) | {r['cpu_s_per_100k_requests']} |")
     out.append("\n| target | goal | measured | met |")
     out.append("| - | - | -: | - |")
