@@ -105,7 +105,11 @@ fn warm_cache(rt: &tokio::runtime::Runtime, n: usize) -> (CachedKeyStore, Vec<St
         for s in &secrets {
             assert!(cache.api_key(&hash_secret(s)).await.unwrap().is_some());
         }
-        assert!(cache.session(&hash_secret(SESSION)).await.unwrap().is_some());
+        assert!(cache
+            .session(&hash_secret(SESSION))
+            .await
+            .unwrap()
+            .is_some());
     });
     (cache, secrets)
 }
@@ -154,7 +158,13 @@ fn auth(c: &mut Criterion) {
     rt.block_on(async { cache.api_key(&hash_secret(&unknown)).await.unwrap() });
     g.bench_function("negative_cache_hit", |b| {
         b.to_async(&rt).iter(|| async {
-            black_box(cache.api_key(&hash_secret(&unknown)).await.unwrap().is_none())
+            black_box(
+                cache
+                    .api_key(&hash_secret(&unknown))
+                    .await
+                    .unwrap()
+                    .is_none(),
+            )
         })
     });
     g.bench_function("session_lookup", |b| {
@@ -257,12 +267,22 @@ fn routing(c: &mut Criterion) {
     let mut g = c.benchmark_group("route");
     g.throughput(Throughput::Elements(1));
     g.bench_function("match_static", |b| {
-        b.iter(|| matches!(router.at(&Method::GET, black_box(uri.path())), RouteMatch::Found { .. }))
+        b.iter(|| {
+            matches!(
+                router.at(&Method::GET, black_box(uri.path())),
+                RouteMatch::Found { .. }
+            )
+        })
     });
     g.bench_function("match_param", |b| {
-        b.iter(|| match router.at(&Method::DELETE, black_box("/api/v1/api-keys/key_0123456789abcdef")) {
-            RouteMatch::Found { params, .. } => params.get("id").map(str::len),
-            _ => None,
+        b.iter(|| {
+            match router.at(
+                &Method::DELETE,
+                black_box("/api/v1/api-keys/key_0123456789abcdef"),
+            ) {
+                RouteMatch::Found { params, .. } => params.get("id").map(str::len),
+                _ => None,
+            }
         })
     });
     g.bench_function("target_and_head_checks", |b| {
@@ -277,14 +297,26 @@ fn routing(c: &mut Criterion) {
 
 fn client_headers() -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(http::header::HOST, HeaderValue::from_static("api.example.com"));
+    h.insert(
+        http::header::HOST,
+        HeaderValue::from_static("api.example.com"),
+    );
     h.insert(
         AUTHORIZATION,
         HeaderValue::from_static("Bearer mpg_0123456789abcdefghijABCDEFGHIJ01abcdef"),
     );
-    h.insert(http::header::ACCEPT, HeaderValue::from_static("application/json"));
-    h.insert(http::header::USER_AGENT, HeaderValue::from_static("bench/1.0"));
-    h.insert(http::header::CONNECTION, HeaderValue::from_static("keep-alive"));
+    h.insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::USER_AGENT,
+        HeaderValue::from_static("bench/1.0"),
+    );
+    h.insert(
+        http::header::CONNECTION,
+        HeaderValue::from_static("keep-alive"),
+    );
     h
 }
 
@@ -326,10 +358,18 @@ fn error_bodies(c: &mut Criterion) {
         b.iter(|| GatewayError::Unauthorized(black_box(AuthReason::Invalid)).into_response())
     });
     g.bench_function("429", |b| {
-        b.iter(|| GatewayError::TooManyRequests { retry_after: black_box(1) }.into_response())
+        b.iter(|| {
+            GatewayError::TooManyRequests {
+                retry_after: black_box(1),
+            }
+            .into_response()
+        })
     });
     g.bench_function("400_field", |b| {
-        b.iter(|| GatewayError::bad_field(black_box("organization_id"), "must not be empty").into_response())
+        b.iter(|| {
+            GatewayError::bad_field(black_box("organization_id"), "must not be empty")
+                .into_response()
+        })
     });
     g.finish();
 }

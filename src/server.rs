@@ -248,7 +248,10 @@ async fn serve_connection<S, H>(
         let (handler, conn, track) = (handler.clone(), conn.clone(), track.clone());
         track.in_flight.fetch_add(1, Ordering::AcqRel);
         async move {
-            let res = handler.handle(req, conn).await;
+            // Boxed per request: hyper keeps a slot for this future in every
+            // connection, idle or not, and the whole pipeline's state machine
+            // inline would make each idle keep-alive connection that much bigger.
+            let res = Box::pin(handler.handle(req, conn)).await;
             track.last_done_ms.store(
                 track.started.elapsed().as_millis() as u64,
                 Ordering::Release,
