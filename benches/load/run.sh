@@ -355,7 +355,7 @@ oha_run() {
     local pids t0 t1
     pids=$(tree_pids "$pid")
     t0=$(cpu_ticks $pids)
-    taskset -c 1 "$OHA" --no-tui --output-format json -z "${DURATION}s" -q "$rate" -c "$CONNS" \
+    taskset -c 1 "$OHA" --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$rate" -c "$CONNS" \
       -H "$AUTH" "$url" >"$WORK/oha.json" 2>"$WORK/oha.err" || { cat "$WORK/oha.err" >&2; exit 1; }
     t1=$(cpu_ticks $pids)
     local fields
