@@ -6,6 +6,7 @@ use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICA
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 use crate::body::{self, Body};
 
@@ -219,6 +220,25 @@ impl GatewayError {
 
     /// The JSON body of DESIGN.md §4.
     pub fn body_bytes(&self) -> Bytes {
+        // The bodies a flood gets (bad keys, rate-limited clients) skip the
+        // JSON tree: each 401 body is fixed per reason and rendered once, the
+        // 429 body differs only in one number. Tests pin both to `render`.
+        match self {
+            GatewayError::Unauthorized(reason) => {
+                static BODIES: [OnceLock<Bytes>; 6] = [const { OnceLock::new() }; 6];
+                BODIES[*reason as usize]
+                    .get_or_init(|| self.render())
+                    .clone()
+            }
+            GatewayError::TooManyRequests { retry_after } => Bytes::from(format!(
+                r#"{{"details":{{"retry_after":{retry_after}}},"error":"TooManyRequests","message":"rate limit exceeded"}}"#
+            )),
+            _ => self.render(),
+        }
+    }
+
+    /// The body through the general path: a JSON tree, serialized.
+    fn render(&self) -> Bytes {
         let (message, details) = self.message_and_details();
         let mut v = json!({ "error": self.name(), "message": message });
         if let Some(d) = details {
@@ -307,5 +327,26 @@ mod tests {
         assert_eq!(status, 405);
         assert_eq!(h[ALLOW], "GET, POST");
         assert_eq!(v["error"], "MethodNotAllowed");
+    }
+
+    #[test]
+    fn fast_bodies_match_the_general_rendering() {
+        use AuthReason::*;
+        for reason in [
+            Missing,
+            Malformed,
+            Invalid,
+            Expired,
+            Revoked,
+            WrongCredentialType,
+        ] {
+            let e = GatewayError::Unauthorized(reason);
+            assert_eq!(e.body_bytes(), e.render(), "{reason:?}");
+            assert_eq!(e.body_bytes(), e.render(), "{reason:?} (cached)");
+        }
+        for retry_after in [0, 1, 59, 3600, u64::MAX] {
+            let e = GatewayError::TooManyRequests { retry_after };
+            assert_eq!(e.body_bytes(), e.render(), "retry_after {retry_after}");
+        }
     }
 }

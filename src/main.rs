@@ -34,8 +34,14 @@ fn main() -> ExitCode {
 }
 
 fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
+    // One worker: everything on the main thread, with no cross-thread wake-ups
+    // between the accept loop (in `block_on`) and the connection tasks.
+    let mut b = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if workers > 1 {
         b.worker_threads(workers);
     }
     b.enable_all()

@@ -168,6 +168,9 @@ pub async fn serve<H: Handler>(
             limits.clone(),
             stop_rx.clone(),
         );
+        // Each branch boxes its connection future, so that a plain connection's
+        // task does not reserve room for the (larger) TLS one: every idle
+        // keep-alive connection pays for the size of its task.
         connections.spawn(async move {
             let _permit = permit;
             let _open = open;
@@ -178,14 +181,14 @@ pub async fn serve<H: Handler>(
                     {
                         Ok(Ok(stream)) => {
                             metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
-                            serve_connection(
+                            Box::pin(serve_connection(
                                 &builder,
                                 stream,
                                 conn,
                                 handler,
                                 limits.idle_timeout,
                                 stop,
-                            )
+                            ))
                             .await
                         }
                         Ok(Err(e)) => {
@@ -201,8 +204,15 @@ pub async fn serve<H: Handler>(
                     }
                 }
                 None => {
-                    serve_connection(&builder, stream, conn, handler, limits.idle_timeout, stop)
-                        .await
+                    Box::pin(serve_connection(
+                        &builder,
+                        stream,
+                        conn,
+                        handler,
+                        limits.idle_timeout,
+                        stop,
+                    ))
+                    .await
                 }
             }
         });
@@ -248,7 +258,10 @@ async fn serve_connection<S, H>(
         let (handler, conn, track) = (handler.clone(), conn.clone(), track.clone());
         track.in_flight.fetch_add(1, Ordering::AcqRel);
         async move {
-            let res = handler.handle(req, conn).await;
+            // Boxed per request: hyper keeps a slot for this future in every
+            // connection, idle or not, and the whole pipeline's state machine
+            // inline would make each idle keep-alive connection that much bigger.
+            let res = Box::pin(handler.handle(req, conn)).await;
             track.last_done_ms.store(
                 track.started.elapsed().as_millis() as u64,
                 Ordering::Release,

@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+/// Keys written per transaction when flushing.
+const FLUSH_CHUNK: usize = 500;
+
 /// Pending stamps: key id → latest use (unix seconds).
 struct Pending {
     store: SqlStore,
@@ -20,16 +23,18 @@ impl Pending {
 
     async fn flush(&self) {
         let batch: Vec<(String, i64)> = std::mem::take(&mut *self.used()).into_iter().collect();
-        if batch.is_empty() {
-            return;
-        }
-        if let Err(e) = self.store.record_key_usage(&batch).await {
-            tracing::warn!(error = %e, keys = batch.len(), "recording key usage failed; will retry");
-            // Put the stamps back (keeping any newer one) for the next flush.
-            let mut used = self.used();
-            for (id, at) in batch {
-                let slot = used.entry(id).or_insert(at);
-                *slot = (*slot).max(at);
+        // In transactions of FLUSH_CHUNK keys: one transaction of 100 000 updates
+        // outlived the store's query timeout, failed, and was retried whole at
+        // every flush, holding the runtime for seconds each time.
+        for chunk in batch.chunks(FLUSH_CHUNK) {
+            if let Err(e) = self.store.record_key_usage(chunk).await {
+                tracing::warn!(error = %e, keys = chunk.len(), "recording key usage failed; will retry");
+                // Put the stamps back (keeping any newer one) for the next flush.
+                let mut used = self.used();
+                for (id, at) in chunk.iter().cloned() {
+                    let slot = used.entry(id).or_insert(at);
+                    *slot = (*slot).max(at);
+                }
             }
         }
     }

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Turns the load suite's raw runs (one JSON line per run) into report.json,
+report.md and chart.png: every figure is the median of the runs, with its
+spread (min-max), and its ratio to direct and to nginx / HAProxy.
+
+usage: report.py --raw RAW.jsonl --meta META.json --resources RES.json --out DIR [--note TEXT]
+"""
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+SCENARIOS = [
+    # (scenario, target, label)
+    ("saturation", "direct", "direct to upstream (HTTP/1.1)"),
+    ("saturation", "gateway", "gateway, plain HTTP"),
+    ("tls_keepalive", "gateway", "gateway, TLS keep-alive"),
+    ("tls_new_conn", "gateway", "gateway, new TLS connection per request"),
+    ("http2", "gateway", "gateway, HTTP/2 over TLS (10 conns x 32 streams)"),
+    ("invalid_keys", "gateway", "gateway, flood of unknown keys (401)"),
+    ("rate_limited_429", "gateway", "gateway, flood of rate-limited requests (429)"),
+    ("keys_1", "gateway", "gateway, 1 key (wrk Lua)"),
+    ("keys_100k", "gateway", "gateway, 100 000 distinct keys (wrk Lua)"),
+    ("saturation", "nginx", "nginx, same job"),
+    ("saturation", "haproxy", "HAProxy, same job"),
+]
+FIXED = ["fixed_quarter", "fixed_half"]
+
+
+def stat(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": len(values),
+    }
+
+
+def summarize(rows):
+    rps = [r["requests"] / r["duration_us"] * 1e6 if r["duration_us"] else None for r in rows]
+    cpu = [r["cpu_s"] / r["requests"] * 1e6 if r["requests"] else None for r in rows]
+    return {
+        "tool": rows[0]["tool"],
+        "rps": stat(rps),
+        "p50_ms": stat([r.get("p50_us") and r["p50_us"] / 1000 for r in rows]),
+        "p99_ms": stat([r.get("p99_us") and r["p99_us"] / 1000 for r in rows]),
+        "p999_ms": stat([r.get("p999_us") and r["p999_us"] / 1000 for r in rows]),
+        "mean_ms": stat([r.get("mean_us") and r["mean_us"] / 1000 for r in rows]),
+        "server_cpu_us_per_req": stat(cpu),
+        "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
+        "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
+        "errors": sum(r.get("errors", 0) for r in rows),
+        "requests": sum(r["requests"] for r in rows),
+        "offered_rps": rows[0].get("offered_rps"),
+    }
+
+
+def med(s, key):
+    v = s and s.get(key)
+    return v["median"] if v else None
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def fmt(s, digits=2):
+    if not s:
+        return "–"
+    m, lo, hi = s["median"], s["min"], s["max"]
+    if s["runs"] == 1:
+        return f"{m:,.{digits}f}"
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def build(raw, meta, resources, note):
+    groups = {}
+    for r in raw:
+        groups.setdefault((r["scenario"], r["target"]), []).append(r)
+    summary = {k: summarize(v) for k, v in groups.items()}
+    direct = med(summary.get(("saturation", "direct")), "rps")
+    nginx = med(summary.get(("saturation", "nginx")), "rps")
+    haproxy = med(summary.get(("saturation", "haproxy")), "rps")
+    scenarios = []
+    for scenario, target, label in SCENARIOS:
+        s = summary.get((scenario, target))
+        if not s:
+            continue
+        rps = med(s, "rps")
+        scenarios.append({
+            "scenario": scenario, "target": target, "label": label, **s,
+            "ratio_to_direct": ratio(rps, direct),
+            "ratio_to_nginx": ratio(rps, nginx) if target != "nginx" else None,
+            "ratio_to_haproxy": ratio(rps, haproxy) if target != "haproxy" else None,
+        })
+    fixed = []
+    for scenario in FIXED:
+        base = summary.get((scenario, "direct"))
+        for target in ["direct", "gateway", "nginx", "haproxy"]:
+            s = summary.get((scenario, target))
+            if not s:
+                continue
+            added = None
+            if base and target != "direct" and med(s, "p99_ms") is not None and med(base, "p99_ms") is not None:
+                added = round(med(s, "p99_ms") - med(base, "p99_ms"), 3)
+            fixed.append({"scenario": scenario, "target": target, **s, "p99_added_ms": added})
+    gw = summary.get(("saturation", "gateway"))
+    res = dict(resources)
+    res["rss_under_load_mib"] = gw and gw["rss_mib"]
+    cpu = med(gw, "server_cpu_us_per_req")
+    res["cpu_s_per_100k_requests"] = cpu and round(cpu * 1e5 / 1e6, 3)
+    gw_rps = med(gw, "rps")
+    half = next((f for f in fixed if f["scenario"] == "fixed_half" and f["target"] == "gateway"), None)
+    targets = [
+        {"name": "gateway / nginx req/s", "goal": ">= 1.2", "value": ratio(gw_rps, nginx)},
+        {"name": "gateway / HAProxy req/s", "goal": ">= 1.2", "value": ratio(gw_rps, haproxy)},
+        {"name": "gateway / direct req/s", "goal": ">= 0.75", "value": ratio(gw_rps, direct)},
+        {"name": "p99 added at half of peak (ms)", "goal": "< 1", "value": half and half["p99_added_ms"]},
+        {"name": "RSS holding 10 000 idle connections (MiB)", "goal": "< 64",
+         "value": resources.get("rss_10k_idle_conns_kib") and round(resources["rss_10k_idle_conns_kib"] / 1024, 1)},
+    ]
+    checks = [lambda v: v >= 1.2, lambda v: v >= 1.2, lambda v: v >= 0.75, lambda v: v < 1, lambda v: v < 64]
+    for t, check in zip(targets, checks):
+        t["met"] = None if t["value"] is None else bool(check(t["value"]))
+    return {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "note": note,
+        "meta": meta,
+        "scenarios": scenarios,
+        "fixed_load": fixed,
+        "resources": res,
+        "targets": targets,
+    }
+
+
+def markdown(rep):
+    m = rep["meta"]
+    out = []
+    if rep["note"]:
+        out.append(f"> **{rep['note']}**\n")
+    out.append(
+        f"{m['mode']} mode: {m['runs']} run(s) x {m['duration_s']} s per figure, {m['connections']} connections; "
+        f"{m['cpu']}, {m['cores']} cores; load average before: {' '.join(m['load_before'])}. "
+        "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
+        "Figures: median (min–max) of the runs.\n"
+    )
+    out.append("| scenario | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | × direct | × nginx | × HAProxy | non-2xx |")
+    out.append("| - | -: | -: | -: | -: | -: | -: | -: | -: | -: |")
+    for s in rep["scenarios"]:
+        p50 = fmt(s["p50_ms"]) if s["p50_ms"] else (f"mean {fmt(s['mean_ms'])}" if s["mean_ms"] else "–")
+        out.append(
+            f"| {s['label']} | {fmt(s['rps'], 0)} | {p50} | {fmt(s['p99_ms'])} | {fmt(s['p999_ms'])} "
+            f"| {fmt(s['server_cpu_us_per_req'], 1)} | {s['ratio_to_direct'] or '–'} | {s['ratio_to_nginx'] or '–'} "
+            f"| {s['ratio_to_haproxy'] or '–'} | {s['non_2xx']:,} |"
+        )
+    if rep["fixed_load"]:
+        out.append("\nAt fixed offered loads (oha `-q`, a quarter and half of the gateway's peak):\n")
+        out.append("| load | target | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | p99 added vs direct ms | server CPU µs/req |")
+        out.append("| - | - | -: | -: | -: | -: | -: | -: | -: |")
+        for f in rep["fixed_load"]:
+            out.append(
+                f"| {f['scenario'].replace('fixed_', '')} | {f['target']} | {f['offered_rps']:,} | {fmt(f['rps'], 0)} "
+                f"| {fmt(f['p50_ms'], 3)} | {fmt(f['p99_ms'], 3)} | {fmt(f['p999_ms'], 3)} "
+                f"| {f['p99_added_ms'] if f['p99_added_ms'] is not None else '–'} | {fmt(f['server_cpu_us_per_req'], 1)} |"
+            )
+    r = rep["resources"]
+    out.append("\n| resource (gateway) | value |")
+    out.append("| - | -: |")
+    out.append(f"| RSS idle (fresh, after one request) | {r['rss_idle_kib'] / 1024:.1f} MiB |")
+    out.append(f"| RSS under load (mid-run) | {fmt(r['rss_under_load_mib'], 1)} MiB |")
+    out.append(f"| RSS holding {r['idle_conns_held']:,} idle keep-alive connections | {r['rss_10k_idle_conns_kib'] / 1024:.1f} MiB |")
+    if r.get("rss_after_100k_keys_kib"):
+        out.append(f"| RSS after the runs above (100 000 keys cached and tracked) | {r['rss_after_100k_keys_kib'] / 1024:.1f} MiB |")
+    if r.get("idle_conns_held"):
+        per = (r["rss_10k_idle_conns_kib"] - r["rss_idle_kib"]) / r["idle_conns_held"]
+        out.append(f"| RSS per idle keep-alive connection | {per:.1f} KiB |")
+    out.append(f"| CPU seconds per 100 000 requests (plain HTTP, saturated) | {r['cpu_s_per_100k_requests']} |")
+    out.append("\n| target | goal | measured | met |")
+    out.append("| - | - | -: | - |")
+    for t in rep["targets"]:
+        met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
+        out.append(f"| {t['name']} | {t['goal']} | {t['value'] if t['value'] is not None else '–'} | {met} |")
+    return "\n".join(out) + "\n"
+
+
+def chart(rep, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report.py: matplotlib missing, no chart")
+        return False
+    rows = [s for s in rep["scenarios"] if s["rps"]]
+    labels = [s["label"].replace(", ", "\n", 1) for s in rows]
+    colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621"}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(15, 7))
+    y = range(len(rows))
+    a.barh(y, [s["rps"]["median"] for s in rows], color=[colors[s["target"]] for s in rows],
+           xerr=[[s["rps"]["median"] - s["rps"]["min"] for s in rows], [s["rps"]["max"] - s["rps"]["median"] for s in rows]])
+    a.set_yticks(list(y), labels, fontsize=8)
+    a.invert_yaxis()
+    a.set_xlabel("requests per second (median, min–max)")
+    a.set_title("Throughput")
+    p99 = [med(s, "p99_ms") or 0 for s in rows]
+    b.barh(y, p99, color=[colors[s["target"]] for s in rows])
+    b.set_yticks(list(y), [""] * len(rows))
+    b.invert_yaxis()
+    b.set_xlabel("p99 latency, ms, at saturation (HTTP/2: none reported)")
+    b.set_title("p99 latency")
+    title = "mpg-gateway load suite"
+    if rep["note"]:
+        title += f" — {rep['note']}"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--raw", required=True)
+    ap.add_argument("--meta", required=True)
+    ap.add_argument("--resources", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--note", default="")
+    a = ap.parse_args()
+    raw = [json.loads(line) for line in open(a.raw) if line.strip()]
+    rep = build(raw, json.load(open(a.meta)), json.load(open(a.resources)), a.note)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(rep))
+    chart(rep, out / "chart.png")
+    print(markdown(rep))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,522 @@
+#!/usr/bin/env bash
+# The load suite: the gateway side by side with a direct upstream, nginx and HAProxy
+# doing the same job (API-key check through a map of the same keys, a rate limit that
+# never fires, proxy with keep-alive to the same upstream). Everything on 127.0.0.1.
+#
+#   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes)
+#   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
+#   options: --runs N --duration S --out DIR --conns C --no-install
+#
+# Layout (2 cores): the server under test alone on core 0 (gateway `workers = 1`, nginx
+# `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
+# The upstream is a second nginx serving a small JSON. Figures: wrk (HTTP/1.1, plain and
+# TLS), h2load (HTTP/2), oha (fixed offered loads, `-q`), CPU time from /proc, RSS from
+# /proc. The report (JSON, Markdown, PNG) goes to benches/load/results/ unless --out.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) RUNS=1 DURATION=2 MODE=quick ;;
+    --runs) RUNS="$2"; shift ;;
+    --duration) DURATION="$2"; shift ;;
+    --conns) CONNS="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    --no-install) INSTALL=0 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# ---------------------------------------------------------------- tools
+need_apt=()
+command -v wrk >/dev/null || need_apt+=(wrk)
+command -v h2load >/dev/null || need_apt+=(nghttp2-client)
+command -v nginx >/dev/null || need_apt+=(nginx-light)
+command -v haproxy >/dev/null || need_apt+=(haproxy)
+command -v taskset >/dev/null || need_apt+=(util-linux)
+command -v openssl >/dev/null || need_apt+=(openssl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  [ "$INSTALL" = 1 ] || { echo "run.sh: missing ${need_apt[*]} (and --no-install)" >&2; exit 1; }
+  log "installing ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+OHA="$(command -v oha || true)"
+[ -z "$OHA" ] && [ -x "$HOME/.cargo/bin/oha" ] && OHA="$HOME/.cargo/bin/oha"
+if [ -z "$OHA" ] && [ "$INSTALL" = 1 ]; then
+  log "installing oha from crates.io (compiles for a few minutes, once)"
+  cargo install oha --locked >/dev/null 2>&1 && OHA="$HOME/.cargo/bin/oha" || log "oha install failed: fixed-load figures skipped"
+fi
+
+log "building the gateway (release)"
+(cd "$ROOT" && cargo build --release --locked --bin mpg-gateway >/dev/null 2>&1) \
+  || (cd "$ROOT" && cargo build --release --bin mpg-gateway)
+GW="$ROOT/target/release/mpg-gateway"
+
+# ---------------------------------------------------------------- workspace, cleanup
+WORK="$(mktemp -d /tmp/mpg-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+CLK_TCK="$(getconf CLK_TCK)"
+RAW="$WORK/raw.jsonl"
+: >"$RAW"
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_port() { # host port: until it accepts, at most 20 s
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.1; done
+  echo "run.sh: nothing listens on $1:$2" >&2; exit 1
+}
+# CPU ticks (user+system) of a process and its children's threads, summed.
+cpu_ticks() {
+  local total=0 p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] || continue
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$total"
+}
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
+
+UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port)
+NGX_PORT=$(free_port); HAP_PORT=$(free_port)
+BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
+PATH_Q="/api/v1/clusters?organization_id=acme"
+
+# ---------------------------------------------------------------- upstream (core 1)
+mkdir -p "$WORK/up/logs"
+cat >"$WORK/up/nginx.conf" <<EOF
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 120s;
+  client_body_temp_path $WORK/up; proxy_temp_path $WORK/up; fastcgi_temp_path $WORK/up;
+  uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
+  server {
+    listen 127.0.0.1:$UP_PORT;
+    location / { default_type application/json; return 200 '$BODY'; }
+  }
+}
+EOF
+taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
+PIDS+=($!)
+wait_port 127.0.0.1 "$UP_PORT"
+
+# ---------------------------------------------------------------- store and keys
+log "seeding 100 000 keys"
+cat >"$WORK/gw-base.toml" <<EOF
+[admin]
+enabled = false
+
+[log]
+level = "warn"
+
+[store]
+kind = "sqlite"
+path = "$WORK/gateway.db"
+cache_ttl = "10m"
+negative_cache_ttl = "10m"
+
+[rate_limit]
+backend = "local"
+
+# Large enough never to fire: the figures are the cost of deciding.
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+
+# Scenario 7: every request after the first is a 429.
+[rate_limit.policies.tight]
+requests = 1
+per = "1h"
+
+# The invalid-key flood measures the 401 path, not the brute-force guard.
+[rate_limit.auth_failures]
+requests = 4000000000
+per = "1s"
+
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$UP_PORT"]
+
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+
+[[routes]]
+method = "GET"
+path = "/api/v1/limited"
+auth = "api_key"
+scope = "clusters:read"
+upstream = "clusters"
+rate_limit = "tight"
+EOF
+server_section() { # listen-port tls?
+  echo "[server]"
+  echo "listen = \"127.0.0.1:$1\""
+  echo "workers = 1"
+  if [ "$2" = tls ]; then
+    printf '[server.tls]\ncert = "%s"\nkey = "%s"\n' "$WORK/cert.pem" "$WORK/key.pem"
+  else
+    echo "insecure_http = true"
+  fi
+  printf '[server.limits]\nmax_connections = 20000\nidle_timeout = "300s"\n\n'
+}
+{ server_section "$GW_PORT" plain; cat "$WORK/gw-base.toml"; } >"$WORK/gw-plain.toml"
+{ server_section "$GWS_PORT" tls; cat "$WORK/gw-base.toml"; } >"$WORK/gw-tls.toml"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
+
+CFG="$WORK/gw-plain.toml"
+"$GW" migrate --config "$CFG" >/dev/null
+"$GW" orgs create --id acme --name Acme --config "$CFG" >/dev/null
+"$GW" users create --id alice --email alice@example.com --config "$CFG" >/dev/null
+"$GW" members add --org acme --user alice --role member --config "$CFG" >/dev/null
+python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt"
+head -n 1000 "$WORK/keys100k.txt" >"$WORK/keys1k.txt"
+head -n 1 "$WORK/keys100k.txt" >"$WORK/key1.txt"
+KEY="$(cat "$WORK/key1.txt")"
+AUTH="Authorization: Bearer $KEY"
+
+# ---------------------------------------------------------------- nginx and HAProxy (core 0)
+mkdir -p "$WORK/ngx/logs"
+{
+  cat <<EOF
+worker_processes 1;
+pid $WORK/ngx/nginx.pid;
+error_log $WORK/ngx/error.log warn;
+events { worker_connections 20000; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 120s;
+  client_body_temp_path $WORK/ngx; proxy_temp_path $WORK/ngx; fastcgi_temp_path $WORK/ngx;
+  uwsgi_temp_path $WORK/ngx; scgi_temp_path $WORK/ngx;
+  map_hash_bucket_size 128;
+  map_hash_max_size 8192;
+  map \$http_authorization \$api_ok {
+    default 0;
+EOF
+  sed 's/.*/    "Bearer &" 1;/' "$WORK/keys1k.txt"
+  cat <<EOF
+  }
+  limit_req_zone \$http_authorization zone=keys:32m rate=1000000r/s;
+  upstream clusters { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$NGX_PORT;
+    location / {
+      if (\$api_ok = 0) { return 401 '{"error":"unauthorized"}'; }
+      limit_req zone=keys burst=1000000 nodelay;
+      limit_req_status 429;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Authorization "";
+      proxy_set_header X-Forwarded-For \$remote_addr;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_pass http://clusters;
+    }
+  }
+}
+EOF
+} >"$WORK/ngx/nginx.conf"
+sed 's/.*/& 1/' "$WORK/keys1k.txt" >"$WORK/haproxy-keys.map"
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 9000
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 120s
+  timeout server 30s
+  timeout http-keep-alive 120s
+  option http-keep-alive
+backend ratetable
+  stick-table type string len 64 size 200k expire 60s store http_req_rate(1s)
+frontend fe
+  bind 127.0.0.1:$HAP_PORT
+  acl key_ok req.hdr(authorization) -m beg "Bearer "
+  acl key_known req.hdr(authorization),bytes(7),map_str($WORK/haproxy-keys.map) -m found
+  http-request return status 401 content-type application/json string '{"error":"unauthorized"}' unless key_ok key_known
+  http-request track-sc0 req.hdr(authorization) table ratetable
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+  http-request del-header authorization
+  option forwardfor
+  default_backend clusters
+backend clusters
+  http-reuse always
+  server up 127.0.0.1:$UP_PORT maxconn 1000
+EOF
+haproxy -c -f "$WORK/haproxy.cfg" >/dev/null
+nginx -t -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" 2>/dev/null
+
+# ---------------------------------------------------------------- measuring
+cat >"$WORK/report.lua" <<'EOF'
+done = function(s, latency, requests)
+  io.write(string.format('WRKJSON {"requests":%d,"duration_us":%d,"errors":%d,"non_2xx":%d,"p50_us":%d,"p99_us":%d,"p999_us":%d}\n',
+    s.requests, s.duration, s.errors.connect + s.errors.read + s.errors.write + s.errors.timeout,
+    s.errors.status, latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+EOF
+cat "$WORK/report.lua" >"$WORK/keys.lua"
+cat >>"$WORK/keys.lua" <<'EOF'
+local reqs = {}
+for key in io.lines(os.getenv("BENCH_KEYS")) do
+  -- this wrk's wrk.format adds no Host when given headers: HTTP/1.1 needs one
+  reqs[#reqs + 1] = wrk.format("GET", nil, { ["Host"] = wrk.host .. ":" .. wrk.port, ["Authorization"] = "Bearer " .. key })
+end
+local i = 0
+request = function()
+  i = i % #reqs + 1
+  return reqs[i]
+end
+EOF
+# warm.lua: one pass over the keys, then stop (fills the key cache and the limiter)
+sed -n '/^local reqs/,$p' "$WORK/keys.lua" >"$WORK/warm.lua"
+cat >>"$WORK/warm.lua" <<'EOF2'
+local seen = 0
+response = function(status, headers, body)
+  seen = seen + 1
+  if seen == #reqs then
+    io.open(os.getenv("BENCH_WARM_DONE"), "w"):close()
+    wrk.thread:stop()
+  end
+end
+EOF2
+
+# record SCENARIO TARGET RUN JSON-FIELDS...: one raw line per run
+record() { echo "{\"scenario\":\"$1\",\"target\":\"$2\",\"run\":$3,$4}" >>"$RAW"; }
+
+# wrk_run SCENARIO TARGET URL SERVER_PID [wrk args...]: saturation, CPU and RSS
+wrk_run() {
+  local scenario=$1 target=$2 url=$3 pid=$4; shift 4
+  local r
+  for r in $(seq "$RUNS"); do
+    local pids t0 t1 out rss
+    pids=$(tree_pids "$pid")
+    t0=$(cpu_ticks $pids)
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s "$@" "$url" >"$WORK/wrk.out" 2>&1 &
+    local wpid=$!
+    sleep "$(python3 -c "print($DURATION/2)")"
+    rss=0; for p in $pids; do rss=$((rss + $(rss_kib "$p"))); done
+    wait "$wpid" || { cat "$WORK/wrk.out" >&2; exit 1; }
+    t1=$(cpu_ticks $pids)
+    out=$(grep '^WRKJSON ' "$WORK/wrk.out" | sed 's/^WRKJSON {//; s/}$//')
+    record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
+    log "  $scenario/$target run $r: $(python3 -c "import json;d=json.loads('{'+'''$out'''+'}');print(round(d['requests']/d['duration_us']*1e6), 'req/s, p99', d['p99_us'], 'us')")"
+  done
+}
+
+# h2load_run SCENARIO TARGET URL SERVER_PID: HTTP/2 multiplexed over TLS
+h2load_run() {
+  local scenario=$1 target=$2 url=$3 pid=$4 r
+  for r in $(seq "$RUNS"); do
+    local t0 t1
+    t0=$(cpu_ticks "$pid")
+    taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
+    t1=$(cpu_ticks "$pid")
+    local fields
+    fields=$(python3 - "$WORK/h2.out" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+rps = float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", t).group(1))
+m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", t)
+st = re.search(r"status codes: (\d+) 2xx", t)
+lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", t)
+unit = {"us": 1, "ms": 1000, "s": 1e6}
+mean = float(lat.group(5)) * unit[lat.group(6)] if lat else None
+done = int(m.group(2))
+dur_us = done / rps * 1e6 if rps else 0
+print(f'"tool":"h2load","requests":{done},"duration_us":{int(dur_us)},"errors":{int(m.group(4)) + int(m.group(5))},'
+      f'"non_2xx":{done - int(st.group(1))},"mean_us":{mean}')
+EOF
+)
+    record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+    log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
+  done
+}
+
+# oha_run SCENARIO TARGET URL SERVER_PID RATE: latency at a fixed offered load
+oha_run() {
+  local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r
+  [ -n "$OHA" ] || return 0
+  for r in $(seq "$RUNS"); do
+    local pids t0 t1
+    pids=$(tree_pids "$pid")
+    t0=$(cpu_ticks $pids)
+    taskset -c 1 "$OHA" --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$rate" -c "$CONNS" \
+      -H "$AUTH" "$url" >"$WORK/oha.json" 2>"$WORK/oha.err" || { cat "$WORK/oha.err" >&2; exit 1; }
+    t1=$(cpu_ticks $pids)
+    local fields
+    fields=$(python3 - "$WORK/oha.json" "$rate" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, p = d["summary"], d["latencyPercentiles"]
+codes = d.get("statusCodeDistribution", {})
+n = sum(codes.values())
+ok = sum(v for k, v in codes.items() if k.startswith("2"))
+us = lambda x: None if x is None else round(x * 1e6)
+print(f'"tool":"oha","offered_rps":{sys.argv[2]},"requests":{n},"duration_us":{round(s["total"] * 1e6)},'
+      f'"errors":{sum(d.get("errorDistribution", {}).values())},"non_2xx":{n - ok},'
+      f'"p50_us":{us(p["p50"])},"p99_us":{us(p["p99"])},"p999_us":{us(p["p99.9"])}')
+EOF
+)
+    record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+    log "  $scenario/$target @${rate}/s run $r done"
+  done
+}
+
+median_rps() { # SCENARIO TARGET
+  python3 - "$RAW" "$1" "$2" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+v = [r["requests"] / r["duration_us"] * 1e6 for r in rows if r["scenario"] == sys.argv[2] and r["target"] == sys.argv[3]]
+print(int(statistics.median(v)) if v else 0)
+EOF
+}
+
+start_gateway() { # CONFIG PORT -> GW_PID
+  taskset -c 0 "$GW" run --config "$1" 2>>"$WORK/gateway.log" &
+  GW_PID=$!
+  PIDS+=("$GW_PID")
+  wait_port 127.0.0.1 "$2"
+}
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
+log "$RUNS run(s) x ${DURATION}s, $CONNS connections"
+
+# (1) direct to the upstream
+log "direct"
+UP_PID="${PIDS[0]}"
+wrk_run saturation direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" -H "$AUTH" -s "$WORK/report.lua"
+
+# (2), (6), (7), (8) and resources: the gateway over plain HTTP
+log "gateway, plain HTTP"
+start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
+curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null || { echo "run.sh: gateway did not answer 200" >&2; tail "$WORK/gateway.log" >&2; exit 1; }
+wrk_run saturation gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
+BENCH_KEYS="$WORK/invalid.txt" wrk_run invalid_keys gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
+wrk_run rate_limited_429 gateway "http://127.0.0.1:$GW_PORT/api/v1/limited" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
+BENCH_KEYS="$WORK/key1.txt" wrk_run keys_1 gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
+log "  warming the cache with one pass over the 100 000 keys (not measured)"
+# wrk stops sending after the pass but waits out -d: end it when the pass is done.
+BENCH_KEYS="$WORK/keys100k.txt" BENCH_WARM_DONE="$WORK/warm.done" taskset -c 1 \
+  wrk -t1 -c"$CONNS" -d120s -s "$WORK/warm.lua" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null 2>&1 &
+WARM_PID=$!
+for _ in $(seq 1200); do [ -e "$WORK/warm.done" ] && break; kill -0 "$WARM_PID" 2>/dev/null || break; sleep 0.1; done
+stop "$WARM_PID"
+BENCH_KEYS="$WORK/keys100k.txt" wrk_run keys_100k gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
+GW_PEAK=$(median_rps saturation gateway)
+HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
+oha_run fixed_half gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$HALF"
+oha_run fixed_quarter gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$QUARTER"
+RSS_AFTER=$(rss_kib "$GW_PID")
+stop "$GW_PID"
+# Memory per idle connection, on a fresh process (the runs above filled the key
+# cache and the limiter with 100 000 keys).
+log "holding 10 000 idle keep-alive connections (fresh gateway)"
+start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
+curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null
+RSS_IDLE=$(rss_kib "$GW_PID")
+mkfifo "$WORK/hold.in"
+taskset -c 1 python3 "$HERE/hold_conns.py" 127.0.0.1 "$GW_PORT" 10000 "$PATH_Q" "$KEY" 120 <"$WORK/hold.in" >"$WORK/hold.out" &
+HOLD_PID=$!; PIDS+=("$HOLD_PID")
+exec 7>"$WORK/hold.in"
+for _ in $(seq 600); do grep -q '^ready' "$WORK/hold.out" 2>/dev/null && break; sleep 0.1; done
+HELD=$(awk '/^ready/ {print $2}' "$WORK/hold.out"); HELD=${HELD:-0}
+sleep 1
+RSS_10K=$(rss_kib "$GW_PID")
+exec 7>&-
+stop "$HOLD_PID"
+log "  idle RSS ${RSS_IDLE} KiB; ${HELD} connections held: ${RSS_10K} KiB"
+echo "{\"rss_idle_kib\":$RSS_IDLE,\"rss_10k_idle_conns_kib\":$RSS_10K,\"idle_conns_held\":$HELD,\"rss_after_100k_keys_kib\":$RSS_AFTER}" >"$WORK/resources.json"
+stop "$GW_PID"
+
+# (3), (4), (5): the gateway over TLS
+log "gateway, TLS"
+start_gateway "$WORK/gw-tls.toml" "$GWS_PORT"
+wrk_run tls_keepalive gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
+wrk_run tls_new_conn gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -H "Connection: close" -s "$WORK/report.lua"
+h2load_run http2 gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID"
+stop "$GW_PID"
+
+# (9) nginx and HAProxy doing the same job
+log "nginx"
+taskset -c 0 nginx -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" -g 'daemon off;' &
+NGX_PID=$!; PIDS+=("$NGX_PID")
+wait_port 127.0.0.1 "$NGX_PORT"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 200 ] || { echo "run.sh: nginx did not answer 200" >&2; exit 1; }
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 401 ] || { echo "run.sh: nginx let an unknown key through" >&2; exit 1; }
+wrk_run saturation nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" -H "$AUTH" -s "$WORK/report.lua"
+oha_run fixed_half nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$HALF"
+oha_run fixed_quarter nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$QUARTER"
+stop "$NGX_PID"
+
+log "HAProxy"
+taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" &
+HAP_PID=$!; PIDS+=("$HAP_PID")
+wait_port 127.0.0.1 "$HAP_PORT"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 200 ] || { echo "run.sh: HAProxy did not answer 200" >&2; exit 1; }
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 401 ] || { echo "run.sh: HAProxy let an unknown key through" >&2; exit 1; }
+wrk_run saturation haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" -H "$AUTH" -s "$WORK/report.lua"
+oha_run fixed_half haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$HALF"
+oha_run fixed_quarter haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$QUARTER"
+stop "$HAP_PID"
+
+# fixed loads straight to the upstream: the baseline for "added latency"
+log "direct, fixed loads"
+oha_run fixed_half direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$HALF"
+oha_run fixed_quarter direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$QUARTER"
+
+# ---------------------------------------------------------------- report
+mkdir -p "$OUT"
+cp "$RAW" "$OUT/raw.jsonl"
+META=$(python3 -c "
+import json, os, platform, subprocess
+cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
+print(json.dumps({'mode': '$MODE', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
+  'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
+  'load_before': open('/proc/loadavg').read().split()[:3],
+  'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
+            'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
+            'haproxy': subprocess.run(['haproxy','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
+            'oha': '$OHA' and subprocess.run(['$OHA' or 'true','--version'],capture_output=True,text=True).stdout.strip()}}))
+")
+echo "$META" >"$WORK/meta.json"
+# The chart needs matplotlib: from the system, else a private venv (made once).
+PY=python3
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/mpg-bench-venv"
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
+    log "installing matplotlib into $VENV"
+    python3 -m venv "$VENV" && "$VENV/bin/pip" install -q matplotlib || log "no matplotlib: report without chart"
+  fi
+  "$VENV/bin/python" -c "import matplotlib" 2>/dev/null && PY="$VENV/bin/python"
+fi
+"$PY" "$HERE/report.py" --raw "$RAW" --meta "$WORK/meta.json" --resources "$WORK/resources.json" --out "$OUT" \
+  ${BENCH_NOTE:+--note "$BENCH_NOTE"}
+log "report: $OUT/report.md, $OUT/report.json, $OUT/chart.png"

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Seeds a migrated gateway SQLite store with N API keys in the gateway's own
+format (src/auth/token.rs: `mpg_` + 32 base62 + 6 base62 of CRC32 over the 32;
+only the SHA-256 hex is stored, src/store/sql_keys.rs), far faster than N
+`mpg-gateway keys create` calls. The organization and user must exist (the
+suite creates them with the admin commands). Writes the secrets, one a line,
+to KEYS_OUT, and as many well-formed keys that are NOT stored to INVALID_OUT.
+
+usage: seed.py DB ORG USER N KEYS_OUT INVALID_OUT
+"""
+import hashlib
+import secrets
+import sqlite3
+import sys
+import time
+import zlib
+
+ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def base62(n: int) -> str:
+    return "".join(secrets.choice(ALPHABET) for _ in range(n))
+
+
+def checksum(body: str) -> str:
+    value = zlib.crc32(body.encode())  # the IEEE CRC-32 crc32fast computes
+    out = []
+    for _ in range(6):
+        out.append(ALPHABET[value % 62])
+        value //= 62
+    return "".join(reversed(out))
+
+
+def new_key() -> str:
+    body = base62(32)
+    return "mpg_" + body + checksum(body)
+
+
+def main() -> None:
+    db, org, user, n, keys_out, invalid_out = sys.argv[1:7]
+    n = int(n)
+    now = int(time.time())
+    conn = sqlite3.connect(db)
+    rows, keys = [], []
+    for i in range(n):
+        key = new_key()
+        keys.append(key)
+        rows.append((
+            "key_" + base62(16),
+            hashlib.sha256(key.encode()).hexdigest(),
+            key[4:12],
+            f"bench-{i}",
+            org,
+            user,
+            "clusters:read",
+            now,
+        ))
+    conn.executemany(
+        "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, "
+        "scopes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.commit()
+    conn.close()
+    with open(keys_out, "w") as f:
+        f.write("\n".join(keys) + "\n")
+    with open(invalid_out, "w") as f:
+        f.write("\n".join(new_key() for _ in range(1000)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
