@@ -657,6 +657,31 @@ mod tests {
             .is_ok());
         let got = store.get_api_key(&rec.id).await.ok().flatten();
         assert_eq!(got.and_then(|r| r.last_used_at), Some(500));
+        // Keys used in the same second share one statement; each gets its own stamp.
+        let mut ids = Vec::new();
+        for name in ["a", "b", "c"] {
+            let Ok((_, rec)) = store.create_api_key(new_key(name)).await else {
+                panic!("create failed")
+            };
+            ids.push(rec.id);
+        }
+        let used = vec![
+            (ids[0].clone(), 700),
+            ("key_unknown".to_owned(), 700),
+            (ids[1].clone(), 700),
+            (ids[2].clone(), 650),
+            (rec.id.clone(), 700),
+        ];
+        assert!(store.record_key_usage(&used).await.is_ok());
+        for (id, want) in [
+            (&ids[0], 700),
+            (&ids[1], 700),
+            (&ids[2], 650),
+            (&rec.id, 700),
+        ] {
+            let got = store.get_api_key(id).await.ok().flatten();
+            assert_eq!(got.and_then(|r| r.last_used_at), Some(want), "{id}");
+        }
     }
 
     #[tokio::test]

@@ -251,23 +251,33 @@ impl SqlStore {
     }
 
     /// Stamps `last_used_at` for a batch of (key id, unix seconds), in one
-    /// transaction; a stamp never moves backwards.
+    /// transaction; a stamp never moves backwards. Keys used in the same second
+    /// share one `UPDATE … WHERE id IN (…)`, so a flush after a burst of many
+    /// keys costs a few statements, not one per key.
     pub async fn record_key_usage(&self, used: &[(String, i64)]) -> Result<(), StoreError> {
         if used.is_empty() {
             return Ok(());
         }
+        let mut by_second: std::collections::BTreeMap<i64, Vec<&str>> = Default::default();
+        for (id, at) in used {
+            by_second.entry(*at).or_default().push(id);
+        }
         let mut tx = self.begin().await?;
         self.timed(async {
-            for (id, at) in used {
-                sqlx::query(
-                    "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 \
-                     AND (last_used_at IS NULL OR last_used_at < $2)",
-                )
-                .bind(id)
-                .bind(*at)
-                .execute(&mut *tx)
-                .await
-                .db()?;
+            for (at, ids) in &by_second {
+                let list = (2..ids.len() + 2)
+                    .map(|n| format!("${n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!(
+                    "UPDATE api_keys SET last_used_at = $1 WHERE id IN ({list}) \
+                     AND (last_used_at IS NULL OR last_used_at < $1)"
+                );
+                let mut query = sqlx::query(&sql).bind(*at);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.execute(&mut *tx).await.db()?;
             }
             Ok(())
         })
