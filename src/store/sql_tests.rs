@@ -1,0 +1,397 @@
+//! Tests of [`super::SqlStore`]: each runs on SQLite and on the PostgreSQL at
+//! `MPG_TEST_PG_URL`.
+use super::*;
+use crate::auth::hash_secret;
+use crate::store::testing::TestDb;
+use crate::store::{KeyStatus, NewApiKey};
+use serde_json::json;
+
+/// Runs each suite function against a fresh SQLite file and a fresh
+/// PostgreSQL database.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                let db = super::TestDb::sqlite();
+                super::$name(&db.store().await).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                let db = super::TestDb::postgres().await;
+                let store = db.store().await;
+                super::$name(&store).await;
+                store.pool.close().await;
+            })*
+        }
+    };
+}
+
+both_backends!(
+    migrate_is_idempotent,
+    orgs_users_and_members,
+    api_key_lifecycle,
+    list_paginates_in_stable_order,
+    auth_lookup_sees_current_role,
+    secret_is_never_stored,
+    changes_feed_sees_every_invalidating_write,
+    sessions_round_trip,
+    usage_stamps_never_go_backwards,
+);
+
+async fn seed(store: &SqlStore) {
+    store.create_organization("acme", Some("Acme")).await.ok();
+    store.create_user("alice", Some("a@example.com")).await.ok();
+    store.set_member("acme", "alice", "admin").await.ok();
+}
+
+fn new_key(name: &str) -> NewApiKey {
+    NewApiKey {
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+        name: name.into(),
+        scopes: vec!["clusters:read".into(), "clusters:write".into()],
+        expires_at: None,
+    }
+}
+
+async fn migrate_is_idempotent(store: &SqlStore) {
+    store.migrate().await.unwrap_or_else(|e| panic!("{e:?}"));
+    store.migrate().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let n: i64 = sqlx::query("SELECT COUNT(*) FROM schema_migrations WHERE version = $1")
+        .bind(1_i64)
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or(-1);
+    assert_eq!(n, 1);
+    assert!(store.ping().await.is_ok());
+}
+
+async fn orgs_users_and_members(store: &SqlStore) {
+    let org = store.create_organization("acme", Some("Acme")).await;
+    assert_eq!(org.ok().map(|v| v["id"].clone()), Some(json!("acme")));
+    assert!(matches!(
+        store.create_organization("acme", None).await,
+        Err(StoreError::Conflict(m)) if m == "organization acme"
+    ));
+    assert!(matches!(
+        store.create_organization("bad id", None).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(store.create_user("alice", None).await.is_ok());
+    assert!(matches!(
+        store.create_user("alice", None).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store.set_member("nope", "alice", "admin").await,
+        Err(StoreError::NotFound(m)) if m == "organization nope"
+    ));
+    assert!(matches!(
+        store.set_member("acme", "bob", "admin").await,
+        Err(StoreError::NotFound(m)) if m == "user bob"
+    ));
+    assert_eq!(store.member_role("acme", "alice").await.ok(), Some(None));
+    assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+    assert!(store.set_member("acme", "alice", "admin").await.is_ok());
+    assert_eq!(
+        store.member_role("acme", "alice").await.ok().flatten(),
+        Some("admin".to_owned())
+    );
+}
+
+async fn api_key_lifecycle(store: &SqlStore) {
+    let mut missing = new_key("x");
+    missing.organization_id = "ghost".into();
+    assert!(matches!(
+        store.create_api_key(missing).await,
+        Err(StoreError::NotFound(m)) if m == "organization ghost"
+    ));
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    assert_eq!(rec.prefix, &secret[4..12]);
+    assert_eq!(
+        store.get_api_key(&rec.id).await.ok().flatten(),
+        Some(rec.clone())
+    );
+    let first = store.revoke_api_key(&rec.id, 1000).await.ok().flatten();
+    assert_eq!(first.as_ref().and_then(|r| r.revoked_at), Some(1000));
+    let again = store.revoke_api_key(&rec.id, 2000).await.ok().flatten();
+    assert_eq!(again.as_ref().and_then(|r| r.revoked_at), Some(1000));
+    assert_eq!(again.map(|r| r.status(3000)), Some(KeyStatus::Revoked));
+    assert_eq!(store.revoke_api_key("key_none", 1).await.ok(), Some(None));
+    assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(true));
+    assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(false));
+    assert_eq!(store.get_api_key(&rec.id).await.ok(), Some(None));
+}
+
+async fn list_paginates_in_stable_order(store: &SqlStore) {
+    seed(store).await;
+    let mut created = Vec::new();
+    for i in 0..5 {
+        if let Ok((_, rec)) = store.create_api_key(new_key(&format!("k{i}"))).await {
+            created.push(rec);
+        }
+    }
+    created.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let Ok((page, next)) = store.list_api_keys("acme", 2, cursor.as_deref()).await else {
+            panic!("list failed")
+        };
+        assert!(page.len() <= 2);
+        seen.extend(page);
+        pages += 1;
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, created);
+    assert!(matches!(
+        store.list_api_keys("acme", 2, Some("garbage")).await,
+        Err(StoreError::Invalid(m)) if m == "cursor"
+    ));
+    let other = store.list_api_keys("other", 10, None).await;
+    assert_eq!(other.ok().map(|(p, n)| (p.len(), n)), Some((0, None)));
+}
+
+async fn auth_lookup_sees_current_role(store: &SqlStore) {
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let hash = hash_secret(&secret);
+    let found = store.find_api_key(&hash).await.ok().flatten();
+    assert_eq!(found.as_ref().map(|a| &a.key), Some(&rec));
+    assert_eq!(found.and_then(|a| a.role), Some("admin".to_owned()));
+    assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+    let found = store.find_api_key(&hash).await.ok().flatten();
+    assert_eq!(found.and_then(|a| a.role), Some("viewer".to_owned()));
+    let unknown = store.find_api_key(&hash_secret("mpg_nope")).await;
+    assert_eq!(unknown.ok(), Some(None));
+}
+
+async fn secret_is_never_stored(store: &SqlStore) {
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let rows = sqlx::query("SELECT * FROM api_keys")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+    assert_eq!(rows.len(), 1);
+    let body = &secret[4..];
+    for i in 0..rows[0].len() {
+        if let Ok(Some(text)) = rows[0].try_get::<Option<String>, _>(i) {
+            assert!(!text.contains(body), "column {i} holds the secret");
+        }
+    }
+    let stored: String = rows[0].try_get("key_hash").unwrap_or_default();
+    assert_eq!(stored, hash_secret(&secret).to_hex());
+    assert_eq!(rec.prefix.len(), 8);
+}
+
+async fn changes_feed_sees_every_invalidating_write(store: &SqlStore) {
+    seed(store).await;
+    let start = store.latest_change_seq().await.unwrap_or(-1);
+    let Ok((_, a)) = store.create_api_key(new_key("a")).await else {
+        panic!("create failed")
+    };
+    let Ok((_, b)) = store.create_api_key(new_key("b")).await else {
+        panic!("create failed")
+    };
+    let Ok((_, ses)) = store.create_session("alice", Duration::from_secs(60)).await else {
+        panic!("session failed")
+    };
+    assert!(store.revoke_api_key(&a.id, 5).await.is_ok());
+    assert!(store.revoke_api_key(&a.id, 6).await.is_ok()); // no second entry
+    assert!(store.delete_api_key(&b.id).await.is_ok());
+    assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+    assert_eq!(store.delete_session(&ses.id).await.ok(), Some(true));
+    let Ok((max, changes)) = store.changes_since(start).await else {
+        panic!("changes failed")
+    };
+    assert_eq!(
+        changes,
+        vec![
+            Change::ApiKey { id: a.id.clone() },
+            Change::ApiKey { id: b.id.clone() },
+            Change::Member {
+                organization_id: "acme".into(),
+                user_id: "alice".into()
+            },
+            Change::Session { id: ses.id.clone() },
+        ]
+    );
+    assert_eq!(store.latest_change_seq().await.ok(), Some(max));
+    assert_eq!(store.changes_since(max).await.ok(), Some((max, vec![])));
+}
+
+async fn sessions_round_trip(store: &SqlStore) {
+    assert!(matches!(
+        store.create_session("ghost", Duration::from_secs(60)).await,
+        Err(StoreError::NotFound(m)) if m == "user ghost"
+    ));
+    seed(store).await;
+    let Ok((token, rec)) = store
+        .create_session("alice", Duration::from_secs(3600))
+        .await
+    else {
+        panic!("session failed")
+    };
+    assert!(crate::auth::check_session_token_format(&token).is_ok());
+    assert_eq!(rec.expires_at - rec.created_at, 3600);
+    let found = store
+        .find_session(&hash_secret(&token))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(found.as_ref().map(|s| &s.session), Some(&rec));
+    assert_eq!(
+        found.as_ref().and_then(|s| s.role_in("acme")),
+        Some("admin")
+    );
+    assert_eq!(store.delete_session(&rec.id).await.ok(), Some(true));
+    assert_eq!(
+        store.find_session(&hash_secret(&token)).await.ok(),
+        Some(None)
+    );
+}
+
+async fn usage_stamps_never_go_backwards(store: &SqlStore) {
+    seed(store).await;
+    let Ok((_, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let used = vec![(rec.id.clone(), 500), ("key_unknown".to_owned(), 1)];
+    assert!(store.record_key_usage(&used).await.is_ok());
+    assert!(store
+        .record_key_usage(&[(rec.id.clone(), 400)])
+        .await
+        .is_ok());
+    let got = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(got.and_then(|r| r.last_used_at), Some(500));
+    // Keys used in the same second share one statement; each gets its own stamp.
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let Ok((_, rec)) = store.create_api_key(new_key(name)).await else {
+            panic!("create failed")
+        };
+        ids.push(rec.id);
+    }
+    let used = vec![
+        (ids[0].clone(), 700),
+        ("key_unknown".to_owned(), 700),
+        (ids[1].clone(), 700),
+        (ids[2].clone(), 650),
+        (rec.id.clone(), 700),
+    ];
+    assert!(store.record_key_usage(&used).await.is_ok());
+    for (id, want) in [
+        (&ids[0], 700),
+        (&ids[1], 700),
+        (&ids[2], 650),
+        (&rec.id, 700),
+    ] {
+        let got = store.get_api_key(id).await.ok().flatten();
+        assert_eq!(got.and_then(|r| r.last_used_at), Some(want), "{id}");
+    }
+}
+
+#[tokio::test]
+async fn dead_server_is_unavailable_not_a_panic() {
+    let cfg = StoreConfig {
+        url: "postgres://postgres@127.0.0.1:1/none".into(),
+        query_timeout: Duration::from_millis(300),
+    };
+    let store = SqlStore::connect(&cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(store.backend(), "postgres");
+    let err = store.ping().await.err();
+    assert!(matches!(err, Some(StoreError::Unavailable(_))), "{err:?}");
+    assert!(store.find_api_key(&hash_secret("x")).await.is_err());
+}
+
+#[tokio::test]
+async fn sqlite_connections_use_wal_and_busy_timeout() {
+    let db = TestDb::sqlite();
+    let store = db.store().await;
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let mode: String = sqlx::query("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or_default();
+    assert_eq!(mode, "wal");
+    let busy: i64 = sqlx::query("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or_default();
+    assert_eq!(busy, 5000);
+    assert_eq!(store.backend(), "sqlite");
+}
+
+#[tokio::test]
+async fn slow_query_is_a_timeout() {
+    let cfg = StoreConfig {
+        url: std::env::var("MPG_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        query_timeout: Duration::from_millis(200),
+    };
+    let store = SqlStore::connect(&cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let slow = store
+        .timed(async {
+            sqlx::query("SELECT 1 FROM pg_sleep(2)")
+                .execute(&mut *conn)
+                .await
+                .db()
+        })
+        .await;
+    assert!(matches!(slow, Err(StoreError::Timeout)), "{slow:?}");
+}
+
+#[tokio::test]
+async fn bad_url_is_invalid() {
+    let cfg = StoreConfig {
+        url: "mysql://x".into(),
+        query_timeout: Duration::from_secs(1),
+    };
+    assert!(matches!(
+        SqlStore::connect(&cfg).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[test]
+fn sqlite_path_and_change_parsing() {
+    assert_eq!(
+        sqlite_path("sqlite://data/g.db?mode=rwc"),
+        Some("data/g.db")
+    );
+    assert_eq!(sqlite_path("sqlite::memory:"), None);
+    assert_eq!(
+        parse_change("member", "acme alice".into()),
+        Change::Member {
+            organization_id: "acme".into(),
+            user_id: "alice".into()
+        }
+    );
+    assert_eq!(parse_change("weird", String::new()), Change::All);
+}
