@@ -26,17 +26,18 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// `X-Forwarded-Host`
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1 and the usual proxy extras).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
+/// Hop-by-hop headers (RFC 9110 §7.6.1 and the usual proxy extras), as parsed
+/// names so removing them costs no parsing per request.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
 ];
 
 /// Who the gateway vouches for; becomes the `X-Mpg-*` headers.
@@ -67,19 +68,36 @@ pub struct ForwardedFor<'a> {
     pub host: Option<&'a str>,
 }
 
+/// Whether a `Connection` token names a header to remove beyond the fixed
+/// hop-by-hop set (`keep-alive` is in it; `close` names no header).
+fn names_extra_header(token: &str) -> bool {
+    !token.is_empty()
+        && !token.eq_ignore_ascii_case("keep-alive")
+        && !token.eq_ignore_ascii_case("close")
+}
+
 /// Removes what a client may not pass on, plus the `Connection`-named headers.
 fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    let tokens = || {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| names_extra_header(t))
+    };
+    // Usual clients send no `Connection`, or only `keep-alive` / `close`: no
+    // list to build then.
+    if tokens().next().is_some() {
+        let named: Vec<HeaderName> = tokens()
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -151,11 +169,23 @@ pub fn add_identity(
         put(headers, X_MPG_SCOPES, id.scopes);
     }
     headers.insert(X_REQUEST_ID, request_id.clone());
-    put(headers, X_FORWARDED_FOR, &fwd.client_ip.to_string());
+    headers.insert(X_FORWARDED_FOR, ip_value(fwd.client_ip));
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
     if let Some(host) = fwd.host {
         put(headers, X_FORWARDED_HOST, host);
     }
+}
+
+/// An IP address as a header value, formatted on the stack (an address is
+/// always a valid value).
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    use std::io::Write;
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    // 64 bytes hold any IPv4 or IPv6 text form (at most 45).
+    let _ = write!(cursor, "{ip}");
+    let len = cursor.position() as usize;
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Removes hop-by-hop and `Connection`-named headers from an upstream response.
@@ -187,6 +217,31 @@ mod tests {
             key_id: Some("key_1"),
             scopes: "clusters:read",
         }
+    }
+
+    #[test]
+    fn connection_close_and_keep_alive_name_nothing_else_but_other_tokens_still_count() {
+        let mut h = map(&[
+            ("connection", "Close, KEEP-ALIVE"),
+            ("keep-alive", "timeout=5"),
+            ("x-kept", "1"),
+        ]);
+        sanitize_request(&mut h);
+        assert!(!h.contains_key("connection") && !h.contains_key("keep-alive"));
+        assert_eq!(h["x-kept"], "1");
+        let mut h = map(&[("connection", "close,  x-a ,,"), ("x-a", "1"), ("x-b", "2")]);
+        sanitize_request(&mut h);
+        assert!(!h.contains_key("x-a"));
+        assert_eq!(h["x-b"], "2");
+    }
+
+    #[test]
+    fn client_addresses_of_both_families_become_header_values() {
+        let v6: IpAddr = "2001:db8:ffff:ffff:ffff:ffff:255.255.255.255"
+            .parse()
+            .unwrap();
+        assert_eq!(ip_value(v6), "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff");
+        assert_eq!(ip_value("10.0.0.1".parse().unwrap()), "10.0.0.1");
     }
 
     #[test]
