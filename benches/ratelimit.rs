@@ -11,7 +11,7 @@ use common::scale::{redis_url, RedisPrefix};
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{benchmarking, load, Report};
+use support::{load, Report};
 
 const RUN: Duration = Duration::from_secs(6);
 
@@ -31,22 +31,7 @@ async fn run(backend: &str, prefix: &RedisPrefix) -> (Report, Report) {
     let s = seed(&path, "acme", "alice", "owner", "clusters:read");
     keys.push(s.key);
     for _ in 0..15 {
-        let k = cli_ok(
-            &path,
-            &[
-                "keys",
-                "create",
-                "--org",
-                "acme",
-                "--user",
-                "alice",
-                "--name",
-                "b",
-                "--scopes",
-                "clusters:read",
-            ],
-        );
-        keys.push(k["key"].as_str().unwrap().to_string());
+        keys.push(create_key(&path, "acme", "alice", "clusters:read").0);
     }
     let keys = Arc::new(keys);
     let gw = Gateway::start(&path);
@@ -79,14 +64,5 @@ async fn bench() {
 }
 
 fn main() {
-    if !benchmarking() {
-        println!("ratelimit bench: skipped (run it with `cargo bench --bench ratelimit`)");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(bench());
+    support::run("ratelimit", bench());
 }

@@ -12,7 +12,7 @@ use common::*;
 use sqlx::postgres::PgPoolOptions;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{benchmarking, load};
+use support::load;
 
 const KEYS: usize = 100_000;
 const BATCH: usize = 10_000;
@@ -95,14 +95,5 @@ async fn bench() {
 }
 
 fn main() {
-    if !benchmarking() {
-        println!("store bench: skipped (run it with `cargo bench --bench store`)");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(bench());
+    support::run("store", bench());
 }

@@ -27,25 +27,7 @@ async fn until_status(gw: &Gateway, key: &str, want: u16, limit: Duration) -> Op
 }
 
 fn new_key(config: &std::path::Path, user: &str) -> (String, String) {
-    let k = cli_ok(
-        config,
-        &[
-            "keys",
-            "create",
-            "--org",
-            "acme",
-            "--user",
-            user,
-            "--name",
-            "k",
-            "--scopes",
-            "clusters:read",
-        ],
-    );
-    (
-        k["key"].as_str().unwrap().to_string(),
-        k["id"].as_str().unwrap().to_string(),
-    )
+    create_key(config, "acme", user, "clusters:read")
 }
 
 /// Cache hits `gw` has counted so far.

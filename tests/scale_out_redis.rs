@@ -31,22 +31,7 @@ fn config(up: &MockUpstream, requests: i64, per: &str) -> TestConfig {
 }
 
 fn new_key(config: &std::path::Path) -> String {
-    let k = cli_ok(
-        config,
-        &[
-            "keys",
-            "create",
-            "--org",
-            "acme",
-            "--user",
-            "alice",
-            "--name",
-            "k",
-            "--scopes",
-            "clusters:read",
-        ],
-    );
-    k["key"].as_str().unwrap().to_string()
+    create_key(config, "acme", "alice", "clusters:read").0
 }
 
 /// Status and the rate-limit headers of one request.

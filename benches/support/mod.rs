@@ -12,6 +12,21 @@ pub fn benchmarking() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// Runs `bench` on a two-thread runtime under `cargo bench --bench NAME`;
+/// under `cargo test` (which only builds the bench) it says so and returns.
+pub fn run(name: &str, bench: impl std::future::Future<Output = ()>) {
+    if !benchmarking() {
+        println!("{name} bench: skipped (run it with `cargo bench --bench {name}`)");
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench);
+}
+
 /// What one load run measured.
 pub struct Report {
     pub requests: usize,

@@ -220,7 +220,10 @@ impl Upstream {
         } else {
             (None, Some(body))
         };
-        let mut tried: Vec<usize> = Vec::with_capacity(2);
+        // Targets already tried, kept only when a retry may follow (so the usual
+        // request allocates nothing here).
+        let mut tried: Vec<usize> = Vec::new();
+        let mut attempts: usize = 0;
         loop {
             let hold = match self.acquire(&tried).await? {
                 Some(h) => h,
@@ -231,13 +234,16 @@ impl Upstream {
                 }
             };
             let i = hold.index;
-            tried.push(i);
+            attempts += 1;
+            if may_retry {
+                tried.push(i);
+            }
             let target = &self.targets.list[i];
             let mut uri = Parts::default();
             uri.scheme = Some(target.scheme.clone());
             uri.authority = Some(target.authority.clone());
             uri.path_and_query = Some(path.clone());
-            let attempts_left = may_retry && tried.len() <= self.retries as usize;
+            let attempts_left = may_retry && attempts <= self.retries as usize;
             let mut this_parts = if attempts_left {
                 parts.clone()
             } else {

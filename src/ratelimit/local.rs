@@ -344,6 +344,19 @@ mod tests {
         assert_eq!(allowed.into_inner(), 17);
     }
 
+    /// A limiter of one policy (`capacity` per `period_ms`) on a manual clock at
+    /// `START`, with the clock and the policy's emission interval.
+    fn limiter_at_start(capacity: u32, period_ms: u64) -> (LocalLimiter, Arc<ManualClock>, u64) {
+        let clock = Arc::new(ManualClock::new(START));
+        let q = quota(capacity, Duration::from_millis(period_ms));
+        let interval = Gcra::new(&q).interval();
+        (
+            LocalLimiter::with_clock(vec![q], clock.clone()),
+            clock,
+            interval,
+        )
+    }
+
     /// The first window [start, end] of sorted admission times holding more than
     /// capacity + floor((end - start) / interval) admissions, if any.
     fn window_over_bound(times: &[u64], capacity: u32, interval: u64) -> Option<String> {
@@ -371,10 +384,7 @@ mod tests {
         ) {
             let mut arrivals = arrivals;
             arrivals.sort_unstable();
-            let clock = Arc::new(ManualClock::new(START));
-            let q = quota(capacity, Duration::from_millis(period_ms));
-            let interval = Gcra::new(&q).interval();
-            let l = LocalLimiter::with_clock(vec![q], clock.clone());
+            let (l, clock, interval) = limiter_at_start(capacity, period_ms);
             let keys = ["a", "b", "c"];
             let mut admitted: [Vec<u64>; 3] = Default::default();
             for (offset, k) in arrivals {
@@ -399,10 +409,7 @@ mod tests {
         ) {
             let mut arrivals = arrivals;
             arrivals.sort_unstable();
-            let clock = Arc::new(ManualClock::new(START));
-            let q = quota(capacity, Duration::from_millis(period_ms));
-            let interval = Gcra::new(&q).interval();
-            let l = LocalLimiter::with_clock(vec![q], clock.clone());
+            let (l, clock, interval) = limiter_at_start(capacity, period_ms);
             let mut admitted = Vec::new();
             for (offset, callers) in arrivals {
                 clock.set(START + offset);

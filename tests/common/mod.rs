@@ -253,17 +253,27 @@ pub fn seed(config: &Path, org: &str, user: &str, role: &str, scopes: &str) -> S
         ],
     );
     let session = cli_ok(config, &["sessions", "create", "--user", user]);
+    let (key, key_id) = create_key(config, org, user, scopes);
+    Seed {
+        session: session["token"].as_str().unwrap().to_string(),
+        key,
+        key_id,
+    }
+}
+
+/// A new API key of `user` in `org` with `scopes` (comma-separated), made with
+/// `mpg-gateway keys create`: (secret, key id).
+pub fn create_key(config: &Path, org: &str, user: &str, scopes: &str) -> (String, String) {
     let key = cli_ok(
         config,
         &[
             "keys", "create", "--org", org, "--user", user, "--name", "test", "--scopes", scopes,
         ],
     );
-    Seed {
-        session: session["token"].as_str().unwrap().to_string(),
-        key: key["key"].as_str().unwrap().to_string(),
-        key_id: key["id"].as_str().unwrap().to_string(),
-    }
+    (
+        key["key"].as_str().unwrap().to_string(),
+        key["id"].as_str().unwrap().to_string(),
+    )
 }
 
 /// The real gateway process; killed on drop. Its stderr (JSON log lines) is kept.
