@@ -77,6 +77,41 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Counter handles of one metric family whose label values come from small
+/// fixed sets (a method, a status, an outcome), made on first use and then
+/// reused: `counter!` with labels builds, hashes and looks up a key on every
+/// call, which the per-request path should not pay.
+pub(crate) struct CounterCache<K> {
+    make: Box<dyn Fn(&K) -> metrics::Counter + Send + Sync>,
+    made: std::sync::RwLock<std::collections::HashMap<K, metrics::Counter>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> CounterCache<K> {
+    /// A cache whose handles `make` registers.
+    pub(crate) fn new(make: impl Fn(&K) -> metrics::Counter + Send + Sync + 'static) -> Self {
+        CounterCache {
+            make: Box::new(make),
+            made: Default::default(),
+        }
+    }
+
+    /// Adds one to the counter for `labels`.
+    pub(crate) fn increment(&self, labels: K) {
+        let made = self.made.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = made.get(&labels) {
+            c.increment(1);
+            return;
+        }
+        drop(made);
+        let c = (self.make)(&labels);
+        c.increment(1);
+        self.made
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(labels, c);
+    }
+}
+
 /// Serves the admin endpoints for one gateway.
 pub struct Admin {
     live: Arc<Live>,

@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admin::{names, CounterCache};
 use crate::config::{
     BuiltinService, OrgSource, PolicyKey, RouteSettings, Settings, UpstreamSettings,
 };
@@ -75,10 +76,31 @@ pub(crate) struct RouteEntry {
     pub(crate) policy: Option<(PolicyId, PolicyKey)>,
     /// The path parameter stage 4 or the key service needs, if any.
     pub(crate) path_param: Option<String>,
-    /// The template as a metric label (shared, never copied per request).
-    pub(crate) label: metrics::SharedString,
     /// Rate-limit decision counters of this route's policy: (allowed, limited).
     pub(crate) limit_counters: Option<(metrics::Counter, metrics::Counter)>,
+    /// `mpg_requests_total` and the latency histogram of this route.
+    pub(crate) metrics: RequestMetrics,
+    /// `mpg_upstream_requests_total` of this route's upstream, by outcome.
+    pub(crate) upstream_outcomes: CounterCache<&'static str>,
+}
+
+/// The per-request metric handles of one route (or of requests no route matched).
+pub(crate) struct RequestMetrics {
+    /// By (method, status) label.
+    pub(crate) requests: CounterCache<(&'static str, &'static str)>,
+    pub(crate) latency: metrics::Histogram,
+}
+
+impl RequestMetrics {
+    pub(crate) fn new(route: metrics::SharedString) -> Self {
+        let label = route.clone();
+        RequestMetrics {
+            requests: CounterCache::new(
+                move |&(method, status)| metrics::counter!(names::REQUESTS, "route" => label.clone(), "method" => method, "status" => status),
+            ),
+            latency: metrics::histogram!(names::REQUEST_SECONDS, "route" => route),
+        }
+    }
 }
 
 /// Everything a request needs, built once from the settings.
@@ -91,6 +113,10 @@ pub struct Gateway {
     pub(crate) limiter: Arc<RateLimiter>,
     pub(crate) usage: UsageRecorder,
     pub(crate) keys_service: KeysService,
+    /// Request metrics of requests no route matched.
+    pub(crate) unrouted: RequestMetrics,
+    /// `mpg_auth_total` by (result, reason).
+    pub(crate) auth_outcomes: CounterCache<(&'static str, &'static str)>,
 }
 
 /// How often other instances' (and admin commands') changes are picked up.
@@ -170,13 +196,17 @@ impl Gateway {
                 };
                 (counter("allowed"), counter("limited"))
             });
+            let upstream = route.upstream.clone();
             routes.push(RouteEntry {
                 route: route.clone(),
                 target,
                 policy,
                 path_param,
-                label,
+                metrics: RequestMetrics::new(label),
                 limit_counters,
+                upstream_outcomes: CounterCache::new(move |outcome| {
+                    metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome)
+                }),
             });
         }
         let keys_service = KeysService::new(store.clone(), keys.clone(), settings.clone());
@@ -192,6 +222,10 @@ impl Gateway {
             limiter,
             usage,
             keys_service,
+            unrouted: RequestMetrics::new(metrics::SharedString::const_str("-")),
+            auth_outcomes: CounterCache::new(
+                |&(result, reason)| metrics::counter!(names::AUTH, "result" => result, "reason" => reason),
+            ),
         })
     }
 }

@@ -78,14 +78,16 @@ impl Handler for Gateway {
             .route
             .map(|i| self.routes[i].route.path.as_str())
             .unwrap_or("-");
-        let route_label = out
-            .route
-            .map(|i| self.routes[i].label.clone())
-            .unwrap_or(metrics::SharedString::const_str("-"));
         let status = res.status().as_u16();
-        metrics::counter!(names::REQUESTS, "route" => route_label.clone(), "method" => method_label(&method), "status" => status_label(status))
-            .increment(1);
-        metrics::histogram!(names::REQUEST_SECONDS, "route" => route_label)
+        let request_metrics = match out.route {
+            Some(i) => &self.routes[i].metrics,
+            None => &self.unrouted,
+        };
+        request_metrics
+            .requests
+            .increment((method_label(&method), status_label(status)));
+        request_metrics
+            .latency
             .record(started.elapsed().as_secs_f64());
         tracing::info!(
             target: "access",
@@ -222,18 +224,13 @@ impl Gateway {
         }
         let result = self.check_credential(entry, req).await;
         match &result {
-            Ok(p) => metrics::counter!(names::AUTH, "result" => "ok", "reason" => p.auth_kind())
-                .increment(1),
+            Ok(p) => self.auth_outcomes.increment(("ok", p.auth_kind())),
             Err(GatewayError::Unauthorized(reason)) => {
-                metrics::counter!(names::AUTH, "result" => "refused", "reason" => reason.as_str())
-                    .increment(1);
+                self.auth_outcomes.increment(("refused", reason.as_str()));
                 tracing::debug!(peer = %ip, reason = reason.as_str(), "authentication failed");
                 self.limiter.record_auth_failure(ip).await;
             }
-            Err(_) => {
-                metrics::counter!(names::AUTH, "result" => "error", "reason" => "store_unavailable")
-                    .increment(1)
-            }
+            Err(_) => self.auth_outcomes.increment(("error", "store_unavailable")),
         }
         result.map(Some)
     }
@@ -485,7 +482,7 @@ impl Gateway {
             Err(UpstreamError::Saturated) => "saturated",
             Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
         };
-        metrics::counter!(names::UPSTREAM, "upstream" => entry.route.upstream.clone(), "outcome" => outcome).increment(1);
+        entry.upstream_outcomes.increment(outcome);
         result.map_err(|e| match e {
             UpstreamError::Timeout => GatewayError::GatewayTimeout,
             UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },

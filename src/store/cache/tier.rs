@@ -114,6 +114,14 @@ pub(super) struct Tier<T> {
     log: Arc<ChangeLog>,
     health: Arc<StoreHealth>,
     cfg: CacheConfig,
+    lookups: Lookups,
+}
+
+/// `mpg_cache_lookups_total` handles, made once (not looked up per request).
+struct Lookups {
+    hit: metrics::Counter,
+    stale: metrics::Counter,
+    miss: metrics::Counter,
 }
 
 impl<T: Cached> Tier<T> {
@@ -141,6 +149,11 @@ impl<T: Cached> Tier<T> {
             log,
             health,
             cfg,
+            lookups: Lookups {
+                hit: metrics::counter!(CACHE_LOOKUPS, "result" => "hit"),
+                stale: metrics::counter!(CACHE_LOOKUPS, "result" => "stale"),
+                miss: metrics::counter!(CACHE_LOOKUPS, "result" => "miss"),
+            },
         })
     }
 
@@ -154,17 +167,17 @@ impl<T: Cached> Tier<T> {
         let cached = self.entries.get(hash).await;
         if let Some(slot) = &cached {
             if slot.is_fresh(now, &self.cfg) {
-                metrics::counter!(CACHE_LOOKUPS, "result" => "hit").increment(1);
+                self.lookups.hit.increment(1);
                 return Ok(slot.value.clone());
             }
             // The store just failed: serve stale now rather than make every
             // request wait out another timeout.
             if slot.can_serve_stale(now, &self.cfg) && self.health.recently_failed(now) {
-                metrics::counter!(CACHE_LOOKUPS, "result" => "stale").increment(1);
+                self.lookups.stale.increment(1);
                 return Ok(slot.value.clone());
             }
         }
-        metrics::counter!(CACHE_LOOKUPS, "result" => "miss").increment(1);
+        self.lookups.miss.increment(1);
         match self.load(*hash).await {
             Ok(slot) => Ok(slot.value),
             Err(e) if e.is_unavailable() => match cached {
