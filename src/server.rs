@@ -131,7 +131,7 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = builder(&limits);
+    let builder = Arc::new(builder(&limits));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -168,40 +168,19 @@ pub async fn serve<H: Handler>(
             limits.clone(),
             stop_rx.clone(),
         );
-        // Each branch boxes its connection future, so that a plain connection's
-        // task does not reserve room for the (larger) TLS one: every idle
-        // keep-alive connection pays for the size of its task.
+        // Each branch boxes its whole future, so that the task of a plain
+        // connection reserves no room for a TLS one's state (the rustls
+        // session alone is over a kilobyte): every idle keep-alive
+        // connection pays for the size of its task.
         connections.spawn(async move {
             let _permit = permit;
             let _open = open;
             match tls {
                 Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(stream)) => {
-                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
-                            Box::pin(serve_connection(
-                                &builder,
-                                stream,
-                                conn,
-                                handler,
-                                limits.idle_timeout,
-                                stop,
-                            ))
-                            .await
-                        }
-                        Ok(Err(e)) => {
-                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "error")
-                                .increment(1);
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        }
-                        Err(_) => {
-                            metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout")
-                                .increment(1);
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                        }
-                    }
+                    Box::pin(serve_tls(
+                        acceptor, stream, &builder, conn, handler, &limits, stop,
+                    ))
+                    .await
                 }
                 None => {
                     Box::pin(serve_connection(
@@ -230,6 +209,33 @@ pub async fn serve<H: Handler>(
                 "shutdown grace period over; closing remaining connections"
             );
             connections.abort_all();
+        }
+    }
+}
+
+/// The TLS handshake (within `header_read_timeout`), then the connection.
+async fn serve_tls<H: Handler>(
+    acceptor: TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    builder: &auto::Builder<TokioExecutor>,
+    conn: Arc<ConnInfo>,
+    handler: Arc<H>,
+    limits: &ListenerLimits,
+    stop: watch::Receiver<bool>,
+) {
+    let peer = conn.peer;
+    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
+            serve_connection(builder, stream, conn, handler, limits.idle_timeout, stop).await
+        }
+        Ok(Err(e)) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+        Err(_) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout").increment(1);
+            tracing::debug!(%peer, "TLS handshake timed out");
         }
     }
 }

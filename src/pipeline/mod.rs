@@ -431,10 +431,15 @@ impl Gateway {
                     role: &grant.role,
                 };
                 let req = Request::from_parts(parts, body);
-                return self
-                    .keys_service
-                    .handle(*op, ctx, validated.key_id, validated.key, req)
-                    .await;
+                // Boxed, so the proxying path's future is not sized for this one.
+                return Box::pin(self.keys_service.handle(
+                    *op,
+                    ctx,
+                    validated.key_id,
+                    validated.key,
+                    req,
+                ))
+                .await;
             }
             Target::Http(upstream) => upstream,
         };

@@ -202,7 +202,10 @@ impl RateLimiter {
         };
         let now = self.now();
         if remote.may_try(now) {
-            match remote.run(policy, key, op).await {
+            // Boxed: the Redis round trip's state is kilobytes, and inline it
+            // would make every decision's future (local ones too) that large
+            // to move on each request.
+            match Box::pin(remote.run(policy, key, op)).await {
                 Ok(decision) => {
                     remote.mark_up();
                     return decision;
