@@ -195,8 +195,9 @@ CFG="$WORK/gw-plain.toml"
 "$GW" orgs create --id acme --name Acme --config "$CFG" >/dev/null
 "$GW" users create --id alice --email alice@example.com --config "$CFG" >/dev/null
 "$GW" members add --org acme --user alice --role member --config "$CFG" >/dev/null
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt"
+python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt" "$WORK/ids100k.txt"
 head -n 1000 "$WORK/keys100k.txt" >"$WORK/keys1k.txt"
+head -n 1000 "$WORK/ids100k.txt" >"$WORK/ids1k.txt" # "SECRET KEY_ID"
 head -n 1 "$WORK/keys100k.txt" >"$WORK/key1.txt"
 KEY="$(cat "$WORK/key1.txt")"
 AUTH="Authorization: Bearer $KEY"
@@ -217,12 +218,22 @@ http {
   uwsgi_temp_path $WORK/ngx; scgi_temp_path $WORK/ngx;
   map_hash_bucket_size 128;
   map_hash_max_size 8192;
-  map \$http_authorization \$api_ok {
-    default 0;
+  # The identity the gateway sends upstream, looked up by key as nginx can:
+  # one map per header (the gateway has it all in one cached record).
+  map \$http_authorization \$mpg_key_id {
+    default "";
 EOF
-  sed 's/.*/    "Bearer &" 1;/' "$WORK/keys1k.txt"
+  awk '{ printf "    \"Bearer %s\" %s;\n", $1, $2 }' "$WORK/ids1k.txt"
+  echo "  }"
+  for pair in "mpg_org acme" "mpg_user alice" "mpg_role member" "mpg_scopes clusters:read"; do
+    set -- $pair
+    echo "  map \$http_authorization \$$1 {"
+    echo "    default \"\";"
+    sed "s/.*/    \"Bearer &\" $2;/" "$WORK/keys1k.txt"
+    echo "  }"
+  done
   cat <<EOF
-  }
+  map \$mpg_key_id \$api_ok { "" 0; default 1; }
   limit_req_zone \$http_authorization zone=keys:32m rate=1000000r/s;
   upstream clusters { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }
   server {
@@ -236,13 +247,31 @@ EOF
       proxy_set_header Authorization "";
       proxy_set_header X-Forwarded-For \$remote_addr;
       proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$http_host;
+      proxy_set_header X-Request-Id \$request_id;
+      proxy_set_header X-Mpg-Organization-Id \$mpg_org;
+      proxy_set_header X-Mpg-User-Id \$mpg_user;
+      proxy_set_header X-Mpg-Role \$mpg_role;
+      proxy_set_header X-Mpg-Auth api_key;
+      proxy_set_header X-Mpg-Key-Id \$mpg_key_id;
+      proxy_set_header X-Mpg-Scopes \$mpg_scopes;
+      # The response headers the gateway adds (nginx has no limiter state
+      # to put in them: fixed values of the same size).
+      add_header X-Request-Id \$request_id always;
+      add_header X-RateLimit-Limit 4000000000 always;
+      add_header X-RateLimit-Remaining 3999999999 always;
+      add_header X-RateLimit-Reset 1795397661 always;
       proxy_pass http://clusters;
     }
   }
 }
 EOF
 } >"$WORK/ngx/nginx.conf"
-sed 's/.*/& 1/' "$WORK/keys1k.txt" >"$WORK/haproxy-keys.map"
+cp "$WORK/ids1k.txt" "$WORK/haproxy-keys.map" # SECRET KEY_ID
+for pair in "org acme" "user alice" "role member" "scopes clusters:read"; do
+  set -- $pair
+  sed "s/.*/& $2/" "$WORK/keys1k.txt" >"$WORK/haproxy-$1.map"
+done
 cat >"$WORK/haproxy.cfg" <<EOF
 global
   nbthread 1
@@ -258,13 +287,29 @@ backend ratetable
   stick-table type string len 64 size 200k expire 60s store http_req_rate(1s)
 frontend fe
   bind 127.0.0.1:$HAP_PORT
+  unique-id-format %{+X}o%ci%cp%fp%Ts%rt%pid
   acl key_ok req.hdr(authorization) -m beg "Bearer "
-  acl key_known req.hdr(authorization),bytes(7),map_str($WORK/haproxy-keys.map) -m found
-  http-request return status 401 content-type application/json string '{"error":"unauthorized"}' unless key_ok key_known
+  http-request set-var(txn.kid) req.hdr(authorization),bytes(7),map_str($WORK/haproxy-keys.map)
+  http-request return status 401 content-type application/json string '{"error":"unauthorized"}' unless key_ok { var(txn.kid) -m found }
   http-request track-sc0 req.hdr(authorization) table ratetable
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+  # The identity the gateway sends upstream, one map per header.
+  http-request set-header x-mpg-organization-id %[req.hdr(authorization),bytes(7),map_str($WORK/haproxy-org.map)]
+  http-request set-header x-mpg-user-id %[req.hdr(authorization),bytes(7),map_str($WORK/haproxy-user.map)]
+  http-request set-header x-mpg-role %[req.hdr(authorization),bytes(7),map_str($WORK/haproxy-role.map)]
+  http-request set-header x-mpg-scopes %[req.hdr(authorization),bytes(7),map_str($WORK/haproxy-scopes.map)]
+  http-request set-header x-mpg-auth api_key
+  http-request set-header x-mpg-key-id %[var(txn.kid)]
+  http-request set-header x-request-id %[unique-id]
+  http-request set-header x-forwarded-proto http
+  http-request set-header x-forwarded-host %[req.hdr(host)]
   http-request del-header authorization
   option forwardfor
+  # The response headers the gateway adds (fixed limiter values, as for nginx).
+  http-response set-header x-request-id %[unique-id]
+  http-response set-header x-ratelimit-limit 4000000000
+  http-response set-header x-ratelimit-remaining 3999999999
+  http-response set-header x-ratelimit-reset 1795397661
   default_backend clusters
 backend clusters
   http-reuse always

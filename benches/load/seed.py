@@ -4,9 +4,10 @@ format (src/auth/token.rs: `mpg_` + 32 base62 + 6 base62 of CRC32 over the 32;
 only the SHA-256 hex is stored, src/store/sql_keys.rs), far faster than N
 `mpg-gateway keys create` calls. The organization and user must exist (the
 suite creates them with the admin commands). Writes the secrets, one a line,
-to KEYS_OUT, and as many well-formed keys that are NOT stored to INVALID_OUT.
+to KEYS_OUT, and 1 000 well-formed keys that are NOT stored to INVALID_OUT;
+with IDS_OUT, also "SECRET KEY_ID" a line (for the peers' identity maps).
 
-usage: seed.py DB ORG USER N KEYS_OUT INVALID_OUT
+usage: seed.py DB ORG USER N KEYS_OUT INVALID_OUT [IDS_OUT]
 """
 import hashlib
 import secrets
@@ -38,6 +39,7 @@ def new_key() -> str:
 
 def main() -> None:
     db, org, user, n, keys_out, invalid_out = sys.argv[1:7]
+    ids_out = sys.argv[7] if len(sys.argv) > 7 else None
     n = int(n)
     now = int(time.time())
     conn = sqlite3.connect(db)
@@ -64,6 +66,9 @@ def main() -> None:
     conn.close()
     with open(keys_out, "w") as f:
         f.write("\n".join(keys) + "\n")
+    if ids_out:
+        with open(ids_out, "w") as f:
+            f.write("".join(f"{k} {r[0]}\n" for k, r in zip(keys, rows)))
     with open(invalid_out, "w") as f:
         f.write("\n".join(new_key() for _ in range(1000)) + "\n")
 
