@@ -13,10 +13,18 @@ const FLUSH_CHUNK: usize = 500;
 /// (200 transactions) then take about 2 s of a 10 s interval.
 const FLUSH_PACE: Duration = Duration::from_millis(10);
 
+/// A stamp is written again only once it is this much newer than the one
+/// this process last wrote for the key: `last_used_at` is accurate to a
+/// minute (plus the flush interval). Stamping every 10 s, 100 000 busy keys
+/// kept the store writing about a quarter of the machine's only core.
+pub const STAMP_GRANULARITY_SECS: i64 = 60;
+
 /// Pending stamps: key id → latest use (unix seconds).
 struct Pending {
     store: SqlStore,
     used: Mutex<HashMap<String, i64>>,
+    /// Key id → the stamp this process last wrote (kept for a granule).
+    written: Mutex<HashMap<String, i64>>,
 }
 
 impl Pending {
@@ -25,10 +33,29 @@ impl Pending {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn written(&self) -> MutexGuard<'_, HashMap<String, i64>> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops the stamps less than a granule newer than the last written one,
+    /// and forgets written stamps a granule old (they can filter nothing).
+    fn coarsen(&self, batch: &mut Vec<(String, i64)>) {
+        let mut written = self.written();
+        batch.retain(|(id, at)| {
+            written
+                .get(id)
+                .is_none_or(|w| at - w >= STAMP_GRANULARITY_SECS)
+        });
+        let newest = batch.iter().map(|(_, at)| *at).max().unwrap_or(0);
+        let now = newest.max(crate::pipeline::unix_now());
+        written.retain(|_, w| now - *w < STAMP_GRANULARITY_SECS);
+    }
+
     /// Writes the pending stamps; with `pace`, waits that long between
     /// transactions.
     async fn flush(&self, pace: Option<Duration>) {
-        let batch: Vec<(String, i64)> = std::mem::take(&mut *self.used()).into_iter().collect();
+        let mut batch: Vec<(String, i64)> = std::mem::take(&mut *self.used()).into_iter().collect();
+        self.coarsen(&mut batch);
         // In transactions of FLUSH_CHUNK keys: one transaction of 100 000 updates
         // outlived the store's query timeout, failed, and was retried whole at
         // every flush, holding the runtime for seconds each time.
@@ -39,13 +66,16 @@ impl Pending {
             if let (Some(pace), true) = (pace, i > 0) {
                 tokio::time::sleep(pace).await;
             }
-            if let Err(e) = self.store.record_key_usage(chunk).await {
-                tracing::warn!(error = %e, keys = chunk.len(), "recording key usage failed; will retry");
-                // Put the stamps back (keeping any newer one) for the next flush.
-                let mut used = self.used();
-                for (id, at) in chunk.iter().cloned() {
-                    let slot = used.entry(id).or_insert(at);
-                    *slot = (*slot).max(at);
+            match self.store.record_key_usage(chunk).await {
+                Ok(()) => self.written().extend(chunk.iter().cloned()),
+                Err(e) => {
+                    tracing::warn!(error = %e, keys = chunk.len(), "recording key usage failed; will retry");
+                    // Put the stamps back (keeping any newer one) for the next flush.
+                    let mut used = self.used();
+                    for (id, at) in chunk.iter().cloned() {
+                        let slot = used.entry(id).or_insert(at);
+                        *slot = (*slot).max(at);
+                    }
                 }
             }
         }
@@ -65,6 +95,7 @@ impl UsageRecorder {
         let pending = Arc::new(Pending {
             store,
             used: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
         });
         let weak: Weak<Pending> = Arc::downgrade(&pending);
         tokio::spawn(async move {
@@ -147,6 +178,26 @@ mod tests {
         rec.flush().await;
         assert!(rec.pending.used().is_empty());
         assert_eq!(last_used(&store, &id).await, Some(300));
+    }
+
+    #[tokio::test]
+    async fn a_stamp_is_rewritten_only_a_granule_later() {
+        let db = TestDb::sqlite();
+        let (store, id) = store_with_key(&db).await;
+        let rec = UsageRecorder::new(store.clone(), Duration::from_secs(3600));
+        let t0 = crate::pipeline::unix_now();
+        rec.touch(&id, t0);
+        rec.flush().await;
+        assert_eq!(last_used(&store, &id).await, Some(t0));
+        rec.touch(&id, t0 + STAMP_GRANULARITY_SECS - 1);
+        rec.flush().await;
+        assert_eq!(last_used(&store, &id).await, Some(t0), "within the granule");
+        rec.touch(&id, t0 + STAMP_GRANULARITY_SECS);
+        rec.flush().await;
+        assert_eq!(
+            last_used(&store, &id).await,
+            Some(t0 + STAMP_GRANULARITY_SECS)
+        );
     }
 
     #[tokio::test]
