@@ -49,7 +49,14 @@ mod tests {
                 (Scheme::HTTP, Authority::try_from(a.clone()).unwrap(), a)
             })
             .collect();
-        Targets::new("b", list, 4, 1, Duration::from_secs(5))
+        Targets::new(
+            "b",
+            list,
+            4,
+            1,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        )
     }
 
     #[test]

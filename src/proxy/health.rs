@@ -5,12 +5,15 @@
 //!
 //! Time is milliseconds since the upstream was built, passed in explicitly
 //! (`now`), so the rules are tested without sleeping.
+use http::header::HeaderValue;
 use http::uri::{Authority, Scheme};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
+use super::pool::Pool;
+use super::upstream::Transport;
 use crate::admin::names;
 
 /// One target of an upstream.
@@ -27,6 +30,10 @@ pub(crate) struct Target {
     ejected_until: AtomicU64,
     /// `max_connections_per_target` permits.
     pub(crate) permits: Arc<Semaphore>,
+    /// Its idle HTTP/1.1 connections.
+    pub(crate) pool: Pool,
+    /// The `Host` header requests to it carry.
+    pub(crate) host: HeaderValue,
     ejections: metrics::Counter,
     up: metrics::Gauge,
 }
@@ -47,6 +54,7 @@ impl Targets {
         max_connections: usize,
         max_fails: u32,
         fail_timeout: Duration,
+        idle_timeout: Duration,
     ) -> Targets {
         let list = targets
             .into_iter()
@@ -57,13 +65,17 @@ impl Targets {
                 ];
                 let up = metrics::gauge!(names::UPSTREAM_TARGET_UP, &labels);
                 up.set(1.0);
+                let host = HeaderValue::from_str(authority.as_str())
+                    .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
                 Target {
+                    host,
                     scheme,
                     authority,
                     outstanding: AtomicUsize::new(0),
                     fails: AtomicU32::new(0),
                     ejected_until: AtomicU64::new(0),
                     permits: Arc::new(Semaphore::new(max_connections)),
+                    pool: Pool::new(max_connections, idle_timeout),
                     ejections: metrics::counter!(names::UPSTREAM_EJECTIONS, &labels),
                     up,
                     label,
@@ -136,36 +148,34 @@ impl Targets {
 }
 
 /// Runs the active check until the upstream is dropped (or the task aborted).
-pub(crate) async fn active_check<C>(
+pub(crate) async fn active_check(
     targets: Weak<Targets>,
-    client: hyper_util::client::legacy::Client<C, crate::body::Body>,
+    transport: Arc<Transport>,
     path: http::uri::PathAndQuery,
     interval: Duration,
     timeout: Duration,
-) where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(t) = targets.upgrade() else { return };
         let checks = (0..t.list.len()).map(|i| {
-            let uri = http::Uri::builder()
-                .scheme(t.list[i].scheme.clone())
-                .authority(t.list[i].authority.clone())
-                .path_and_query(path.clone())
-                .build();
-            let client = client.clone();
+            let (t, transport, path) = (&t, &transport, &path);
             async move {
-                let req = http::Request::get(uri.ok()?)
+                let req = http::Request::get(http::Uri::from(path.clone()))
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
                     .body(crate::body::empty())
                     .ok()?;
-                let res = tokio::time::timeout(timeout, client.request(req))
+                let (res, conn) = tokio::time::timeout(timeout, transport.send(t, i, req))
                     .await
                     .ok()?
                     .ok()?;
+                if let Some(conn) = conn {
+                    if http_body::Body::is_end_stream(res.body()) {
+                        t.list[i].pool.put(conn);
+                    }
+                }
                 let ok = res.status().is_success() || res.status().is_redirection();
                 Some(ok)
             }
@@ -204,7 +214,14 @@ mod tests {
                 )
             })
             .collect();
-        Targets::new("t", list, 4, max_fails, Duration::from_secs(10))
+        Targets::new(
+            "t",
+            list,
+            4,
+            max_fails,
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+        )
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod balance;
 pub mod headers;
 mod health;
+mod pool;
 mod stream;
 pub mod tls_client;
 pub mod upstream;

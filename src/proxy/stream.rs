@@ -14,6 +14,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use super::health::Targets;
+use super::pool::Conn;
 use crate::body::{Body, BoxError};
 
 /// Where the request body waits until the connection to a target polls it.
@@ -131,6 +132,9 @@ pub(crate) struct BodyTimeout;
 /// The upstream's response body, relayed frame by frame.
 pub(crate) struct ResponseBody {
     pub(crate) inner: hyper::body::Incoming,
+    /// The HTTP/1.1 connection the body arrives on: back in its target's
+    /// pool once the body has ended, closed if it does not.
+    pub(crate) conn: Option<Conn>,
     pub(crate) hold: Option<InFlight>,
     /// Count the target's success when the body ends (not for a 5xx, already a failure).
     pub(crate) succeed_at_end: bool,
@@ -141,6 +145,9 @@ impl ResponseBody {
     /// The body ended normally: release the target, count its success.
     fn finish(&mut self) {
         if let Some(h) = self.hold.take() {
+            if let Some(conn) = self.conn.take() {
+                h.targets.list[h.index].pool.put(conn);
+            }
             if self.succeed_at_end {
                 h.targets.succeeded(h.index);
             }
@@ -161,6 +168,7 @@ impl HttpBody for ResponseBody {
         if let Some(d) = this.deadline.as_mut() {
             if d.as_mut().poll(cx).is_ready() {
                 this.deadline = None;
+                this.conn = None;
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }
@@ -181,6 +189,7 @@ impl HttpBody for ResponseBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 // Reset or cut off mid-response: counts against the target.
+                this.conn = None;
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }

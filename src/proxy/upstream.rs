@@ -1,8 +1,9 @@
 //! The Upstream: pick a healthy target (balance) → take one of its
-//! connection permits → send over the pooled client (HTTP/1.1, or h2 where
-//! configured; HTTPS through rustls) → classify the outcome for health and
-//! for the client → retry a connect failure on another target when that is
-//! safe. Bodies stream both ways (see `stream`).
+//! connection permits → send on one of its pooled HTTP/1.1 connections
+//! (see `pool`), or over hyper-util's client for h2 targets;
+//! HTTPS through rustls → classify the outcome for health and for the client
+//! → retry a connect failure on another target when that is safe. Bodies
+//! stream both ways (see `stream`).
 use http::uri::{Parts, PathAndQuery};
 use http::{Method, Request, Response, Uri};
 use http_body_util::BodyExt;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::balance::Balancer;
 use super::headers::sanitize_response;
 use super::health::{active_check, Targets};
+use super::pool::{Conn, SendError};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
 use super::tls_client::{connector, TimeoutConnector};
 use crate::admin::names;
@@ -51,7 +53,88 @@ pub enum UpstreamError {
     Config(String),
 }
 
-type HttpClient = Client<TimeoutConnector<HttpsConnector<HttpConnector>>, Body>;
+type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
+type HttpClient = Client<Connector, Body>;
+
+/// How requests reach an upstream's targets.
+pub(crate) enum Transport {
+    /// HTTP/1.1, plain or TLS: per-target pools of connections.
+    Http1(Connector),
+    /// HTTP/2 (`http2 = true`): hyper-util's client, whose task per
+    /// connection multiplexes the requests of every task.
+    Http2(Box<HttpClient>),
+}
+
+impl Transport {
+    /// Sends `req` (origin-form URI) to target `i`: the response head, and
+    /// the HTTP/1.1 connection its body arrives on (to be driven while the
+    /// body is read, then pooled).
+    pub(crate) async fn send(
+        &self,
+        targets: &Targets,
+        i: usize,
+        mut req: Request<Body>,
+    ) -> Result<(Response<hyper::body::Incoming>, Option<Conn>), UpstreamError> {
+        let target = &targets.list[i];
+        match self {
+            Transport::Http2(client) => {
+                let mut uri = Parts::default();
+                uri.scheme = Some(target.scheme.clone());
+                uri.authority = Some(target.authority.clone());
+                uri.path_and_query = req.uri().path_and_query().cloned();
+                *req.uri_mut() =
+                    Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+                let res = client.request(req).await.map_err(classify)?;
+                Ok((res, None))
+            }
+            Transport::Http1(connector) => {
+                req.headers_mut()
+                    .insert(http::header::HOST, target.host.clone());
+                loop {
+                    let (mut conn, reused) = match target.pool.take() {
+                        Some(mut c) => {
+                            if !c.ready().await {
+                                continue; // closed while idle
+                            }
+                            (c, true)
+                        }
+                        None => (connect(connector, target).await?, false),
+                    };
+                    match conn.send(req).await {
+                        Ok(res) => return Ok((res, Some(conn))),
+                        // A kept-alive connection the target had closed: nothing
+                        // of the request went out, so it goes on another.
+                        Err(SendError::Unsent(r)) if reused => req = *r,
+                        Err(SendError::Unsent(_)) => {
+                            return Err(UpstreamError::Reset(
+                                "the connection closed before the response".into(),
+                            ))
+                        }
+                        Err(SendError::Failed(e)) => return Err(classify_sent(e)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A new connection to `target`: TCP (and TLS), all within `connect_timeout`.
+async fn connect(
+    connector: &Connector,
+    target: &super::health::Target,
+) -> Result<Conn, UpstreamError> {
+    let mut uri = Parts::default();
+    uri.scheme = Some(target.scheme.clone());
+    uri.authority = Some(target.authority.clone());
+    uri.path_and_query = Some(PathAndQuery::from_static("/"));
+    let uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+    let io = tower_service::Service::call(&mut connector.clone(), uri)
+        .await
+        .map_err(UpstreamError::Connect)?;
+    Conn::handshake(io)
+        .await
+        .map_err(|e| UpstreamError::Connect(Box::new(e)))
+}
 
 /// Stops the active checker when the upstream goes (e.g. replaced on reload).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -67,13 +150,14 @@ pub struct Upstream {
     name: String,
     targets: Arc<Targets>,
     balancer: Balancer,
-    client: HttpClient,
+    transport: Arc<Transport>,
     connect_timeout: Duration,
     request_timeout: Duration,
     timeout: Option<Duration>,
     retries: u32,
     retry_counter: metrics::Counter,
-    _checker: Option<AbortOnDrop>,
+    /// The active checker and the idle-connection reaper.
+    _tasks: Vec<AbortOnDrop>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -120,40 +204,61 @@ impl Upstream {
             cfg.max_connections_per_target,
             cfg.max_fails,
             cfg.fail_timeout,
+            cfg.idle_timeout,
         ));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.idle_timeout)
-            .pool_max_idle_per_host(cfg.max_connections_per_target)
-            .http2_only(cfg.http2)
-            .build(connector(cfg).map_err(UpstreamError::Config)?);
-        let checker = match (&cfg.health_path, tokio::runtime::Handle::try_current()) {
-            (Some(path), Ok(rt)) => {
+        let connector = connector(cfg).map_err(UpstreamError::Config)?;
+        let transport = Arc::new(if cfg.http2 {
+            Transport::Http2(Box::new(
+                Client::builder(TokioExecutor::new())
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .pool_idle_timeout(cfg.idle_timeout)
+                    .pool_max_idle_per_host(cfg.max_connections_per_target)
+                    .http2_only(true)
+                    .build(connector),
+            ))
+        } else {
+            Transport::Http1(connector)
+        });
+        let mut tasks = Vec::new();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            if let Some(path) = &cfg.health_path {
                 let path = PathAndQuery::try_from(path.as_str())
                     .map_err(|e| UpstreamError::Config(format!("health_path: {e}")))?;
                 let timeout = cfg.request_timeout.min(cfg.health_interval);
-                Some(AbortOnDrop(rt.spawn(active_check(
+                tasks.push(AbortOnDrop(rt.spawn(active_check(
                     Arc::downgrade(&targets),
-                    client.clone(),
+                    transport.clone(),
                     path,
                     cfg.health_interval,
                     timeout,
-                ))))
+                ))));
             }
-            _ => None,
-        };
+            // Idle connections past `idle_timeout` are closed even when no
+            // request comes to take them.
+            let weak = Arc::downgrade(&targets);
+            let every = (cfg.idle_timeout / 2).max(Duration::from_millis(100));
+            tasks.push(AbortOnDrop(rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(t) = weak.upgrade() else { return };
+                    t.list.iter().for_each(|t| t.pool.prune());
+                }
+            })));
+        }
         Ok(Upstream {
             name: name.to_string(),
             retry_counter: metrics::counter!(names::UPSTREAM_RETRIES, "upstream" => name.to_string()),
             targets,
             balancer: Balancer::new(cfg.balance),
-            client,
+            transport,
             connect_timeout: cfg.connect_timeout,
             request_timeout: cfg.request_timeout,
             timeout: cfg.timeout,
             retries: cfg.retries,
-            _checker: checker,
+            _tasks: tasks,
         })
     }
 
@@ -239,18 +344,13 @@ impl Upstream {
                 tried.push(i);
             }
             let target = &self.targets.list[i];
-            let mut uri = Parts::default();
-            uri.scheme = Some(target.scheme.clone());
-            uri.authority = Some(target.authority.clone());
-            uri.path_and_query = Some(path.clone());
             let attempts_left = may_retry && attempts <= self.retries as usize;
             let mut this_parts = if attempts_left {
                 parts.clone()
             } else {
                 std::mem::replace(&mut parts, Request::new(()).into_parts().0)
             };
-            this_parts.uri =
-                Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+            this_parts.uri = Uri::from(path.clone());
             let this_body = match (body.take(), &slot) {
                 (Some(b), _) => b,
                 (None, Some(slot)) => TakeOnPoll::from_slot(slot),
@@ -262,16 +362,16 @@ impl Upstream {
                     .min(d.saturating_duration_since(Instant::now())),
                 None => self.request_timeout,
             };
-            let sent = self
-                .client
-                .request(Request::from_parts(this_parts, this_body));
+            let sent =
+                self.transport
+                    .send(&self.targets, i, Request::from_parts(this_parts, this_body));
             let err = match tokio::time::timeout(wait, sent).await {
-                Ok(Ok(res)) => return Ok(self.relay(res, hold, deadline)),
+                Ok(Ok((res, conn))) => return Ok(self.relay(res, conn, hold, deadline)),
                 Err(_) => {
                     hold.failed();
                     return Err(UpstreamError::Timeout);
                 }
-                Ok(Err(e)) => classify(e),
+                Ok(Err(e)) => e,
             };
             match &err {
                 UpstreamError::BodyTooLarge => return Err(err),
@@ -302,25 +402,41 @@ impl Upstream {
     fn relay(
         &self,
         res: Response<hyper::body::Incoming>,
+        mut conn: Option<Conn>,
         hold: InFlight,
         deadline: Option<Instant>,
     ) -> Response<Body> {
         let server_error = res.status().is_server_error();
+        let ended = http_body::Body::is_end_stream(res.body());
         if server_error {
             hold.failed();
-        } else if http_body::Body::is_end_stream(res.body()) {
+        } else if ended {
             self.targets.succeeded(hold.index);
+        }
+        if ended {
+            if let Some(c) = conn.take() {
+                self.targets.list[hold.index].pool.put(c);
+            }
         }
         let (mut parts, inner) = res.into_parts();
         sanitize_response(&mut parts.headers);
         let body = ResponseBody {
             inner,
+            conn,
             succeed_at_end: !server_error,
             hold: Some(hold),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
         };
         Response::from_parts(parts, body.boxed())
     }
+}
+
+/// A request that went (at least partly) out failed.
+fn classify_sent(e: hyper::Error) -> UpstreamError {
+    if source_chain_has::<http_body_util::LengthLimitError>(&e) {
+        return UpstreamError::BodyTooLarge;
+    }
+    UpstreamError::Reset(Box::new(e))
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
@@ -403,6 +519,57 @@ mod tests {
         assert!(!res.headers().contains_key("x-hop"));
         assert_eq!(res.headers()["retry-after"], "3");
         assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "ok");
+    }
+
+    /// A keep-alive server that counts connections and closes each one 5 ms
+    /// after its second response.
+    async fn counting_server() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    for _ in 0..2 {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(n @ 1..) => buf.extend_from_slice(&chunk[..n]),
+                                _ => return,
+                            }
+                        }
+                        buf.clear();
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                    // Closed while the gateway keeps it idle in its pool.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_and_one_closed_while_idle_is_replaced() {
+        let (addr, accepted) = counting_server().await;
+        let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
+        let seq = std::sync::atomic::Ordering::SeqCst;
+        for round in 1..=5 {
+            let res = up.forward(get("/")).await.unwrap();
+            assert_eq!(res.status(), 200, "request {round}");
+            assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "ok");
+            assert_eq!(up.targets.list[0].pool.idle(), 1, "request {round}");
+            // Let the server's close reach the idle connection before the next request.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Two requests per connection: 1+2, 3+4, 5.
+        assert_eq!(accepted.load(seq), 3);
     }
 
     #[tokio::test]
