@@ -67,8 +67,8 @@ pub(crate) enum Transport {
 
 impl Transport {
     /// Sends `req` (origin-form URI) to target `i`: the response head, and
-    /// the HTTP/1.1 connection its body arrives on (to be driven while the
-    /// body is read, then pooled).
+    /// the HTTP/1.1 connection its body arrives on (pooled again once the
+    /// body has ended).
     pub(crate) async fn send(
         &self,
         targets: &Targets,
@@ -78,12 +78,8 @@ impl Transport {
         let target = &targets.list[i];
         match self {
             Transport::Http2(client) => {
-                let mut uri = Parts::default();
-                uri.scheme = Some(target.scheme.clone());
-                uri.authority = Some(target.authority.clone());
-                uri.path_and_query = req.uri().path_and_query().cloned();
-                *req.uri_mut() =
-                    Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+                let path = req.uri().path_and_query().cloned();
+                *req.uri_mut() = target.uri(path)?;
                 let res = client.request(req).await.map_err(classify)?;
                 Ok((res, None))
             }
@@ -118,16 +114,23 @@ impl Transport {
     }
 }
 
+impl super::health::Target {
+    /// The absolute URI of `path` on this target.
+    fn uri(&self, path: Option<PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let mut uri = Parts::default();
+        uri.scheme = Some(self.scheme.clone());
+        uri.authority = Some(self.authority.clone());
+        uri.path_and_query = path;
+        Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))
+    }
+}
+
 /// A new connection to `target`: TCP (and TLS), all within `connect_timeout`.
 async fn connect(
     connector: &Connector,
     target: &super::health::Target,
 ) -> Result<Conn, UpstreamError> {
-    let mut uri = Parts::default();
-    uri.scheme = Some(target.scheme.clone());
-    uri.authority = Some(target.authority.clone());
-    uri.path_and_query = Some(PathAndQuery::from_static("/"));
-    let uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))?;
+    let uri = target.uri(Some(PathAndQuery::from_static("/")))?;
     let io = tower_service::Service::call(&mut connector.clone(), uri)
         .await
         .map_err(UpstreamError::Connect)?;
