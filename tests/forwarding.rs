@@ -35,6 +35,8 @@ type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 struct Backend {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    /// Connections accepted.
+    accepted: Arc<AtomicUsize>,
     methods: Arc<Mutex<Vec<String>>>,
     healthy: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
@@ -61,12 +63,19 @@ impl Backend {
         let hits = Arc::new(AtomicUsize::new(0));
         let methods: Arc<Mutex<Vec<String>>> = Arc::default();
         let healthy = Arc::new(AtomicBool::new(true));
-        let (h, m, ok) = (hits.clone(), methods.clone(), healthy.clone());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (h, m, ok, a) = (
+            hits.clone(),
+            methods.clone(),
+            healthy.clone(),
+            accepted.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                a.fetch_add(1, Ordering::SeqCst);
                 let (h, m, ok, tls) = (h.clone(), m.clone(), ok.clone(), tls.clone());
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
@@ -91,6 +100,7 @@ impl Backend {
         Backend {
             addr,
             hits,
+            accepted,
             methods,
             healthy,
             task,
@@ -661,6 +671,32 @@ async fn statuses_bodies_and_headers_pass_through_over_h1_and_h2() {
     let res = h2.get(gw.url("/fwd/too-many")).send().await.unwrap();
     assert_eq!(res.status(), 429);
     assert_eq!(res.headers()["retry-after"], "5");
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_across_requests_and_statuses() {
+    let good = Backend::start().await;
+    let gw = start(&config(&[good.url()]));
+    // One request at a time: each must find the previous one's connection
+    // back in the pool, whatever the status, body or method was.
+    for (method, path, want) in [
+        ("GET", "/fwd/echo", 200),
+        ("GET", "/fwd/too-many", 429),
+        ("GET", "/fwd/fail", 500),
+        ("POST", "/fwd/echo", 200),
+        ("GET", "/fwd/source?bytes=200000", 200),
+        ("DELETE", "/fwd/echo", 200),
+        ("GET", "/fwd/echo", 200),
+    ] {
+        let (status, _, _) = send(&gw, method, path).await;
+        assert_eq!(status, want, "{method} {path}");
+    }
+    assert_eq!(good.hits(), 7);
+    assert_eq!(
+        good.accepted.load(Ordering::SeqCst),
+        1,
+        "one upstream connection for seven sequential requests"
+    );
 }
 
 // === Large bodies, both ways, in bounded memory ===
