@@ -316,6 +316,65 @@ async fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
     );
 }
 
+/// Reads one response head (and its small body) off a raw connection.
+async fn read_response(s: &mut TcpStream) -> String {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("no response")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Waits for the peer to close `s`; how long that took.
+async fn closed_after(s: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(limit, s.read(&mut buf))
+        .await
+        .expect("connection left open");
+    assert!(matches!(n, Ok(0) | Err(_)), "unexpected bytes");
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_lives_for_idle_timeout_not_header_read_timeout() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("server.limits.header_read_timeout", "1s");
+    cfg.set("server.limits.idle_timeout", "3s");
+    let gw = Gateway::start(&cfg.write());
+    let req = b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    // Idle for longer than header_read_timeout between two requests: still open.
+    let mut kept = TcpStream::connect(gw.addr).await.unwrap();
+    kept.write_all(req).await.unwrap();
+    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 404"));
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    kept.write_all(req).await.unwrap();
+    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 404"));
+    // Then closed once idle_timeout has passed, not before.
+    let idle = closed_after(&mut kept, Duration::from_secs(6)).await;
+    assert!(idle >= Duration::from_millis(2500), "closed after {idle:?}");
+
+    // A second request head that starts and stalls is cut at header_read_timeout.
+    let mut stalled = TcpStream::connect(gw.addr).await.unwrap();
+    stalled.write_all(req).await.unwrap();
+    assert!(read_response(&mut stalled)
+        .await
+        .starts_with("HTTP/1.1 404"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stalled
+        .write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let cut = closed_after(&mut stalled, Duration::from_secs(6)).await;
+    assert!(
+        cut >= Duration::from_millis(800) && cut < Duration::from_millis(2500),
+        "stalled head closed after {cut:?}"
+    );
+}
+
 #[tokio::test]
 async fn slow_header_and_idle_clients_are_cut_off() {
     let up = MockUpstream::start().await;
