@@ -1,6 +1,7 @@
 //! [`UsageRecorder`]: batched `last_used_at` stamps. The hot path only notes
 //! a key in memory ([`UsageRecorder::touch`], no await, no I/O); a background
 //! task writes each noted key at most once per flush interval.
+use super::sql::unix_now;
 use super::SqlStore;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -46,8 +47,7 @@ impl Pending {
                 .get(id)
                 .is_none_or(|w| at - w >= STAMP_GRANULARITY_SECS)
         });
-        let newest = batch.iter().map(|(_, at)| *at).max().unwrap_or(0);
-        let now = newest.max(crate::pipeline::unix_now());
+        let now = unix_now();
         written.retain(|_, w| now - *w < STAMP_GRANULARITY_SECS);
     }
 
@@ -185,7 +185,7 @@ mod tests {
         let db = TestDb::sqlite();
         let (store, id) = store_with_key(&db).await;
         let rec = UsageRecorder::new(store.clone(), Duration::from_secs(3600));
-        let t0 = crate::pipeline::unix_now();
+        let t0 = unix_now();
         rec.touch(&id, t0);
         rec.flush().await;
         assert_eq!(last_used(&store, &id).await, Some(t0));
