@@ -2,9 +2,9 @@
 //! process is alive), `/readyz` (config loaded, store reachable, limiter
 //! state), `/metrics` (Prometheus text) and `POST /reload`. Never exposes
 //! a secret.
+use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use std::sync::{Arc, OnceLock};
@@ -181,7 +181,7 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, req: Request<Incoming>, _conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Response<Body> {
         if req.uri().path() == "/reload" {
             if req.method() != Method::POST {
                 return GatewayError::MethodNotAllowed {

@@ -21,3 +21,122 @@ pub fn empty() -> Body {
         .map_err(|never| match never {})
         .boxed()
 }
+
+/// A request's body as handlers receive it, from either server: hyper's
+/// (HTTP/2) or ours (HTTP/1.1, see [`crate::h1`]).
+pub struct RequestBody {
+    kind: Kind,
+}
+
+enum Kind {
+    Empty,
+    Hyper(hyper::body::Incoming),
+    Streamed(Streamed),
+}
+
+/// An HTTP/1.1 body that the connection reads from the socket and decodes
+/// as the handler asks for it.
+struct Streamed {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, BoxError>>,
+    /// Told once, on the first poll: the connection starts reading (and
+    /// sends `100 Continue` if the client waits for one).
+    want: Option<std::sync::Arc<tokio::sync::Notify>>,
+    hint: http_body::SizeHint,
+    ended: bool,
+}
+
+impl RequestBody {
+    /// No body.
+    pub fn empty() -> Self {
+        RequestBody { kind: Kind::Empty }
+    }
+
+    /// A body fed through `rx` once `want` has been notified; `length` when
+    /// the request declared one.
+    pub(crate) fn streamed(
+        rx: tokio::sync::mpsc::Receiver<Result<Bytes, BoxError>>,
+        want: std::sync::Arc<tokio::sync::Notify>,
+        length: Option<u64>,
+    ) -> Self {
+        let hint = match length {
+            Some(n) => http_body::SizeHint::with_exact(n),
+            None => http_body::SizeHint::default(),
+        };
+        RequestBody {
+            kind: Kind::Streamed(Streamed {
+                rx,
+                want: Some(want),
+                hint,
+                ended: false,
+            }),
+        }
+    }
+}
+
+impl From<hyper::body::Incoming> for RequestBody {
+    fn from(body: hyper::body::Incoming) -> Self {
+        RequestBody {
+            kind: Kind::Hyper(body),
+        }
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        use std::task::Poll;
+        match &mut self.get_mut().kind {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Hyper(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
+            Kind::Streamed(s) => {
+                if s.ended {
+                    return Poll::Ready(None);
+                }
+                if let Some(want) = s.want.take() {
+                    want.notify_one();
+                }
+                match s.rx.poll_recv(cx) {
+                    Poll::Ready(Some(Ok(data))) => {
+                        let n = data.len() as u64;
+                        if let Some(exact) = s.hint.exact() {
+                            s.hint.set_exact(exact.saturating_sub(n));
+                        }
+                        Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        s.ended = true;
+                        Poll::Ready(Some(Err(e)))
+                    }
+                    Poll::Ready(None) => {
+                        s.ended = true;
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Hyper(b) => b.is_end_stream(),
+            Kind::Streamed(s) => s.ended || s.hint.exact() == Some(0),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.kind {
+            Kind::Empty => http_body::SizeHint::with_exact(0),
+            Kind::Hyper(b) => b.size_hint(),
+            Kind::Streamed(s) => s.hint,
+        }
+    }
+}

@@ -1,8 +1,8 @@
 //! `mpg-gateway demo`: the one-command quick start. A temporary SQLite store,
 //! a self-signed certificate, an in-process demo clusters service, seeded
 //! data, and `curl` lines that work when pasted. Ctrl-C stops it.
+use crate::body::RequestBody;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ const SHIPPED_CONFIG: &str = include_str!("../config/gateway.toml");
 pub struct DemoClusters;
 
 impl Handler for DemoClusters {
-    async fn handle(&self, req: Request<Incoming>, _conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Response<Body> {
         let org = req
             .headers()
             .get("x-mpg-organization-id")

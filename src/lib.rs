@@ -12,6 +12,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod gateway;
+mod h1;
 pub mod keys_service;
 pub mod logging;
 pub mod pipeline;

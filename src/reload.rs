@@ -7,9 +7,9 @@
 //! open connections are never dropped. An invalid file changes nothing.
 //! What cannot change without a restart (listeners, TLS mode, store, log,
 //! connection limits) keeps its running value and is reported.
+use crate::body::RequestBody;
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -137,7 +137,7 @@ impl Live {
 }
 
 impl Handler for Live {
-    async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Response<Body> {
         // One atomic load per request; the request finishes on this gateway.
         let gateway = self.current.load_full();
         gateway.handle(req, conn).await

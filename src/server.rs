@@ -1,16 +1,17 @@
-//! Listeners: accept loop, connection cap, TLS handshake, HTTP/1.1 and h2
-//! through hyper-util's auto builder, idle-connection closing, and a
+//! Listeners: accept loop, connection cap, TLS handshake, HTTP/1.1 (our
+//! [`crate::h1`]) and HTTP/2 (hyper), idle-connection closing, and a
 //! graceful drain on shutdown.
+use bytes::{Buf, Bytes};
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -21,8 +22,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::names;
-use crate::body::Body;
+use crate::body::{Body, RequestBody};
 use crate::config::Limits;
+use crate::h1;
 
 /// What the pipeline knows about the connection a request came on.
 #[derive(Debug, Clone)]
@@ -38,7 +40,7 @@ pub trait Handler: Send + Sync + 'static {
     /// Called once per request.
     fn handle(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Body>> + Send;
 }
@@ -54,7 +56,8 @@ pub struct ListenerLimits {
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout: Duration,
-    /// hyper's read buffer for a request head (bounds header bytes).
+    /// Request header bytes the pipeline accepts (a head past twice this is
+    /// refused before it is buffered).
     pub max_header_bytes: usize,
     /// In-flight requests get this long after shutdown starts.
     pub shutdown_grace: Duration,
@@ -74,26 +77,14 @@ impl ListenerLimits {
     }
 }
 
-fn builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    // hyper's own head limit is a backstop well above max_header_bytes so
-    // the pipeline can answer 431 as JSON; hyper answers bare 431 past it.
-    let head_buffer = (limits.max_header_bytes * 2).max(16 * 1024);
-    // No hyper `header_read_timeout`: hyper starts it as soon as a keep-alive
-    // connection goes idle, which made it an idle timeout (10 s, whatever
-    // `idle_timeout` said) and cost a timer per request. `serve_connection`
-    // times request heads itself, from their first byte.
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_buf_size(head_buffer)
-        .keep_alive(true);
+/// hyper's HTTP/2 server (HTTP/1.1 is [`crate::h1`]'s).
+fn h2_builder(limits: &ListenerLimits) -> http2::Builder<TokioExecutor> {
+    let mut b = http2::Builder::new(TokioExecutor::new());
     // h2 abuse limits: concurrent streams, header list size (also bounds
     // CONTINUATION floods), and rapid-reset / error-reset floods.
-    b.http2()
-        .timer(TokioTimer::new())
+    b.timer(TokioTimer::new())
         .max_concurrent_streams(256)
-        .max_header_list_size(head_buffer as u32)
+        .max_header_list_size(head_backstop(limits) as u32)
         .max_pending_accept_reset_streams(50)
         .max_local_error_reset_streams(Some(256))
         .keep_alive_interval(Some(Duration::from_secs(30)))
@@ -101,18 +92,18 @@ fn builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
     b
 }
 
-/// What a connection is doing, for its two timeouts: requests in flight
-/// (until their response body has gone), when the last one finished, and
-/// since when a request head has been arriving without completing.
+/// The most head bytes a connection buffers: well above `max_header_bytes`,
+/// so that the pipeline answers a too-large head with its own 431.
+fn head_backstop(limits: &ListenerLimits) -> usize {
+    (limits.max_header_bytes * 2).max(16 * 1024)
+}
+
+/// What an HTTP/2 connection is doing, for its idle timeout: streams in
+/// flight (until their response body has gone) and when the last one ended.
 struct Activity {
     started: Instant,
     in_flight: AtomicUsize,
     last_done_ms: AtomicU64,
-    /// Milliseconds since `started` (plus one) when the first byte of a
-    /// request head arrived on an idle connection; 0 = no head pending.
-    head_since_ms: AtomicU64,
-    /// The connection speaks HTTP/2: heads are framed, no head timing.
-    h2: AtomicBool,
 }
 
 impl Activity {
@@ -121,9 +112,6 @@ impl Activity {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_done_ms: AtomicU64::new(0),
-            // The first request's head is timed from the accept.
-            head_since_ms: AtomicU64::new(1),
-            h2: AtomicBool::new(false),
         }
     }
 
@@ -131,24 +119,8 @@ impl Activity {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Bytes arrived: on an idle HTTP/1 connection, a request head begins.
-    fn bytes_in(&self) {
-        if self.in_flight.load(Ordering::Acquire) == 0
-            && self.head_since_ms.load(Ordering::Relaxed) == 0
-            && !self.h2.load(Ordering::Relaxed)
-        {
-            self.head_since_ms
-                .store(self.now_ms() + 1, Ordering::Release);
-        }
-    }
-
-    /// A request head is complete (the handler is called).
-    fn request_started(&self, h2: bool) {
+    fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.head_since_ms.store(0, Ordering::Release);
-        if h2 {
-            self.h2.store(true, Ordering::Relaxed);
-        }
     }
 
     /// A request's response (body included) is done or dropped.
@@ -157,22 +129,9 @@ impl Activity {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// How long a request head has been arriving, if one is.
-    fn head_pending_for(&self) -> Option<Duration> {
-        match self.head_since_ms.load(Ordering::Acquire) {
-            0 => None,
-            since => Some(Duration::from_millis(
-                (self.now_ms() + 1).saturating_sub(since),
-            )),
-        }
-    }
-
-    /// How long the connection has had nothing to do (no request in flight,
-    /// no head arriving).
+    /// How long the connection has had no stream in flight.
     fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::Acquire) > 0
-            || self.head_since_ms.load(Ordering::Acquire) != 0
-        {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
         Some(Duration::from_millis(
@@ -182,28 +141,29 @@ impl Activity {
     }
 }
 
-/// The connection's stream, noting in [`Activity`] when bytes arrive.
-struct Watched<S> {
+/// A stream with bytes already read off its front, given back first.
+struct Rewind<S> {
+    read: Bytes,
     inner: S,
-    activity: Arc<Activity>,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.bytes_in();
+        if !self.read.is_empty() {
+            let n = self.read.len().min(buf.remaining());
+            buf.put_slice(&self.read[..n]);
+            self.read.advance(n);
+            return Poll::Ready(Ok(()));
         }
-        r
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -238,8 +198,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn start(activity: Arc<Activity>, h2: bool) -> Self {
-        activity.request_started(h2);
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.request_started();
         InFlight(activity)
     }
 }
@@ -293,7 +253,7 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = Arc::new(builder(&limits));
+    let h2 = Arc::new(h2_builder(&limits));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -323,9 +283,9 @@ pub async fn serve<H: Handler>(
             peer,
             tls: tls.is_some(),
         });
-        let (handler, builder, tls, limits, stop) = (
+        let (handler, h2, tls, limits, stop) = (
             handler.clone(),
-            builder.clone(),
+            h2.clone(),
             tls.clone(),
             limits.clone(),
             stop_rx.clone(),
@@ -340,16 +300,11 @@ pub async fn serve<H: Handler>(
             match tls {
                 Some(acceptor) => {
                     Box::pin(serve_tls(
-                        acceptor, stream, &builder, conn, handler, &limits, stop,
+                        acceptor, stream, &h2, conn, handler, &limits, stop,
                     ))
                     .await
                 }
-                None => {
-                    Box::pin(serve_connection(
-                        &builder, stream, conn, handler, &limits, stop,
-                    ))
-                    .await
-                }
+                None => Box::pin(serve_connection(stream, &h2, conn, handler, &limits, stop)).await,
             }
         });
     }
@@ -374,7 +329,7 @@ pub async fn serve<H: Handler>(
 async fn serve_tls<H: Handler>(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
-    builder: &auto::Builder<TokioExecutor>,
+    h2: &http2::Builder<TokioExecutor>,
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
@@ -384,7 +339,7 @@ async fn serve_tls<H: Handler>(
     match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
-            serve_connection(builder, stream, conn, handler, limits, stop).await
+            serve_connection(stream, h2, conn, handler, limits, stop).await
         }
         Ok(Err(e)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
@@ -397,13 +352,45 @@ async fn serve_tls<H: Handler>(
     }
 }
 
-/// Serves one connection until it ends. Closes it gracefully once it has
-/// been idle for `idle_timeout` or when the listener stops; drops it when a
-/// request head (HTTP/1) has been arriving for `header_read_timeout` — timed
-/// from its first byte, or for the first request from the accept.
+/// Serves one connection until it ends: HTTP/1.1 by [`h1::serve`], or
+/// HTTP/2 by hyper when the client opens with the h2 preface (TLS with ALPN
+/// `h2`, or prior knowledge on plain TCP).
 async fn serve_connection<S, H>(
-    builder: &auto::Builder<TokioExecutor>,
-    stream: S,
+    mut stream: S,
+    h2: &http2::Builder<TokioExecutor>,
+    conn: Arc<ConnInfo>,
+    handler: Arc<H>,
+    limits: &ListenerLimits,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Handler,
+{
+    let h1_limits = h1::Limits {
+        header_read_timeout: limits.header_read_timeout,
+        idle_timeout: limits.idle_timeout,
+        max_head_bytes: head_backstop(limits),
+        max_header_bytes: limits.max_header_bytes,
+    };
+    match h1::serve(&mut stream, &handler, &conn, h1_limits, &mut stop).await {
+        Ok(h1::Ended::Closed) => {}
+        Ok(h1::Ended::H2(read)) => {
+            let io = Rewind {
+                read,
+                inner: stream,
+            };
+            // Boxed: an HTTP/1.1 connection's task reserves no room for it.
+            Box::pin(serve_h2(io, h2, conn, handler, limits, stop)).await
+        }
+        Err(e) => tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error"),
+    }
+}
+
+/// Serves an HTTP/2 connection until it ends; closes it gracefully once it
+/// has had no stream for `idle_timeout`, or when the listener stops.
+async fn serve_h2<S, H>(
+    io: S,
+    h2: &http2::Builder<TokioExecutor>,
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
@@ -417,12 +404,12 @@ async fn serve_connection<S, H>(
     let peer = conn.peer;
     let service = service_fn(move |req: Request<Incoming>| {
         let (handler, conn) = (handler.clone(), conn.clone());
-        let in_flight = InFlight::start(track.clone(), req.version() == http::Version::HTTP_2);
+        let in_flight = InFlight::start(track.clone());
         async move {
             // Boxed per request: hyper keeps a slot for this future in every
-            // connection, idle or not, and the whole pipeline's state machine
-            // inline would make each idle keep-alive connection that much bigger.
-            let res = Box::pin(handler.handle(req, conn)).await;
+            // stream, and the whole pipeline's state machine inline would make
+            // each one that much bigger.
+            let res = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
             // hyper takes any body type: wrapped, not boxed again.
             Ok::<_, Infallible>(res.map(|inner| Tracked {
                 inner,
@@ -430,15 +417,10 @@ async fn serve_connection<S, H>(
             }))
         }
     });
-    let io = Watched {
-        inner: stream,
-        activity: activity.clone(),
-    };
-    let connection = builder.serve_connection(TokioIo::new(io), service);
+    let connection = h2.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let (idle_timeout, head_timeout) = (limits.idle_timeout, limits.header_read_timeout);
-    let every = (idle_timeout.min(head_timeout) / 4)
-        .clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let idle_timeout = limits.idle_timeout;
+    let every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut closing = false;
@@ -455,10 +437,6 @@ async fn serve_connection<S, H>(
                 closing = true;
             }
             _ = tick.tick() => {
-                if activity.head_pending_for().is_some_and(|t| t >= head_timeout) {
-                    tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
-                    return;
-                }
                 if !closing && activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
                     tracing::debug!(%peer, "closing idle connection");
                     connection.as_mut().graceful_shutdown();

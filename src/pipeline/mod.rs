@@ -7,11 +7,11 @@ mod principal;
 
 pub use principal::Principal;
 
+use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,7 +54,7 @@ struct Validated {
 }
 
 impl Handler for Gateway {
-    async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Response<Body> {
         let started = Instant::now();
         let request_id = request_id(req.headers());
         let method = req.method().clone();
@@ -113,7 +113,7 @@ impl Gateway {
     /// The stages in order. Comments say why each stands where it does.
     async fn stages(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         conn: &ConnInfo,
         request_id: &HeaderValue,
         out: &mut Outcome,
@@ -154,7 +154,7 @@ impl Gateway {
     }
 
     /// Stage 1: target checks, header and body limits, route lookup.
-    fn route(&self, req: &Request<Incoming>) -> Result<(usize, Option<String>), GatewayError> {
+    fn route(&self, req: &Request<RequestBody>) -> Result<(usize, Option<String>), GatewayError> {
         check_target(req.uri(), req.version())
             .and_then(|()| check_head(req.uri(), req.version(), req.headers()))
             .map_err(|e| GatewayError::BadRequest {
@@ -209,7 +209,7 @@ impl Gateway {
     async fn authenticate(
         &self,
         entry: &RouteEntry,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         conn: &ConnInfo,
     ) -> Result<Option<Principal>, GatewayError> {
         if entry.route.auth == AuthMode::None {
@@ -238,7 +238,7 @@ impl Gateway {
     async fn check_credential(
         &self,
         entry: &RouteEntry,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
     ) -> Result<Principal, GatewayError> {
         let credential = parse_authorization(req.headers()).map_err(|e| {
             GatewayError::Unauthorized(match e {
@@ -288,7 +288,7 @@ impl Gateway {
         &self,
         entry: &RouteEntry,
         principal: Option<&Principal>,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         path_param: Option<&str>,
         conn: &ConnInfo,
         out: &mut Outcome,
@@ -344,7 +344,7 @@ impl Gateway {
     async fn validate(
         &self,
         entry: &RouteEntry,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         path_param: Option<String>,
     ) -> Result<Validated, GatewayError> {
         let query = Query::parse(req.uri().query()).map_err(query_error)?;
@@ -413,7 +413,7 @@ impl Gateway {
     async fn forward(
         &self,
         entry: &RouteEntry,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         grant: Option<Grant>,
         validated: Validated,
         conn: &ConnInfo,
@@ -524,7 +524,7 @@ impl Gateway {
 /// names directly (query or path), without validating it yet (stage 4 does).
 fn requested_org_hint<'a>(
     entry: &RouteEntry,
-    req: &'a Request<Incoming>,
+    req: &'a Request<RequestBody>,
     path_param: Option<&'a str>,
 ) -> Option<Cow<'a, str>> {
     match &entry.route.organization {

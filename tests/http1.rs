@@ -1,0 +1,830 @@
+//! HTTP/1.1 on the wire, as clients rely on it, over raw TCP sockets so the
+//! framing is ours: keep-alive and pipelining, `Connection: close` and
+//! HTTP/1.0 persistence, Content-Length and chunked request bodies (chunk
+//! extensions included), `Expect: 100-continue` (sent only when the body is
+//! wanted), HEAD answered without body bytes, malformed request lines (400),
+//! a head arriving in pieces, chunked and close-delimited upstream responses
+//! re-framed for a keep-alive client, and a chunked body past
+//! `max_body_bytes`. These pin the server side's behaviour whatever HTTP/1
+//! implementation sits under `src/server.rs`.
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
+
+/// Every read on a test connection gives up after this.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct World {
+    up: MockUpstream,
+    _cfg: TestConfig,
+    gw: Gateway,
+    seed: Seed,
+}
+
+/// The shipped routes plus `POST /api/v1/clusters`, an open `GET` and `HEAD
+/// /public/ping`, and limits high enough never to throttle.
+async fn world() -> World {
+    world_with(|_| {}).await
+}
+
+async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("rate_limit.policies.default.requests", 100_000);
+    cfg.set("rate_limit.policies.default.per", "1m");
+    cfg.set("rate_limit.auth_failures.requests", 100_000);
+    cfg.set("rate_limit.auth_failures.per", "1m");
+    cfg.route("method = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    cfg.route("method = \"HEAD\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    tune(&mut cfg);
+    let path = cfg.write();
+    let seed = seed(
+        &path,
+        "acme",
+        "alice",
+        "owner",
+        "clusters:read,clusters:write",
+    );
+    let gw = Gateway::start(&path);
+    World {
+        up,
+        _cfg: cfg,
+        gw,
+        seed,
+    }
+}
+
+fn auth(w: &World) -> String {
+    format!("Authorization: Bearer {}\r\n", w.seed.key)
+}
+
+/// An authenticated `GET` of the clusters list, `extra` appended to the query.
+fn get_clusters(w: &World, extra: &str) -> String {
+    format!(
+        "GET {CLUSTERS}{extra} HTTP/1.1\r\nHost: a\r\n{}\r\n",
+        auth(w)
+    )
+}
+
+/// The URIs the upstream saw, in order.
+fn seen_uris(up: &MockUpstream) -> Vec<String> {
+    up.seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.uri.clone())
+        .collect()
+}
+
+// === A raw HTTP/1.1 client connection ===
+
+/// One response as it came off the wire, body decoded from its framing.
+#[derive(Debug)]
+struct Reply {
+    version: String,
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// The body came chunked.
+    chunked: bool,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// Whether a `Connection` header carries `token`.
+    fn connection_has(&self, token: &str) -> bool {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("connection"))
+            .flat_map(|(_, v)| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    }
+}
+
+/// A client socket that reads any number of responses off one connection:
+/// Content-Length, chunked, no body (HEAD, 1xx, 204, 304) or, lacking all
+/// of these, a body delimited by the close.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Client {
+        Client {
+            s: TcpStream::connect(addr).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, bytes: impl AsRef<[u8]>) {
+        self.s.write_all(bytes.as_ref()).await.unwrap();
+    }
+
+    /// Reads more bytes into the buffer; false at end of stream.
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        match tokio::time::timeout(READ_TIMEOUT, self.s.read(&mut chunk)).await {
+            Err(_) => panic!(
+                "no bytes within {READ_TIMEOUT:?}; buffered: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            ),
+            Ok(Ok(0)) | Ok(Err(_)) => false,
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// One CRLF-terminated line (bare LF accepted), without its end.
+    async fn line(&mut self) -> String {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let line = line.strip_suffix(b"\n").unwrap();
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                return String::from_utf8_lossy(line).into_owned();
+            }
+            assert!(
+                self.fill().await,
+                "connection closed mid-line: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
+        }
+    }
+
+    async fn exactly(&mut self, n: usize) -> Vec<u8> {
+        while self.buf.len() < n {
+            assert!(
+                self.fill().await,
+                "connection closed with {} of {n} body bytes",
+                self.buf.len()
+            );
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    /// The next response (an interim 1xx too) to a request of `method`.
+    async fn response_to(&mut self, method: &str) -> Reply {
+        let status_line = self.line().await;
+        let mut parts = status_line.splitn(3, ' ');
+        let version = parts.next().unwrap_or_default().to_string();
+        let status: u16 = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not a status line: {status_line:?}"));
+        assert!(version.starts_with("HTTP/1."), "{status_line:?}");
+        let mut headers = Vec::new();
+        loop {
+            let line = self.line().await;
+            if line.is_empty() {
+                break;
+            }
+            let (k, v) = line
+                .split_once(':')
+                .unwrap_or_else(|| panic!("not a header line: {line:?}"));
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let mut reply = Reply {
+            version,
+            status,
+            headers,
+            body: Vec::new(),
+            chunked: false,
+        };
+        if method == "HEAD" || status < 200 || status == 204 || status == 304 {
+            return reply;
+        }
+        let te = reply
+            .header("transfer-encoding")
+            .map(str::to_ascii_lowercase);
+        if te.is_some_and(|te| te.trim_end().ends_with("chunked")) {
+            reply.chunked = true;
+            loop {
+                let size_line = self.line().await;
+                let size = size_line.split(';').next().unwrap().trim();
+                let size = usize::from_str_radix(size, 16)
+                    .unwrap_or_else(|_| panic!("bad chunk size line {size_line:?}"));
+                if size == 0 {
+                    // Trailer fields, if any, up to the empty line.
+                    while !self.line().await.is_empty() {}
+                    break;
+                }
+                let data = self.exactly(size).await;
+                reply.body.extend_from_slice(&data);
+                assert_eq!(self.line().await, "", "chunk data not followed by CRLF");
+            }
+        } else if let Some(len) = reply.header("content-length") {
+            let len: usize = len.parse().expect("numeric Content-Length");
+            reply.body = self.exactly(len).await;
+        } else {
+            while self.fill().await {}
+            reply.body = std::mem::take(&mut self.buf);
+        }
+        reply
+    }
+
+    /// The next response to a GET (or any method whose answer has a body).
+    async fn response(&mut self) -> Reply {
+        self.response_to("GET").await
+    }
+
+    /// Whether the server closes the connection within `within`, having
+    /// sent nothing more.
+    async fn closed_within(&mut self, within: Duration) -> bool {
+        assert!(
+            self.buf.is_empty(),
+            "unread bytes: {:?}",
+            String::from_utf8_lossy(&self.buf)
+        );
+        let mut chunk = [0u8; 1024];
+        match tokio::time::timeout(within, self.s.read(&mut chunk)).await {
+            Err(_) => false,
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(n)) => panic!(
+                "unexpected bytes after the response: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            ),
+        }
+    }
+
+    /// Asserts nothing arrives (and no close) for a short while.
+    async fn quiet_for(&mut self, period: Duration) {
+        assert!(
+            self.buf.is_empty(),
+            "unread bytes: {:?}",
+            String::from_utf8_lossy(&self.buf)
+        );
+        let mut chunk = [0u8; 1024];
+        match tokio::time::timeout(period, self.s.read(&mut chunk)).await {
+            Err(_) => {}
+            Ok(Ok(0)) | Ok(Err(_)) => panic!("the connection was closed"),
+            Ok(Ok(n)) => panic!(
+                "unexpected bytes: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            ),
+        }
+    }
+}
+
+// === Persistence ===
+
+#[tokio::test]
+async fn keep_alive_serves_sequential_requests_on_one_connection() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    for n in 1..=3 {
+        c.send(get_clusters(&w, &format!("&n={n}"))).await;
+        let res = c.response().await;
+        assert_eq!(res.status, 200, "request {n}: {}", res.text());
+        assert_eq!(res.version, "HTTP/1.1");
+        assert!(!res.connection_has("close"), "request {n}: {res:?}");
+        assert!(
+            res.json()["uri"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("&n={n}")),
+            "request {n}: {}",
+            res.text()
+        );
+    }
+    c.quiet_for(Duration::from_millis(200)).await;
+    assert_eq!(w.up.count(), 3);
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    // Three requests in one write; the middle one has a body, so its end
+    // must be found by Content-Length alone.
+    let body = "{\"name\":\"pipelined\"}";
+    let pipeline = format!(
+        "{}POST {CLUSTERS}&n=2 HTTP/1.1\r\nHost: a\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}{}",
+        get_clusters(&w, "&n=1"),
+        auth(&w),
+        body.len(),
+        get_clusters(&w, "&n=3"),
+    );
+    c.send(pipeline).await;
+    for (n, method) in [(1, "GET"), (2, "POST"), (3, "GET")] {
+        let res = c.response().await;
+        assert_eq!(res.status, 200, "response {n}: {}", res.text());
+        let echoed = res.json();
+        assert_eq!(echoed["method"], method, "response {n}: {echoed}");
+        assert!(
+            echoed["uri"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("&n={n}")),
+            "response {n} out of order: {echoed}"
+        );
+    }
+    c.quiet_for(Duration::from_millis(200)).await;
+    let uris = seen_uris(&w.up);
+    assert_eq!(
+        uris,
+        (1..=3)
+            .map(|n| format!("{CLUSTERS}&n={n}"))
+            .collect::<Vec<_>>()
+    );
+    let seen = w.up.seen.lock().unwrap().clone();
+    assert_eq!(seen[1].body, body.as_bytes());
+    assert!(seen[0].body.is_empty() && seen[2].body.is_empty());
+}
+
+#[tokio::test]
+async fn connection_close_is_answered_then_closed() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "GET {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Connection: close\r\n\r\n",
+        auth(&w)
+    ))
+    .await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(
+        c.closed_within(Duration::from_secs(2)).await,
+        "left open after Connection: close"
+    );
+    assert_eq!(w.up.count(), 1);
+
+    // A request pipelined behind one with `Connection: close` is never served.
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "GET {CLUSTERS}&n=1 HTTP/1.1\r\nHost: a\r\n{key}Connection: close\r\n\r\n{}",
+        get_clusters(&w, "&n=2"),
+        key = auth(&w),
+    ))
+    .await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(
+        c.closed_within(Duration::from_secs(2)).await,
+        "a request after Connection: close was answered"
+    );
+    assert_eq!(
+        seen_uris(&w.up),
+        vec![CLUSTERS.to_string(), format!("{CLUSTERS}&n=1")]
+    );
+}
+
+#[tokio::test]
+async fn http_1_0_closes_unless_keep_alive_is_asked_for() {
+    let w = world().await;
+    // No keep-alive: answered, then closed (HTTP/1.0 needs no Host).
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send("GET /public/ping?v=10 HTTP/1.0\r\n\r\n").await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(!res.chunked, "chunked sent to an HTTP/1.0 client: {res:?}");
+    assert_eq!(res.json()["uri"], "/public/ping?v=10");
+    assert!(
+        c.closed_within(Duration::from_secs(2)).await,
+        "an HTTP/1.0 connection without keep-alive was left open"
+    );
+
+    // `Connection: keep-alive`: answered saying so, and a second request works.
+    let mut c = Client::connect(w.gw.addr).await;
+    for n in 1..=2 {
+        c.send(format!(
+            "GET /public/ping?ka={n} HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n"
+        ))
+        .await;
+        let res = c.response().await;
+        assert_eq!(res.status, 200, "request {n}: {}", res.text());
+        assert!(!res.chunked, "chunked sent to an HTTP/1.0 client: {res:?}");
+        assert!(
+            res.connection_has("keep-alive"),
+            "request {n}: an HTTP/1.0 client is not told the connection persists: {res:?}"
+        );
+        assert_eq!(res.json()["uri"], format!("/public/ping?ka={n}"));
+    }
+    c.quiet_for(Duration::from_millis(200)).await;
+    assert_eq!(w.up.count(), 3);
+}
+
+// === Request bodies ===
+
+#[tokio::test]
+async fn a_content_length_body_reaches_the_upstream_exactly() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    // Bytes that look like framing must stay body bytes.
+    let body: &[u8] = b"{\"a\":1}\r\n\r\n0\r\n\r\nGET /public/ping HTTP/1.1\r\n\r\n\x00\xff";
+    let mut req = format!(
+        "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        auth(&w),
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    c.send(req).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["body_len"], body.len());
+    let seen = w.up.last();
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.body, body);
+    // The body ended where Content-Length said: the next request is parsed
+    // from the following byte, and nothing in the body was taken for one.
+    c.send(get_clusters(&w, "&after=1")).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(
+        seen_uris(&w.up),
+        vec![CLUSTERS.to_string(), format!("{CLUSTERS}&after=1")]
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_body_reaches_the_upstream_decoded() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+        auth(&w)
+    ))
+    .await;
+    // Several writes: a chunk extension, upper- and lower-case hex sizes, a
+    // chunk holding CRLFs, and the last chunk with no trailer.
+    for piece in [
+        "4;ext=1\r\nWiki\r\n",
+        "5\r\npedia\r\n",
+        "E\r\n in\r\n\r\nchunks.\r\n",
+        "a\r\n0123456789\r\n",
+        "0\r\n\r\n",
+    ] {
+        c.send(piece).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let want = b"Wikipedia in\r\n\r\nchunks.0123456789";
+    assert_eq!(res.json()["body_len"], want.len());
+    let seen = w.up.last();
+    assert_eq!(seen.method, "POST");
+    assert_eq!(
+        String::from_utf8_lossy(&seen.body),
+        String::from_utf8_lossy(want)
+    );
+    // The chunked framing ended at `0\r\n\r\n`: the connection goes on.
+    c.send(get_clusters(&w, "&after=1")).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(w.up.count(), 2);
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body_is_sent() {
+    let w = world().await;
+    let body = "{\"name\":\"after-continue\"}";
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        auth(&w),
+        body.len()
+    ))
+    .await;
+    let interim = tokio::time::timeout(Duration::from_secs(2), c.response_to("POST"))
+        .await
+        .expect("no 100 Continue within 2 s of a head with Expect: 100-continue");
+    assert_eq!(interim.status, 100, "{interim:?}");
+    assert_eq!(interim.version, "HTTP/1.1");
+    c.send(body).await;
+    let res = c.response_to("POST").await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["body_len"], body.len());
+    assert_eq!(w.up.last().body, body.as_bytes());
+    assert_eq!(w.up.count(), 1);
+
+    // HTTP/1.0 knows no 1xx: the expectation is ignored (RFC 9110 §10.1.1),
+    // so the first thing the client reads is the final answer.
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST {CLUSTERS} HTTP/1.0\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        auth(&w),
+        body.len()
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.send(body).await;
+    let res = c.response_to("POST").await;
+    assert_eq!(res.status, 200, "a 1xx sent to an HTTP/1.0 client? {res:?}");
+    assert_eq!(res.json()["body_len"], body.len());
+    assert_eq!(w.up.count(), 2);
+}
+
+#[tokio::test]
+async fn expect_100_continue_refused_before_the_body_gets_no_100() {
+    let w = world_with(|cfg| {
+        cfg.set("server.limits.max_body_bytes", 1024);
+    })
+    .await;
+    for (credential, length, want) in [
+        (String::new(), 1000, 401),
+        (
+            "Authorization: Bearer mpg_not_a_key\r\n".to_string(),
+            1000,
+            401,
+        ),
+        (auth(&w), 5000, 413),
+    ] {
+        let mut c = Client::connect(w.gw.addr).await;
+        // The head only: the body is never sent, the answer must not wait for it.
+        c.send(format!(
+            "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{credential}Content-Type: application/json\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+        ))
+        .await;
+        let res = c.response_to("POST").await;
+        assert_eq!(
+            res.status, want,
+            "{credential:?} {length}: a 100 Continue (or another answer) before the refusal: {res:?}"
+        );
+        assert!(res.json()["error"].is_string(), "{}", res.text());
+        // The body the client still holds is never read as a request: the
+        // connection ends.
+        assert!(
+            c.closed_within(Duration::from_secs(2)).await,
+            "{credential:?} {length}: left open with an unread body announced"
+        );
+    }
+    assert_eq!(w.up.count(), 0);
+}
+
+// === HEAD ===
+
+#[tokio::test]
+async fn head_is_answered_without_body_bytes_and_the_connection_goes_on() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send("HEAD /public/ping?h=1 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    let res = c.response_to("HEAD").await;
+    assert_eq!(res.status, 200, "{res:?}");
+    assert!(res.body.is_empty());
+    // Not a single body byte follows the head.
+    c.quiet_for(Duration::from_millis(300)).await;
+    let seen = w.up.last();
+    assert_eq!(
+        (seen.method.as_str(), seen.uri.as_str()),
+        ("HEAD", "/public/ping?h=1")
+    );
+    // The same connection serves a GET next, whose body is all there.
+    c.send("GET /public/ping?h=2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["method"], "GET");
+    assert_eq!(res.json()["uri"], "/public/ping?h=2");
+    // HEAD on a path with no HEAD route: 405 naming what is allowed, also
+    // without a body, and the connection still goes on.
+    c.send(format!(
+        "HEAD {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}\r\n",
+        auth(&w)
+    ))
+    .await;
+    let res = c.response_to("HEAD").await;
+    assert_eq!(res.status, 405, "{res:?}");
+    assert!(
+        res.header("allow").is_some_and(|a| a.contains("GET")),
+        "{res:?}"
+    );
+    c.quiet_for(Duration::from_millis(300)).await;
+    c.send(get_clusters(&w, "&h=3")).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(w.up.count(), 3);
+}
+
+// === Malformed and slow heads ===
+
+#[tokio::test]
+async fn malformed_request_lines_get_400_and_a_close() {
+    let w = world().await;
+    for req in [
+        "GARBAGE\r\n\r\n",
+        "GET /public/ping HTTP/9.9\r\nHost: a\r\n\r\n",
+        "GET /public/ping HTTP/1.1 extra\r\nHost: a\r\n\r\n",
+        "GET  /public/ping HTTP/1.1\r\nHost: a\r\n\r\n",
+        "G(T /public/ping HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET /public/ping FTP/1.1\r\nHost: a\r\n\r\n",
+    ] {
+        let mut c = Client::connect(w.gw.addr).await;
+        c.send(req).await;
+        let res = c.response().await;
+        assert_eq!(res.status, 400, "{req:?}: {res:?}");
+        // Nothing after an unparseable head can be trusted as a request.
+        assert!(
+            c.closed_within(Duration::from_secs(2)).await,
+            "{req:?}: left open after a malformed head"
+        );
+    }
+    assert_eq!(w.up.count(), 0);
+}
+
+#[tokio::test]
+async fn a_head_arriving_in_pieces_is_served() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    let req = get_clusters(&w, "&slow=1");
+    // Cut inside the request line, inside a header line, and inside the
+    // final CRLF CRLF.
+    let (a, rest) = req.split_at(10);
+    let (b, rest) = rest.split_at(rest.find("Bearer").unwrap() + 3);
+    let (c2, d) = rest.split_at(rest.len() - 3);
+    for piece in [a, b, c2, d] {
+        c.send(piece).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(seen_uris(&w.up), vec![format!("{CLUSTERS}&slow=1")]);
+}
+
+// === Responses without Content-Length from the upstream ===
+
+/// A raw HTTP/1.1 upstream: `GET …/chunked` is answered chunked in several
+/// writes (one chunk with an extension); any other path with no framing at
+/// all, the body ending at the close. Returns its address and its task.
+async fn raw_upstream() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // One request head (the gateway sends GETs without a body).
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
+                            .await
+                        {
+                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let head = String::from_utf8_lossy(&head);
+                    let target = head.split(' ').nth(1).unwrap_or("/").to_string();
+                    if target.contains("/chunked") {
+                        let pieces: [&[u8]; 4] = [
+                            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+                            b"6;note=first\r\nhello \r\n",
+                            b"7\r\nchunked\r\n1B\r\n world, in three pieces!!\r\n\r\n",
+                            b"0\r\n\r\n",
+                        ];
+                        for piece in pieces {
+                            if s.write_all(piece).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    } else {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nuntil ")
+                            .await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let _ = s.write_all(b"the close").await;
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn chunked_and_close_delimited_upstream_bodies_reach_a_keep_alive_client_whole() {
+    let (raw_addr, raw_task) = raw_upstream().await;
+    let w = world_with(|cfg| {
+        cfg.set("upstreams.raw.targets", vec![format!("http://{raw_addr}")]);
+        for path in ["/public/chunked", "/public/eof"] {
+            cfg.route(&format!("method = \"GET\"\npath = \"{path}\"\nauth = \"none\"\nupstream = \"raw\"\nrate_limit = \"none\""));
+        }
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    for round in 0..2 {
+        c.send("GET /public/chunked HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await;
+        let res = c.response().await;
+        assert_eq!(res.status, 200, "round {round}: {res:?}");
+        assert_eq!(
+            res.text(),
+            "hello chunked world, in three pieces!!\r\n",
+            "round {round}: {res:?}"
+        );
+        // The gateway may re-frame, but the client must be able to find the end.
+        assert!(
+            res.chunked || res.header("content-length").is_some(),
+            "round {round}: an unframed body on a keep-alive connection: {res:?}"
+        );
+        c.send("GET /public/eof HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let res = c.response().await;
+        assert_eq!(res.status, 200, "round {round}: {res:?}");
+        assert_eq!(res.text(), "until the close", "round {round}: {res:?}");
+        assert!(
+            res.chunked || res.header("content-length").is_some(),
+            "round {round}: an unframed body on a keep-alive connection: {res:?}"
+        );
+    }
+    c.quiet_for(Duration::from_millis(200)).await;
+
+    // An HTTP/1.0 client cannot take chunked: the body ends at the close.
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send("GET /public/chunked HTTP/1.0\r\n\r\n").await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{res:?}");
+    assert!(!res.chunked, "chunked sent to an HTTP/1.0 client: {res:?}");
+    assert_eq!(res.text(), "hello chunked world, in three pieces!!\r\n");
+    raw_task.abort();
+}
+
+// === Body limit ===
+
+#[tokio::test]
+async fn a_chunked_body_past_max_body_bytes_never_reaches_the_upstream_whole() {
+    // A declared Content-Length over the limit (413) is in tests/pipeline.rs;
+    // this is the chunked one, over a raw socket, which can only be caught
+    // while it streams.
+    let w = world_with(|cfg| {
+        cfg.set("server.limits.max_body_bytes", 1024);
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Transfer-Encoding: chunked\r\n\r\n",
+        auth(&w)
+    ))
+    .await;
+    let chunk = format!("200\r\n{}\r\n", "y".repeat(512));
+    let mut cut = false;
+    for _ in 0..8 {
+        if c.s.write_all(chunk.as_bytes()).await.is_err() {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if !cut {
+        let _ = c.s.write_all(b"0\r\n\r\n").await;
+    }
+    // Either a 413, or the connection cut without an answer.
+    let mut first = [0u8; 1];
+    let answered = match tokio::time::timeout(READ_TIMEOUT, c.s.read(&mut first)).await {
+        Ok(Ok(1)) => {
+            c.buf.push(first[0]);
+            true
+        }
+        Ok(_) => false,
+        Err(_) => panic!("neither an answer nor a close for an oversized chunked body"),
+    };
+    if answered {
+        let res = c.response_to("POST").await;
+        assert_eq!(res.status, 413, "{res:?}");
+        assert_eq!(res.json()["error"], "PayloadTooLarge", "{}", res.text());
+    }
+    // Give the upstream time to record whatever reached it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for seen in w.up.seen.lock().unwrap().iter() {
+        assert!(
+            seen.body.len() <= 1024,
+            "the upstream got {} bytes of a body over the 1024-byte limit",
+            seen.body.len()
+        );
+    }
+}
