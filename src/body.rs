@@ -30,6 +30,8 @@ pub struct RequestBody {
 
 enum Kind {
     Empty,
+    /// Received whole with its head: given out at once.
+    Full(Option<Bytes>),
     Hyper(hyper::body::Incoming),
     Streamed(Streamed),
 }
@@ -49,6 +51,13 @@ impl RequestBody {
     /// No body.
     pub fn empty() -> Self {
         RequestBody { kind: Kind::Empty }
+    }
+
+    /// A body already received whole.
+    pub(crate) fn full(data: Bytes) -> Self {
+        RequestBody {
+            kind: Kind::Full(Some(data)),
+        }
     }
 
     /// A body fed through `rx` once `want` has been notified; `length` when
@@ -92,6 +101,7 @@ impl http_body::Body for RequestBody {
         use std::task::Poll;
         match &mut self.get_mut().kind {
             Kind::Empty => Poll::Ready(None),
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d)))),
             Kind::Hyper(b) => std::pin::Pin::new(b)
                 .poll_frame(cx)
                 .map_err(|e| Box::new(e) as BoxError),
@@ -127,6 +137,7 @@ impl http_body::Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Empty => true,
+            Kind::Full(data) => data.is_none(),
             Kind::Hyper(b) => b.is_end_stream(),
             Kind::Streamed(s) => s.ended || s.hint.exact() == Some(0),
         }
@@ -135,6 +146,9 @@ impl http_body::Body for RequestBody {
     fn size_hint(&self) -> http_body::SizeHint {
         match &self.kind {
             Kind::Empty => http_body::SizeHint::with_exact(0),
+            Kind::Full(data) => {
+                http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Hyper(b) => b.size_hint(),
             Kind::Streamed(s) => s.hint,
         }

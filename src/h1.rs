@@ -161,6 +161,13 @@ where
                 // Boxed: the connection's own future stays small while idle.
                 Box::pin(handler.handle(req, conn.clone())).await
             }
+            // A small body usually arrives with its head: handed over whole,
+            // it goes upstream with the request head in one write, and the
+            // upstream connection never sees an answer before the body.
+            Framing::Length(n) if rbuf.len() as u64 >= n => {
+                let body = RequestBody::full(rbuf.split_to(n as usize).freeze());
+                Box::pin(handler.handle(req.map(|()| body), conn.clone())).await
+            }
             Framing::Length(_) | Framing::Chunked => {
                 let (tx, rx) = mpsc::channel(1);
                 let want = Arc::new(Notify::new());
