@@ -757,6 +757,34 @@ async fn large_bodies_stream_both_ways_in_bounded_gateway_memory() {
     );
 }
 
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_after_idle_timeout() {
+    let good = Backend::start().await;
+    let mut c = config(&[good.url()]);
+    c.set("server.limits.idle_timeout", "1s");
+    let gw = start(&c);
+    // Far more than the socket buffers between the gateway and the client hold.
+    const SIZE: usize = 512 << 20;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!("GET /fwd/source?bytes={SIZE} HTTP/1.1\r\nHost: a\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    // Read nothing for well over idle_timeout, then drain what was sent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    let drained = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(n @ 1..) = s.read(&mut buf).await {
+            got += n;
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the stalled connection was not closed");
+    assert!(got > 0 && got < SIZE / 4, "{got} of {SIZE} bytes arrived");
+    // The gateway itself is fine.
+    let res = client().get(gw.url("/fwd/echo")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+}
+
 // === HTTPS targets: a CA file and a client certificate ===
 
 struct Pki {
