@@ -83,7 +83,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// call, which the per-request path should not pay.
 pub(crate) struct CounterCache<K> {
     make: Box<dyn Fn(&K) -> metrics::Counter + Send + Sync>,
-    made: std::sync::RwLock<std::collections::HashMap<K, metrics::Counter>>,
+    made: std::sync::RwLock<foldhash::HashMap<K, metrics::Counter>>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone> CounterCache<K> {

@@ -13,6 +13,7 @@ pub mod demo;
 pub mod error;
 pub mod gateway;
 mod h1;
+mod ip;
 pub mod keys_service;
 pub mod logging;
 pub mod pipeline;

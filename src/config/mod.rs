@@ -12,7 +12,7 @@ pub use duration::{format_duration, parse_duration};
 pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey};
 
 use http::{Method, Uri};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -221,7 +221,7 @@ pub struct PolicySettings {
 /// Role → permissions.
 #[derive(Debug, Clone, Default)]
 pub struct Roles {
-    map: HashMap<String, Permissions>,
+    map: foldhash::HashMap<String, Permissions>,
 }
 
 /// What one role may do.

@@ -1,7 +1,7 @@
 //! Raw TOML → [`Settings`], collecting every problem with its TOML path.
 use http::Method;
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -486,7 +486,7 @@ fn roles_settings(
     raw: &BTreeMap<String, Vec<String>>,
     known: &BTreeSet<String>,
 ) -> Roles {
-    let mut map = HashMap::new();
+    let mut map = foldhash::HashMap::default();
     for (role, perms) in raw {
         let path = format!("roles.{role}");
         if perms.iter().any(|x| x == "*") {

@@ -97,8 +97,12 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    // Looking at the few names present is cheaper than hashing every
+    // hop-by-hop name for a removal that usually finds nothing.
+    if headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        for name in &HOP_BY_HOP {
+            headers.remove(name);
+        }
     }
 }
 
@@ -179,13 +183,8 @@ pub fn add_identity(
 /// An IP address as a header value, formatted on the stack (an address is
 /// always a valid value).
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    use std::io::Write;
-    let mut buf = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    // 64 bytes hold any IPv4 or IPv6 text form (at most 45).
-    let _ = write!(cursor, "{ip}");
-    let len = cursor.position() as usize;
-    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    HeaderValue::from_str(crate::ip::IpText::new(ip).as_str())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Removes hop-by-hop and `Connection`-named headers from an upstream response.

@@ -12,7 +12,7 @@
 //! counting (a per-instance brute-force guard beats none, and refusing everyone is stage 3's
 //! call, not this guard's).
 
-use std::io::Write as _;
+use crate::ip::IpText;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -156,17 +156,17 @@ impl RateLimiter {
     /// `Some(refusal)` when `client_ip` has used up its authentication-failure bucket
     /// (checked before any store lookup); does not consume anything.
     pub async fn auth_failures_exceeded(&self, client_ip: IpAddr) -> Option<Decision> {
-        let mut buf = IpKey::new();
+        let key = IpText::new(client_ip);
         let decision = self
-            .decide(self.auth_policy, buf.format(client_ip), Op::Peek, true)
+            .decide(self.auth_policy, key.as_str(), Op::Peek, true)
             .await;
         (!decision.allowed).then_some(decision)
     }
 
     /// Counts one authentication failure (a 401) against `client_ip`.
     pub async fn record_auth_failure(&self, client_ip: IpAddr) {
-        let mut buf = IpKey::new();
-        self.decide(self.auth_policy, buf.format(client_ip), Op::Consume, true)
+        let key = IpText::new(client_ip);
+        self.decide(self.auth_policy, key.as_str(), Op::Consume, true)
             .await;
     }
 
@@ -331,29 +331,6 @@ fn probe_time(now: u64) -> u64 {
     now.saturating_add(PROBE_INTERVAL_NANOS).max(1)
 }
 
-/// A stack buffer holding an IP address's text form (the auth guard's key), so the guard
-/// formats its key without allocating.
-struct IpKey {
-    buf: [u8; 48],
-}
-
-impl IpKey {
-    fn new() -> Self {
-        Self { buf: [0; 48] }
-    }
-
-    fn format(&mut self, ip: IpAddr) -> &str {
-        let capacity = self.buf.len();
-        let mut cursor: &mut [u8] = &mut self.buf;
-        // 45 bytes is the longest text form of an address, so this cannot run out of room.
-        let written = match write!(cursor, "{ip}") {
-            Ok(()) => capacity - cursor.len(),
-            Err(_) => 0,
-        };
-        std::str::from_utf8(&self.buf[..written]).unwrap_or_default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,16 +398,6 @@ mod tests {
         let debug = format!("{l:?}");
         assert!(debug.contains("Remote"), "{debug}");
         assert!(!debug.contains("s3cret-pw"), "{debug}");
-    }
-
-    #[test]
-    fn ip_keys_format_without_truncation() {
-        let mut key = IpKey::new();
-        assert_eq!(key.format(IP), "192.0.2.7");
-        let long: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255"
-            .parse()
-            .unwrap();
-        assert_eq!(key.format(long), long.to_string());
     }
 
     #[tokio::test]

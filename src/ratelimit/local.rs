@@ -7,8 +7,9 @@
 //! live keys would exceed it. Eviction can only ever hand a key a fresher bucket, never a
 //! stricter one.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use foldhash::fast::RandomState;
+use foldhash::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::clock::{Clock, SystemClock};
@@ -60,7 +61,7 @@ impl LocalLimiter {
                 .map(|quota| PolicyState::new(Gcra::new(quota), DEFAULT_MAX_KEYS))
                 .collect(),
             clock,
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
         }
     }
 

@@ -3,7 +3,7 @@
 //! task writes each noted key at most once per flush interval.
 use super::sql::unix_now;
 use super::SqlStore;
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -94,8 +94,8 @@ impl UsageRecorder {
     pub fn new(store: SqlStore, flush_every: Duration) -> Self {
         let pending = Arc::new(Pending {
             store,
-            used: Mutex::new(HashMap::new()),
-            written: Mutex::new(HashMap::new()),
+            used: Mutex::new(HashMap::default()),
+            written: Mutex::new(HashMap::default()),
         });
         let weak: Weak<Pending> = Arc::downgrade(&pending);
         tokio::spawn(async move {
