@@ -333,7 +333,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let mut expect_continue = false;
     let (mut length, mut saw_length, mut saw_te, mut te_chunked, mut saw_close) =
         (None, false, false, false, false);
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for what the pipeline adds before forwarding (X-Forwarded-*,
+    // X-Mpg-*, X-Request-Id): the map is not rehashed as it grows.
+    let mut headers = HeaderMap::with_capacity(count + 12);
     for &(ns, ne, vs, ve) in &spans[..count] {
         let name = HeaderName::from_bytes(&slice[ns as usize..ne as usize])
             .map_err(|_| HeadError::Bad("invalid header name"))?;
