@@ -13,41 +13,6 @@ use tokio::net::TcpStream;
 
 const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
 
-struct World {
-    up: MockUpstream,
-    cfg: TestConfig,
-    gw: Gateway,
-    seed: Seed,
-}
-
-/// The shipped routes plus an open `/public/ping` and a `POST /api/v1/clusters`;
-/// limits high enough that hundreds of hostile requests are not throttled.
-async fn world() -> World {
-    world_with(|_| {}).await
-}
-
-async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
-    let up = MockUpstream::start().await;
-    let mut cfg = TestConfig::new(up.addr);
-    cfg.set("rate_limit.policies.default.requests", 100_000);
-    cfg.set("rate_limit.policies.default.per", "1m");
-    cfg.set("rate_limit.auth_failures.requests", 100_000);
-    cfg.set("rate_limit.auth_failures.per", "1m");
-    cfg.route("method = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
-    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
-    tune(&mut cfg);
-    let path = cfg.write();
-    let seed = seed(
-        &path,
-        "acme",
-        "alice",
-        "owner",
-        "clusters:read,clusters:write",
-    );
-    let gw = Gateway::start(&path);
-    World { up, cfg, gw, seed }
-}
-
 fn auth(w: &World) -> String {
     format!("Authorization: Bearer {}\r\n", w.seed.key)
 }

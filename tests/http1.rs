@@ -21,45 +21,17 @@ const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
 /// Every read on a test connection gives up after this.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-struct World {
-    up: MockUpstream,
-    _cfg: TestConfig,
-    gw: Gateway,
-    seed: Seed,
-}
-
-/// The shipped routes plus `POST /api/v1/clusters`, an open `GET` and `HEAD
-/// /public/ping`, and limits high enough never to throttle.
+/// The shared world (tests/common) plus `HEAD /public/ping`.
 async fn world() -> World {
     world_with(|_| {}).await
 }
 
 async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
-    let up = MockUpstream::start().await;
-    let mut cfg = TestConfig::new(up.addr);
-    cfg.set("rate_limit.policies.default.requests", 100_000);
-    cfg.set("rate_limit.policies.default.per", "1m");
-    cfg.set("rate_limit.auth_failures.requests", 100_000);
-    cfg.set("rate_limit.auth_failures.per", "1m");
-    cfg.route("method = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
-    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
-    cfg.route("method = \"HEAD\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
-    tune(&mut cfg);
-    let path = cfg.write();
-    let seed = seed(
-        &path,
-        "acme",
-        "alice",
-        "owner",
-        "clusters:read,clusters:write",
-    );
-    let gw = Gateway::start(&path);
-    World {
-        up,
-        _cfg: cfg,
-        gw,
-        seed,
-    }
+    common::world_with(|cfg| {
+        cfg.route("method = \"HEAD\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+        tune(cfg);
+    })
+    .await
 }
 
 fn auth(w: &World) -> String {

@@ -433,3 +433,40 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
 
 // === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
 pub mod scale;
+
+/// A running gateway and its recording upstream, for tests that attack it or
+/// speak raw HTTP to it.
+pub struct World {
+    pub up: MockUpstream,
+    pub cfg: TestConfig,
+    pub gw: Gateway,
+    pub seed: Seed,
+}
+
+/// The shipped routes plus an open `/public/ping` and a `POST /api/v1/clusters`;
+/// limits high enough that hundreds of hostile requests are not throttled.
+pub async fn world() -> World {
+    world_with(|_| {}).await
+}
+
+pub async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("rate_limit.policies.default.requests", 100_000);
+    cfg.set("rate_limit.policies.default.per", "1m");
+    cfg.set("rate_limit.auth_failures.requests", 100_000);
+    cfg.set("rate_limit.auth_failures.per", "1m");
+    cfg.route("method = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    tune(&mut cfg);
+    let path = cfg.write();
+    let seed = seed(
+        &path,
+        "acme",
+        "alice",
+        "owner",
+        "clusters:read,clusters:write",
+    );
+    let gw = Gateway::start(&path);
+    World { up, cfg, gw, seed }
+}
