@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by valgrind's callgrind:
+# repeatable where wall-clock figures are not (a noisy machine moves req/s by
+# ±15% between runs; the count does not move). The gateway runs under callgrind
+# in front of an nginx upstream; oha sends WARM requests, the counters are
+# zeroed, then N requests (50 connections) are counted.
+#
+#   benches/load/instructions.sh            # N=20000 WARM=2000
+#   N=5000 benches/load/instructions.sh     # quicker
+#
+# Prints the total and the per-request figure, and leaves the callgrind file
+# (for `callgrind_annotate`) in $OUT (default /tmp/mpg-instructions.out).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out}
+for tool in valgrind callgrind_control nginx; do
+  command -v "$tool" >/dev/null || { echo "instructions.sh: needs $tool" >&2; exit 1; }
+done
+OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
+[ -x "$OHA" ] || { echo "instructions.sh: needs oha (cargo install oha)" >&2; exit 1; }
+(cd "$ROOT" && cargo build --release --bin mpg-gateway >/dev/null 2>&1)
+GW="$ROOT/target/release/mpg-gateway"
+
+WORK="$(mktemp -d /tmp/mpg-instr.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done
+  echo "instructions.sh: nothing listens on $1" >&2; exit 1
+}
+UP_PORT=$(free_port); GW_PORT=$(free_port)
+
+mkdir -p "$WORK/up"
+cat >"$WORK/up/nginx.conf" <<EOF
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
+  client_body_temp_path $WORK/up; proxy_temp_path $WORK/up; fastcgi_temp_path $WORK/up;
+  uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
+  server { listen 127.0.0.1:$UP_PORT; location / { default_type application/json; return 200 '{"clusters":[]}'; } }
+}
+EOF
+nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
+wait_port "$UP_PORT"
+
+CFG="$WORK/gw.toml"
+cat >"$CFG" <<EOF
+[server]
+listen = "127.0.0.1:$GW_PORT"
+workers = 1
+insecure_http = true
+[admin]
+enabled = false
+[log]
+level = "warn"
+[store]
+kind = "sqlite"
+path = "$WORK/gateway.db"
+[rate_limit]
+backend = "local"
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$UP_PORT"]
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+"$GW" migrate --config "$CFG" >/dev/null
+"$GW" orgs create --id acme --name Acme --config "$CFG" >/dev/null
+"$GW" users create --id alice --email alice@example.com --config "$CFG" >/dev/null
+"$GW" members add --org acme --user alice --role member --config "$CFG" >/dev/null
+python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+KEY="$(head -n 1 "$WORK/keys.txt")"
+URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
+
+rm -f "$OUT" "$OUT".*
+valgrind --tool=callgrind --callgrind-out-file="$OUT" "$GW" run --config "$CFG" >"$WORK/gw.log" 2>&1 &
+VG=$!
+PIDS+=("$VG")
+wait_port "$GW_PORT"
+"$OHA" --no-tui -n "$WARM" -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
+callgrind_control -z "$VG" >/dev/null 2>&1
+"$OHA" --no-tui -n "$N" -c 50 -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1
+grep -q 'Success rate:.*100.00%' "$WORK/oha.txt" || { echo "instructions.sh: requests failed" >&2; cat "$WORK/oha.txt" >&2; exit 1; }
+callgrind_control -d "$VG" >/dev/null 2>&1
+sleep 1
+# The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
+total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
+echo "$N requests: $total instructions in the gateway's user space, $((total / N)) per request"
+echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"
