@@ -1,0 +1,275 @@
+//! Request bodies: decoded off the connection's buffer (`Content-Length` or
+//! `chunked`) and fed to the handler as it reads them.
+use bytes::{Buf, Bytes, BytesMut};
+use http::Response;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, Notify};
+
+use super::head::Framing;
+use super::read_more;
+use super::response::send;
+use crate::body::{Body, BoxError};
+
+/// A chunk-size line (with its extensions) longer than this is refused.
+const MAX_CHUNK_LINE: usize = 4096;
+/// Trailer bytes after the last chunk (read and dropped) at most.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Decodes a request body off the front of the connection's buffer.
+#[derive(Debug)]
+pub(super) enum Decoder {
+    Length(u64),
+    ChunkSize,
+    ChunkData(u64),
+    ChunkEnd,
+    Trailers(usize),
+    Done,
+    /// Abandoned (an error, or the handler dropped the body): never done.
+    Broken,
+}
+
+impl Decoder {
+    pub(super) fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Empty => Decoder::Done,
+            Framing::Length(n) => Decoder::Length(n),
+            Framing::Chunked => Decoder::ChunkSize,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(self, Decoder::Done)
+    }
+
+    /// The next piece of body in `buf`: `Some` data, or `None` when more
+    /// bytes are needed or the body is done ([`Decoder::is_done`]).
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, &'static str> {
+        loop {
+            match self {
+                Decoder::Done | Decoder::Broken => return Ok(None),
+                Decoder::Length(left) | Decoder::ChunkData(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let take = (*left).min(buf.len() as u64);
+                    let data = buf.split_to(take as usize).freeze();
+                    *left -= take;
+                    if *left == 0 {
+                        *self = match self {
+                            Decoder::Length(_) => Decoder::Done,
+                            _ => Decoder::ChunkEnd,
+                        };
+                    }
+                    return Ok(Some(data));
+                }
+                Decoder::ChunkSize => {
+                    let Some(line) = line_len(buf, MAX_CHUNK_LINE, "chunk size line too long")?
+                    else {
+                        return Ok(None);
+                    };
+                    let size = match httparse::parse_chunk_size(&buf[..line]) {
+                        Ok(httparse::Status::Complete((used, size))) if used == line => size,
+                        _ => return Err("invalid chunk size"),
+                    };
+                    buf.advance(line);
+                    *self = if size == 0 {
+                        Decoder::Trailers(0)
+                    } else {
+                        Decoder::ChunkData(size)
+                    };
+                }
+                Decoder::ChunkEnd => {
+                    if buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err("chunk data not followed by CRLF");
+                    }
+                    buf.advance(2);
+                    *self = Decoder::ChunkSize;
+                }
+                Decoder::Trailers(seen) => {
+                    let room = MAX_TRAILERS.saturating_sub(*seen);
+                    let Some(line) = line_len(buf, room, "trailers too long")? else {
+                        return Ok(None);
+                    };
+                    buf.advance(line);
+                    *self = if line == 2 {
+                        Decoder::Done
+                    } else {
+                        Decoder::Trailers(*seen + line)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The length of the CRLF-terminated line at the front of `buf` (CRLF
+/// included); `None` while incomplete. A bare LF, or no line end within
+/// `max` bytes, is an error.
+fn line_len(buf: &[u8], max: usize, too_long: &'static str) -> Result<Option<usize>, &'static str> {
+    match buf.iter().take(max).position(|&b| b == b'\n') {
+        Some(0) => Err("bare LF in chunked framing"),
+        Some(lf) if buf[lf - 1] != b'\r' => Err("bare LF in chunked framing"),
+        Some(lf) => Ok(Some(lf + 1)),
+        None if buf.len() >= max => Err(too_long),
+        None => Ok(None),
+    }
+}
+
+/// The request body's side of the connection while the handler runs.
+pub(super) struct Feed {
+    pub(super) tx: Option<mpsc::Sender<Result<Bytes, BoxError>>>,
+    pub(super) want: Arc<Notify>,
+    pub(super) decoder: Decoder,
+    pub(super) expect_continue: bool,
+}
+
+/// The body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("request body framing: {0}")]
+    Framing(&'static str),
+    #[error("the connection ended inside the request body")]
+    Eof,
+    #[error("reading the request body: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Runs the handler while feeding it the request body as it asks; returns
+/// its response and whether the body was read to its end.
+pub(super) async fn drive<S>(
+    io: &mut S,
+    rbuf: &mut BytesMut,
+    mut handler: Pin<Box<impl Future<Output = Response<Body>>>>,
+    mut feed: Feed,
+    send_timeout: Duration,
+) -> io::Result<(Response<Body>, bool)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut wanted = false;
+    loop {
+        let feeding = wanted && feed.tx.is_some();
+        tokio::select! {
+            biased;
+            res = &mut handler => {
+                // A body that is already buffered is read past, so the
+                // connection can stay open.
+                while !feed.decoder.is_done() {
+                    match feed.decoder.decode(rbuf) {
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                return Ok((res, feed.decoder.is_done()));
+            }
+            () = feed.want.notified(), if !wanted => {
+                wanted = true;
+                if feed.expect_continue {
+                    send(io, &mut &b"HTTP/1.1 100 Continue\r\n\r\n"[..], send_timeout).await?;
+                }
+            }
+            piece = next_piece(io, rbuf, &mut feed.decoder, feed.tx.as_ref()), if feeding => {
+                match piece {
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "request body not read to its end");
+                        if let Some(tx) = feed.tx.take() {
+                            let _ = tx.try_send(Err(Box::new(e)));
+                        }
+                        feed.decoder = Decoder::Broken;
+                    }
+                }
+                if feed.decoder.is_done() {
+                    // The body has ended: its receiver sees the end.
+                    feed.tx = None;
+                }
+            }
+        }
+    }
+}
+
+/// Waits for room in the body channel, then decodes the next piece of body
+/// and sends it, reading from the socket as needed. Cancel-safe: state
+/// changes only between awaits.
+async fn next_piece<S: AsyncRead + Unpin>(
+    io: &mut S,
+    rbuf: &mut BytesMut,
+    decoder: &mut Decoder,
+    tx: Option<&mpsc::Sender<Result<Bytes, BoxError>>>,
+) -> Result<(), BodyError> {
+    let Some(tx) = tx else { return Ok(()) };
+    let Ok(permit) = tx.reserve().await else {
+        // The handler dropped the body: read no further.
+        *decoder = Decoder::Broken;
+        return Ok(());
+    };
+    loop {
+        match decoder.decode(rbuf).map_err(BodyError::Framing)? {
+            Some(data) => {
+                permit.send(Ok(data));
+                return Ok(());
+            }
+            None if decoder.is_done() => return Ok(()),
+            None => {
+                if read_more(io, rbuf).await? == 0 {
+                    return Err(BodyError::Eof);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(framing: Framing, input: &[u8]) -> Result<(Vec<u8>, bool), &'static str> {
+        let mut d = Decoder::new(framing);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        // One byte at a time: every state must cope with a split anywhere.
+        for &b in input {
+            buf.extend_from_slice(&[b]);
+            while let Some(data) = d.decode(&mut buf)? {
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok((out, d.is_done()))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_any_split() {
+        let body = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
+        assert_eq!(
+            decode_all(Framing::Chunked, body),
+            Ok((b"hello world".to_vec(), true))
+        );
+        assert_eq!(
+            decode_all(Framing::Length(5), b"hello"),
+            Ok((b"hello".to_vec(), true))
+        );
+        assert_eq!(
+            decode_all(Framing::Chunked, b"5\r\nhel"),
+            Ok((b"hel".to_vec(), false))
+        );
+        for bad in [
+            &b"5;x\nhello\r\n0\r\n\r\n"[..],
+            b"5\nhello\r\n",
+            b"5\r\nhelloXX0\r\n\r\n",
+            b"z\r\n",
+            b"0\r\nX: a\n\r\n",
+        ] {
+            assert!(decode_all(Framing::Chunked, bad).is_err(), "{bad:?}");
+        }
+        let long = format!("1;{}\r\n", "e".repeat(MAX_CHUNK_LINE));
+        assert!(decode_all(Framing::Chunked, long.as_bytes()).is_err());
+    }
+}

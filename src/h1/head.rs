@@ -1,0 +1,323 @@
+//! Request heads: parsed with `httparse`, framed as RFC 9112 says (the
+//! rules as hyper's, which the adversarial tests pin).
+use bytes::BytesMut;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri, Version};
+use std::mem::MaybeUninit;
+
+/// Header lines per request at most (hyper's default); more is 431.
+const MAX_HEADERS: usize = 100;
+
+/// How a request's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+}
+
+/// A parsed request head and what it says about the connection.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) req: Request<()>,
+    pub(super) framing: Framing,
+    pub(super) keep_alive: bool,
+    pub(super) expect_continue: bool,
+}
+
+/// Why a head is refused before any handler sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HeadError {
+    /// 400, saying what.
+    Bad(&'static str),
+    /// 431: too many header lines, or more bytes than the backstop.
+    TooLarge,
+}
+
+/// Parses one request head off the front of `buf`; `None` until it is
+/// complete.
+pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
+    // (name start, name end, value start, value end) per header line.
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let (len, method, path, version, count) = {
+        let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        let base = buf.as_ptr() as usize;
+        let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(e) => return Err(HeadError::Bad(parse_error(e))),
+        };
+        let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
+            let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+            *span = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
+        }
+        let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+            .map_err(|_| HeadError::Bad("invalid method"))?;
+        let path = req.path.unwrap_or_default();
+        let path = (
+            offset(path.as_bytes()),
+            offset(path.as_bytes()) + path.len() as u32,
+        );
+        let version = match req.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        (len, method, path, version, req.headers.len())
+    };
+    let slice = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(slice.slice(path.0 as usize..path.1 as usize))
+        .map_err(|_| HeadError::Bad("invalid request target"))?;
+    let http11 = version == Version::HTTP_11;
+    let mut keep_alive = http11;
+    let mut expect_continue = false;
+    let (mut length, mut saw_length, mut saw_te, mut te_chunked, mut saw_close) =
+        (None, false, false, false, false);
+    // Room for what the pipeline adds before forwarding (X-Forwarded-*,
+    // X-Mpg-*, X-Request-Id): the map is not rehashed as it grows.
+    let mut headers = HeaderMap::with_capacity(count + 12);
+    for &(ns, ne, vs, ve) in &spans[..count] {
+        let name = HeaderName::from_bytes(&slice[ns as usize..ne as usize])
+            .map_err(|_| HeadError::Bad("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(slice.slice(vs as usize..ve as usize))
+            .map_err(|_| HeadError::Bad("invalid header value"))?;
+        if name == header::TRANSFER_ENCODING {
+            if !http11 {
+                return Err(HeadError::Bad("Transfer-Encoding in an HTTP/1.0 request"));
+            }
+            saw_te = true;
+            if length.take().is_some() {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            te_chunked = ends_in_chunked(&value);
+        } else if name == header::CONTENT_LENGTH {
+            saw_length = true;
+            if saw_te {
+                continue;
+            }
+            let n = parse_length(&value).ok_or(HeadError::Bad("invalid Content-Length"))?;
+            match length {
+                Some(prev) if prev != n => {
+                    return Err(HeadError::Bad("differing Content-Length values"))
+                }
+                Some(_) => continue,
+                None => length = Some(n),
+            }
+        } else if name == header::CONNECTION {
+            if saw_close || has_token(&value, "close") {
+                saw_close = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = has_token(&value, "keep-alive");
+            }
+        } else if name == header::EXPECT {
+            // An HTTP/1.0 client's expectation is ignored (RFC 9110 §10.1.1).
+            expect_continue = http11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        }
+        headers.append(name, value);
+    }
+    if saw_te && !te_chunked {
+        return Err(HeadError::Bad("Transfer-Encoding other than chunked"));
+    }
+    if saw_te && saw_length {
+        keep_alive = false;
+    }
+    let framing = match (saw_te, length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(0) | None) => Framing::Empty,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    let mut req = Request::new(());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = version;
+    *req.headers_mut() = headers;
+    Ok(Some(Head {
+        req,
+        framing,
+        keep_alive,
+        expect_continue,
+    }))
+}
+
+fn parse_error(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Token => "invalid method or request target",
+        httparse::Error::Version => "unsupported HTTP version",
+        _ => "malformed request head",
+    }
+}
+
+/// A `Content-Length` value: digits only (a list of equal values is one).
+pub(super) fn parse_length(value: &HeaderValue) -> Option<u64> {
+    let mut found = None;
+    for part in value.as_bytes().split(|&b| b == b',') {
+        let digits = part.trim_ascii();
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n = digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        match found {
+            Some(prev) if prev != n => return None,
+            _ => found = Some(n),
+        }
+    }
+    found
+}
+
+/// `chunked` must be the last transfer coding of a request (RFC 9112 §6.3).
+fn ends_in_chunked(value: &HeaderValue) -> bool {
+    value
+        .as_bytes()
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Whether a comma-separated header value holds `token` (case-insensitive).
+pub(super) fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str) -> Result<Option<Head>, HeadError> {
+        parse_head(&mut BytesMut::from(raw))
+    }
+
+    fn framing(raw: &str) -> Result<(Framing, bool), HeadError> {
+        head(raw).map(|h| {
+            let h = h.expect("complete head");
+            (h.framing, h.keep_alive)
+        })
+    }
+
+    #[test]
+    fn parses_a_head_and_leaves_what_follows() {
+        let mut buf = BytesMut::from(
+            "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Two: 1\r\nX-Two: 2\r\n\r\nGET /next",
+        );
+        let h = parse_head(&mut buf).unwrap().unwrap();
+        assert_eq!(h.req.method(), Method::GET);
+        assert_eq!(h.req.uri(), "/a?b=1");
+        assert_eq!(h.req.version(), Version::HTTP_11);
+        assert_eq!(h.req.headers()["host"], "x");
+        assert_eq!(h.req.headers().get_all("x-two").iter().count(), 2);
+        assert_eq!((h.framing, h.keep_alive), (Framing::Empty, true));
+        assert_eq!(&buf[..], b"GET /next");
+        assert!(head("GET / HTTP/1.1\r\nHost: x\r\n").unwrap().is_none());
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let h = |extra: &str| framing(&format!("POST / HTTP/1.1\r\nHost: x\r\n{extra}\r\n"));
+        assert_eq!(h("Content-Length: 5\r\n"), Ok((Framing::Length(5), true)));
+        assert_eq!(h("Content-Length: 0\r\n"), Ok((Framing::Empty, true)));
+        assert_eq!(
+            h("Content-Length: 5, 5\r\n"),
+            Ok((Framing::Length(5), true))
+        );
+        assert_eq!(
+            h("Transfer-Encoding: chunked\r\n"),
+            Ok((Framing::Chunked, true))
+        );
+        assert_eq!(
+            h("Transfer-Encoding: gzip, Chunked\r\n"),
+            Ok((Framing::Chunked, true))
+        );
+        // Both: chunked wins, the length is dropped, the connection closes after.
+        for both in [
+            "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: chunked\r\nContent-Length: 60\r\n",
+        ] {
+            let parsed = head(&format!("POST / HTTP/1.1\r\nHost: x\r\n{both}\r\n"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (parsed.framing, parsed.keep_alive),
+                (Framing::Chunked, false)
+            );
+            assert!(parsed.req.headers().get("content-length").is_none());
+        }
+        for bad in [
+            "Content-Length: 5\r\nContent-Length: 6\r\n",
+            "Content-Length: 5, 6\r\n",
+            "Content-Length: +5\r\n",
+            "Content-Length: -1\r\n",
+            "Content-Length: 0x5\r\n",
+            "Content-Length: 5 5\r\n",
+            "Content-Length: 99999999999999999999999\r\n",
+            "Transfer-Encoding: xchunked\r\n",
+            "Transfer-Encoding: chunked, identity\r\n",
+            "Transfer-Encoding : chunked\r\n",
+            "X-Folded: a\r\n Transfer-Encoding: chunked\r\n",
+            "X-A: a\rContent-Length: 99\r\n",
+        ] {
+            assert!(matches!(h(bad), Err(HeadError::Bad(_))), "{bad:?}");
+        }
+        assert!(matches!(
+            framing("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn keep_alive_by_version_and_connection_header() {
+        assert_eq!(
+            framing("GET / HTTP/1.0\r\n\r\n"),
+            Ok((Framing::Empty, false))
+        );
+        assert_eq!(
+            framing("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"),
+            Ok((Framing::Empty, true))
+        );
+        assert_eq!(
+            framing("GET / HTTP/1.1\r\nConnection: te, close\r\n\r\n"),
+            Ok((Framing::Empty, false))
+        );
+        // A later keep-alive does not undo a close.
+        assert_eq!(
+            framing("GET / HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n"),
+            Ok((Framing::Empty, false))
+        );
+    }
+
+    #[test]
+    fn too_many_headers_is_431_and_garbage_is_400() {
+        let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
+        assert_eq!(
+            head(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err(),
+            HeadError::TooLarge
+        );
+        for bad in [
+            "GARBAGE\r\n\r\n",
+            "GET /x HTTP/9.9\r\n\r\n",
+            "GET  / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(matches!(head(bad), Err(HeadError::Bad(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn length_parsing_is_strict() {
+        let v = |s: &'static str| parse_length(&HeaderValue::from_static(s));
+        assert_eq!(v("0"), Some(0));
+        assert_eq!(v(" 42 "), Some(42));
+        assert_eq!(v("7,7"), Some(7));
+        for bad in ["", "+5", "5 5", "0x5", "7,8", "18446744073709551616000"] {
+            assert_eq!(v(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The server side of HTTP/1.1 (RFC 9112): request heads parsed with
+//! `httparse`, bodies framed by `Content-Length` or `chunked` and decoded as
+//! the handler reads them, responses written with one `writev` when the body
+//! is ready, keep-alive and pipelining. hyper serves HTTP/2 (a connection
+//! that opens with the h2 preface is handed back to [`crate::server`]) and
+//! is the upstream client.
+//!
+//! Why not hyper's HTTP/1 server: it keeps an 8 KiB read buffer and an
+//! 8 KiB write buffer for the whole life of every connection. Here an idle
+//! keep-alive connection holds no buffer at all — reads go through the stack
+//! and only a request's own bytes are kept while it lives — so ten thousand
+//! idle connections cost about 40 MiB instead of 200.
+//!
+//! The framing rules follow hyper's, which the adversarial tests pin: one
+//! `Transfer-Encoding` that ends in `chunked` wins over `Content-Length` (and
+//! the connection then closes after the answer); differing or malformed
+//! lengths, other transfer codings, obs-fold and bare CR are 400; a
+//! `Transfer-Encoding` in an HTTP/1.0 request is 400.
+mod body;
+mod head;
+mod response;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Version};
+use std::future::poll_fn;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::body::RequestBody;
+use crate::error::GatewayError;
+use crate::server::{ConnInfo, Handler};
+use body::{drive, Decoder, Feed};
+use head::{parse_head, Framing, Head, HeadError};
+use response::write_response;
+
+/// One read from the socket, on the stack.
+const READ_CHUNK: usize = 8192;
+/// What an HTTP/2 client sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The limits one connection is served under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// A request head must be complete this long after its first byte (the
+    /// first request's: after the accept).
+    pub(crate) header_read_timeout: Duration,
+    /// A connection waiting this long for a next request is closed; so is
+    /// one whose client takes none of a response write for this long.
+    pub(crate) idle_timeout: Duration,
+    /// A request head longer than this is refused with 431. The pipeline
+    /// answers the configured `max_header_bytes` itself; this is the
+    /// backstop that bounds what a connection buffers.
+    pub(crate) max_head_bytes: usize,
+    /// The configured `max_header_bytes`, named in the 431 body.
+    pub(crate) max_header_bytes: usize,
+}
+
+/// How a served connection ended.
+pub(crate) enum Ended {
+    /// Closed (by either side, a timeout, an error or shutdown).
+    Closed,
+    /// The client opened with the HTTP/2 preface: these bytes were read and
+    /// the rest of the connection is HTTP/2's.
+    H2(Bytes),
+}
+
+/// Serves HTTP/1.1 requests on `io` until the connection ends.
+pub(crate) async fn serve<S, H>(
+    io: &mut S,
+    handler: &Arc<H>,
+    conn: &Arc<ConnInfo>,
+    limits: Limits,
+    stop: &mut watch::Receiver<bool>,
+) -> io::Result<Ended>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Handler,
+{
+    let mut rbuf = BytesMut::new();
+    let mut first = true;
+    // The current wait's deadline; the timer is armed no later than it and
+    // re-armed only when it fires early, so a busy connection does not touch
+    // the timer wheel per request.
+    let mut deadline = Instant::now() + limits.header_read_timeout;
+    let timer = tokio::time::sleep_until(deadline.into());
+    tokio::pin!(timer);
+    loop {
+        // ---- a request head
+        let head = loop {
+            if !rbuf.is_empty() {
+                if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
+                    if rbuf.len() >= H2_PREFACE.len() {
+                        return Ok(Ended::H2(rbuf.freeze()));
+                    }
+                } else {
+                    match parse_head(&mut rbuf) {
+                        Ok(Some(head)) => break head,
+                        Ok(None) if rbuf.len() > limits.max_head_bytes => {
+                            return refuse(io, HeadError::TooLarge, limits).await;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return refuse(io, e, limits).await,
+                    }
+                }
+            }
+            let idle = rbuf.is_empty() && !first;
+            if idle && *stop.borrow() {
+                return Ok(Ended::Closed);
+            }
+            if timer.deadline().into_std() > deadline {
+                timer.as_mut().reset(deadline.into());
+            }
+            tokio::select! {
+                biased;
+                read = read_more(io, &mut rbuf) => {
+                    if read? == 0 {
+                        return Ok(Ended::Closed);
+                    }
+                    if idle {
+                        // A request head begins: it has header_read_timeout.
+                        deadline = Instant::now() + limits.header_read_timeout;
+                    }
+                }
+                () = &mut timer => {
+                    if Instant::now() >= deadline {
+                        tracing::debug!(peer = %conn.peer, idle, "HTTP/1 connection timed out waiting for a request");
+                        return Ok(Ended::Closed);
+                    }
+                    timer.as_mut().reset(deadline.into());
+                }
+                changed = stop.changed(), if idle => {
+                    if changed.is_err() {
+                        return Ok(Ended::Closed);
+                    }
+                }
+            }
+        };
+        first = false;
+
+        // ---- the handler, with the body fed as it reads it
+        let Head {
+            req,
+            framing,
+            mut keep_alive,
+            expect_continue,
+        } = head;
+        let head_request = req.method() == Method::HEAD;
+        let http10 = req.version() == Version::HTTP_10;
+        let res = match framing {
+            Framing::Empty => {
+                let req = req.map(|()| RequestBody::empty());
+                // Boxed: the connection's own future stays small while idle.
+                Box::pin(handler.handle(req, conn.clone())).await
+            }
+            // A small body usually arrives with its head: handed over whole,
+            // it goes upstream with the request head in one write, and the
+            // upstream connection never sees an answer before the body.
+            Framing::Length(n) if rbuf.len() as u64 >= n => {
+                let body = RequestBody::full(rbuf.split_to(n as usize).freeze());
+                Box::pin(handler.handle(req.map(|()| body), conn.clone())).await
+            }
+            Framing::Length(_) | Framing::Chunked => {
+                let (tx, rx) = mpsc::channel(1);
+                let want = Arc::new(Notify::new());
+                let length = match framing {
+                    Framing::Length(n) => Some(n),
+                    _ => None,
+                };
+                let req = req.map(|()| RequestBody::streamed(rx, want.clone(), length));
+                let fut = Box::pin(handler.handle(req, conn.clone()));
+                let feed = Feed {
+                    tx: Some(tx),
+                    want,
+                    decoder: Decoder::new(framing),
+                    expect_continue,
+                };
+                let (res, complete) = drive(io, &mut rbuf, fut, feed, limits.idle_timeout).await?;
+                // Unread body bytes would be taken for the next request.
+                keep_alive &= complete;
+                res
+            }
+        };
+        if *stop.borrow() {
+            keep_alive = false;
+        }
+        let keep_alive = write_response(
+            io,
+            res,
+            head_request,
+            http10,
+            keep_alive,
+            limits.idle_timeout,
+        )
+        .await?;
+        if !keep_alive {
+            let _ = io.shutdown().await;
+            return Ok(Ended::Closed);
+        }
+        if rbuf.is_empty() {
+            // Drop the last request's allocation: idle, nothing is held.
+            rbuf = BytesMut::new();
+            deadline = Instant::now() + limits.idle_timeout;
+        } else {
+            // Pipelined: the next head has begun.
+            deadline = Instant::now() + limits.header_read_timeout;
+        }
+    }
+}
+
+/// Reads what the socket has into `buf` (0 at end of stream). Through the
+/// stack, so a connection waiting for bytes holds no buffer.
+async fn read_more<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut) -> io::Result<usize> {
+    poll_fn(|cx| {
+        let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut rb = ReadBuf::uninit(&mut stack);
+        match Pin::new(&mut *io).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => {
+                buf.extend_from_slice(rb.filled());
+                Poll::Ready(Ok(rb.filled().len()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Answers a head that cannot be served, then closes.
+async fn refuse<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    e: HeadError,
+    limits: Limits,
+) -> io::Result<Ended> {
+    tracing::debug!(error = ?e, "refusing an HTTP/1 request head");
+    let err = match e {
+        HeadError::Bad(what) => GatewayError::BadRequest {
+            message: format!("invalid request: {what}").into(),
+            field: None,
+        },
+        HeadError::TooLarge => GatewayError::HeaderFieldsTooLarge {
+            limit: limits.max_header_bytes,
+        },
+    };
+    write_response(
+        io,
+        err.into_response(),
+        false,
+        false,
+        false,
+        limits.header_read_timeout,
+    )
+    .await?;
+    let _ = io.shutdown().await;
+    Ok(Ended::Closed)
+}

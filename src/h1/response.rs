@@ -1,0 +1,204 @@
+//! Responses: the head written by hand, the body framed by length or
+//! chunked (close-delimited for HTTP/1.0), head and body in one `writev`
+//! when the body is ready, every write under the send timeout.
+use bytes::{Buf, Bytes};
+use futures_util::FutureExt;
+use http::header;
+use http::{Response, StatusCode};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::head::{has_token, parse_length};
+use crate::body::Body;
+
+/// Writes `res` (its head and body in one write when the body is ready);
+/// returns whether the connection can carry another request.
+pub(super) async fn write_response<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    res: Response<Body>,
+    head_request: bool,
+    http10: bool,
+    mut keep_alive: bool,
+    send_timeout: Duration,
+) -> io::Result<bool> {
+    let (parts, mut body) = res.into_parts();
+    let status = parts.status;
+    let no_length = status.is_informational() || status == StatusCode::NO_CONTENT;
+    let bodyless = head_request || no_length || status == StatusCode::NOT_MODIFIED;
+    if parts
+        .headers
+        .get(header::CONNECTION)
+        .is_some_and(|v| has_token(v, "close"))
+    {
+        keep_alive = false;
+    }
+    let declared = match parts.headers.get(header::CONTENT_LENGTH) {
+        Some(v) => parse_length(v),
+        None => body.size_hint().exact(),
+    };
+    let chunked = !bodyless && declared.is_none() && !http10;
+    if !bodyless && declared.is_none() && http10 {
+        // HTTP/1.0 has no chunked coding: the body ends with the connection.
+        keep_alive = false;
+    }
+
+    let mut head = Vec::with_capacity(160 + parts.headers.len() * 40);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(status.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    head.extend_from_slice(b"\r\n");
+    let mut has_date = false;
+    for (name, value) in &parts.headers {
+        if name == header::CONNECTION
+            || name == header::TRANSFER_ENCODING
+            || name == header::CONTENT_LENGTH
+            || name.as_str() == "keep-alive"
+        {
+            continue;
+        }
+        has_date |= name == header::DATE;
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    if let Some(n) = declared.filter(|_| !no_length) {
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    if chunked {
+        head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if !keep_alive {
+        head.extend_from_slice(b"connection: close\r\n");
+    } else if http10 {
+        head.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    if !has_date {
+        write_date(&mut head);
+    }
+    head.extend_from_slice(b"\r\n");
+
+    if bodyless {
+        drop(body);
+        send(io, &mut &head[..], send_timeout).await?;
+        return Ok(keep_alive);
+    }
+    let mut pending = Some(Bytes::from(head));
+    let mut written = 0u64;
+    loop {
+        let next = if pending.is_some() {
+            // Head and body go out together when the body is ready now.
+            match body.frame().now_or_never() {
+                Some(next) => next,
+                None => {
+                    if let Some(mut head) = pending.take() {
+                        send(io, &mut head, send_timeout).await?;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            body.frame().await
+        };
+        let data = match next {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => Some(data),
+                _ => continue, // trailers are not sent over HTTP/1.1
+            },
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            None => None,
+        };
+        let end = data.is_none() || body.is_end_stream();
+        let data = data.unwrap_or_default();
+        written += data.len() as u64;
+        if declared.is_some_and(|n| written > n || (end && written != n)) {
+            return Err(io::Error::other(
+                "response body length differs from its Content-Length",
+            ));
+        }
+        let size_line = match chunked && !data.is_empty() {
+            true => Bytes::from(format!("{:x}\r\n", data.len())),
+            false => Bytes::new(),
+        };
+        let tail: &'static [u8] = match (chunked, end, data.is_empty()) {
+            (false, _, _) => b"",
+            (true, true, true) => b"0\r\n\r\n",
+            (true, true, false) => b"\r\n0\r\n\r\n",
+            (true, false, _) => b"\r\n",
+        };
+        let mut out = pending
+            .take()
+            .unwrap_or_default()
+            .chain(size_line)
+            .chain(data)
+            .chain(tail);
+        send(io, &mut out, send_timeout).await?;
+        if end {
+            return Ok(keep_alive);
+        }
+    }
+}
+
+/// Writes all of `buf` (vectored) and flushes; fails when the client takes
+/// nothing for `limit` (a reader stalled, or gone without closing: nginx's
+/// `send_timeout`), so that a client cannot hold its connection, and the
+/// upstream response behind it, forever.
+pub(super) async fn send<S: AsyncWrite + Unpin, B: Buf>(
+    io: &mut S,
+    buf: &mut B,
+    limit: Duration,
+) -> io::Result<()> {
+    let stalled = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client took none of the response within idle_timeout",
+        )
+    };
+    while buf.has_remaining() {
+        let write = poll_fn(|cx| {
+            let mut slices = [io::IoSlice::new(&[]); 8];
+            let n = buf.chunks_vectored(&mut slices);
+            Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n])
+        });
+        match tokio::time::timeout(limit, write).await {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => buf.advance(n),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(stalled()),
+        }
+    }
+    tokio::time::timeout(limit, io.flush())
+        .await
+        .unwrap_or_else(|_| Err(stalled()))
+}
+
+thread_local! {
+    /// The `Date` header line of the current second.
+    static DATE: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+}
+
+/// Appends `date: <IMF-fixdate>\r\n`, formatted once a second per thread.
+fn write_date(head: &mut Vec<u8>) {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    DATE.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != secs {
+            cached.0 = secs;
+            cached.1 = format!("date: {}\r\n", httpdate::fmt_http_date(now)).into_bytes();
+        }
+        head.extend_from_slice(&cached.1);
+    });
+}
