@@ -20,9 +20,10 @@ const MAX_CHUNK_LINE: usize = 4096;
 /// Trailer bytes after the last chunk (read and dropped) at most.
 const MAX_TRAILERS: usize = 16 * 1024;
 
-/// Decodes a request body off the front of the connection's buffer.
+/// Decodes a message body (a request's here, a response's in the upstream
+/// client) off the front of a connection's buffer.
 #[derive(Debug)]
-pub(super) enum Decoder {
+pub(crate) enum Decoder {
     Length(u64),
     ChunkSize,
     ChunkData(u64),
@@ -34,7 +35,7 @@ pub(super) enum Decoder {
 }
 
 impl Decoder {
-    pub(super) fn new(framing: Framing) -> Self {
+    pub(crate) fn new(framing: Framing) -> Self {
         match framing {
             Framing::Empty => Decoder::Done,
             Framing::Length(n) => Decoder::Length(n),
@@ -42,13 +43,13 @@ impl Decoder {
         }
     }
 
-    fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         matches!(self, Decoder::Done)
     }
 
     /// The next piece of body in `buf`: `Some` data, or `None` when more
     /// bytes are needed or the body is done ([`Decoder::is_done`]).
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, &'static str> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, &'static str> {
         loop {
             match self {
                 Decoder::Done | Decoder::Broken => return Ok(None),

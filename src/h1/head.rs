@@ -10,7 +10,7 @@ const MAX_HEADERS: usize = 100;
 
 /// How a request's body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framing {
+pub(crate) enum Framing {
     Empty,
     Length(u64),
     Chunked,
@@ -154,7 +154,7 @@ fn parse_error(e: httparse::Error) -> &'static str {
 }
 
 /// A `Content-Length` value: digits only (a list of equal values is one).
-pub(super) fn parse_length(value: &HeaderValue) -> Option<u64> {
+pub(crate) fn parse_length(value: &HeaderValue) -> Option<u64> {
     let mut found = None;
     for part in value.as_bytes().split(|&b| b == b',') {
         let digits = part.trim_ascii();
@@ -182,7 +182,7 @@ fn ends_in_chunked(value: &HeaderValue) -> bool {
 }
 
 /// Whether a comma-separated header value holds `token` (case-insensitive).
-pub(super) fn has_token(value: &HeaderValue, token: &str) -> bool {
+pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
     value
         .as_bytes()
         .split(|&b| b == b',')

@@ -35,8 +35,10 @@ use tokio::sync::{mpsc, watch, Notify};
 use crate::body::RequestBody;
 use crate::error::GatewayError;
 use crate::server::{ConnInfo, Handler};
-use body::{drive, Decoder, Feed};
-use head::{parse_head, Framing, Head, HeadError};
+pub(crate) use body::Decoder;
+use body::{drive, Feed};
+pub(crate) use head::{has_token, parse_length, Framing};
+use head::{parse_head, Head, HeadError};
 use response::write_response;
 
 /// One read from the socket, on the stack.
@@ -189,6 +191,9 @@ where
         if *stop.borrow() {
             keep_alive = false;
         }
+        // Written once this scheduler tick's other ready work has been
+        // through: the client's process is woken once for all of it.
+        tokio::task::yield_now().await;
         let keep_alive = write_response(
             io,
             res,
@@ -216,19 +221,25 @@ where
 /// Reads what the socket has into `buf` (0 at end of stream). Through the
 /// stack, so a connection waiting for bytes holds no buffer.
 async fn read_more<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut) -> io::Result<usize> {
-    poll_fn(|cx| {
-        let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-        let mut rb = ReadBuf::uninit(&mut stack);
-        match Pin::new(&mut *io).poll_read(cx, &mut rb) {
-            Poll::Ready(Ok(())) => {
-                buf.extend_from_slice(rb.filled());
-                Poll::Ready(Ok(rb.filled().len()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
+    poll_fn(|cx| poll_read_more(io, cx, buf)).await
+}
+
+/// [`read_more`] as a poll function (the upstream client reads with it too).
+pub(crate) fn poll_read_more<S: AsyncRead + Unpin>(
+    io: &mut S,
+    cx: &mut std::task::Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+    let mut rb = ReadBuf::uninit(&mut stack);
+    match Pin::new(&mut *io).poll_read(cx, &mut rb) {
+        Poll::Ready(Ok(())) => {
+            buf.extend_from_slice(rb.filled());
+            Poll::Ready(Ok(rb.filled().len()))
         }
-    })
-    .await
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
 }
 
 /// Answers a head that cannot be served, then closes.

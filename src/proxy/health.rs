@@ -172,9 +172,7 @@ pub(crate) async fn active_check(
                     .ok()?
                     .ok()?;
                 if let Some(conn) = conn {
-                    if http_body::Body::is_end_stream(res.body()) {
-                        t.list[i].pool.put(conn);
-                    }
+                    t.list[i].pool.put(conn);
                 }
                 let ok = res.status().is_success() || res.status().is_redirection();
                 Some(ok)

@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
+use super::client::Incoming;
 use super::health::Targets;
-use super::pool::Conn;
 use crate::body::{Body, BoxError};
 
 /// Where the request body waits until the connection to a target polls it.
@@ -131,10 +131,9 @@ pub(crate) struct BodyTimeout;
 
 /// The upstream's response body, relayed frame by frame.
 pub(crate) struct ResponseBody {
-    pub(crate) inner: hyper::body::Incoming,
-    /// The HTTP/1.1 connection the body arrives on: back in its target's
-    /// pool once the body has ended, closed if it does not.
-    pub(crate) conn: Option<Conn>,
+    /// The body, and the HTTP/1.1 connection it arrives on: back in its
+    /// target's pool once the body has ended, closed if it does not.
+    pub(crate) inner: Incoming,
     pub(crate) hold: Option<InFlight>,
     /// Count the target's success when the body ends (not for a 5xx, already a failure).
     pub(crate) succeed_at_end: bool,
@@ -145,7 +144,7 @@ impl ResponseBody {
     /// The body ended normally: release the target, count its success.
     fn finish(&mut self) {
         if let Some(h) = self.hold.take() {
-            if let Some(conn) = self.conn.take() {
+            if let Some(conn) = self.inner.take_conn() {
                 h.targets.list[h.index].pool.put(conn);
             }
             if self.succeed_at_end {
@@ -168,7 +167,7 @@ impl HttpBody for ResponseBody {
         if let Some(d) = this.deadline.as_mut() {
             if d.as_mut().poll(cx).is_ready() {
                 this.deadline = None;
-                this.conn = None;
+                this.inner = Incoming::Empty;
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }
@@ -189,13 +188,13 @@ impl HttpBody for ResponseBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 // Reset or cut off mid-response: counts against the target.
-                this.conn = None;
+                this.inner = Incoming::Empty;
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }
-                Poll::Ready(Some(Err(Box::new(e))))
+                Poll::Ready(Some(Err(e)))
             }
-            other => other.map_err(|e| Box::new(e) as BoxError),
+            Poll::Pending => Poll::Pending,
         }
     }
 

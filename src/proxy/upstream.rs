@@ -1,6 +1,6 @@
 //! The Upstream: pick a healthy target (balance) → take one of its
 //! connection permits → send on one of its pooled HTTP/1.1 connections
-//! (see `pool`), or over hyper-util's client for h2 targets;
+//! (`client`, `pool`), or over hyper-util's client for h2 targets;
 //! HTTPS through rustls → classify the outcome for health and for the client
 //! → retry a connect failure on another target when that is safe. Bodies
 //! stream both ways (see `stream`).
@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::balance::Balancer;
+use super::client::{ClientError, Conn, Incoming, SendError};
 use super::headers::sanitize_response;
 use super::health::{active_check, Targets};
-use super::pool::{Conn, SendError};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
 use super::tls_client::{connector, TimeoutConnector};
 use crate::admin::names;
@@ -67,43 +67,38 @@ pub(crate) enum Transport {
 
 impl Transport {
     /// Sends `req` (origin-form URI) to target `i`: the response head, and
-    /// the HTTP/1.1 connection its body arrives on (pooled again once the
-    /// body has ended).
+    /// the HTTP/1.1 connection it came on when the response is already whole
+    /// (otherwise its body gives the connection back when it ends).
     pub(crate) async fn send(
         &self,
         targets: &Targets,
         i: usize,
         mut req: Request<Body>,
-    ) -> Result<(Response<hyper::body::Incoming>, Option<Conn>), UpstreamError> {
+    ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
         let target = &targets.list[i];
         match self {
             Transport::Http2(client) => {
                 let path = req.uri().path_and_query().cloned();
                 *req.uri_mut() = target.uri(path)?;
                 let res = client.request(req).await.map_err(classify)?;
-                Ok((res, None))
+                Ok((res.map(Incoming::H2), None))
             }
             Transport::Http1(connector) => {
                 req.headers_mut()
                     .insert(http::header::HOST, target.host.clone());
                 loop {
-                    let (mut conn, reused) = match target.pool.take() {
-                        Some(mut c) => {
-                            if !c.ready().await {
-                                continue; // closed while idle
-                            }
-                            (c, true)
-                        }
+                    let (conn, reused) = match target.pool.take() {
+                        Some(c) => (c, true),
                         None => (connect(connector, target).await?, false),
                     };
                     match conn.send(req).await {
-                        Ok(res) => return Ok((res, Some(conn))),
+                        Ok(sent) => return Ok(sent),
                         // A kept-alive connection the target had closed: nothing
                         // of the request went out, so it goes on another.
                         Err(SendError::Unsent(r)) if reused => req = *r,
                         Err(SendError::Unsent(_)) => {
                             return Err(UpstreamError::Reset(
-                                "the connection closed before the response".into(),
+                                "the connection closed before the request went out".into(),
                             ))
                         }
                         Err(SendError::Failed(e)) => return Err(classify_sent(e)),
@@ -134,9 +129,7 @@ async fn connect(
     let io = tower_service::Service::call(&mut connector.clone(), uri)
         .await
         .map_err(UpstreamError::Connect)?;
-    Conn::handshake(io)
-        .await
-        .map_err(|e| UpstreamError::Connect(Box::new(e)))
+    Ok(Conn::new(hyper_util::rt::TokioIo::new(io)))
 }
 
 /// Stops the active checker when the upstream goes (e.g. replaced on reload).
@@ -404,28 +397,25 @@ impl Upstream {
     /// anything else counts for it once the body has ended.
     fn relay(
         &self,
-        res: Response<hyper::body::Incoming>,
-        mut conn: Option<Conn>,
+        res: Response<Incoming>,
+        conn: Option<Conn>,
         hold: InFlight,
         deadline: Option<Instant>,
     ) -> Response<Body> {
         let server_error = res.status().is_server_error();
-        let ended = http_body::Body::is_end_stream(res.body());
         if server_error {
             hold.failed();
-        } else if ended {
+        } else if http_body::Body::is_end_stream(res.body()) {
             self.targets.succeeded(hold.index);
         }
-        if ended {
-            if let Some(c) = conn.take() {
-                self.targets.list[hold.index].pool.put(c);
-            }
+        // The response came whole: its connection serves the next request now.
+        if let Some(c) = conn {
+            self.targets.list[hold.index].pool.put(c);
         }
         let (mut parts, inner) = res.into_parts();
         sanitize_response(&mut parts.headers);
         let body = ResponseBody {
             inner,
-            conn,
             succeed_at_end: !server_error,
             hold: Some(hold),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
@@ -435,7 +425,7 @@ impl Upstream {
 }
 
 /// A request that went (at least partly) out failed.
-fn classify_sent(e: hyper::Error) -> UpstreamError {
+fn classify_sent(e: ClientError) -> UpstreamError {
     if source_chain_has::<http_body_util::LengthLimitError>(&e) {
         return UpstreamError::BodyTooLarge;
     }
@@ -653,6 +643,32 @@ mod tests {
         let after_drop = checks.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), after_drop);
+    }
+
+    #[tokio::test]
+    async fn an_early_answer_to_a_streaming_upload_is_relayed() {
+        // The target reads a little of a 16 MiB upload, answers 413 and closes.
+        let addr = raw_server(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbig!",
+            true,
+            false,
+        )
+        .await;
+        let up = Upstream::new("t", &cfg(addr, 3000)).unwrap();
+        let chunks = futures_util::stream::iter((0..256).map(|_| {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))
+        }));
+        let body: Body = StreamBody::new(chunks)
+            .map_err(|never| match never {})
+            .boxed();
+        let res = up
+            .forward(Request::post("/upload").body(body).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 413);
+        assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "big!");
+        // Not kept: the upload was cut short.
+        assert_eq!(up.targets.list[0].pool.idle(), 0);
     }
 
     #[tokio::test]

@@ -1,0 +1,929 @@
+//! HTTP/1.1 to a target, driven by the task of the request it carries: the
+//! request head (and a body that is ready) goes out in one `writev`, the
+//! response head is parsed with `httparse` into a header map that shares the
+//! bytes read, and the response body is decoded as the client reads it. A
+//! response that arrived whole with its head gives its connection back at
+//! once.
+//!
+//! Why not hyper's client connection: it runs a task per connection and
+//! hands each request over a channel and each response back over a oneshot.
+//! In the load suite's layout that dispatch (two task wake-ups and the
+//! channel work per request) and hyper's general-purpose encoder and parser
+//! were a fifth of the gateway's user-space instructions per proxied
+//! request. hyper-util's client still serves `http2 = true` targets.
+//!
+//! The framing rules are RFC 9112's and hyper's: no body for a `HEAD`
+//! request or a 1xx/204/304 response; `Transfer-Encoding` ending in `chunked`
+//! wins over `Content-Length` (any other coding: the body ends with the
+//! connection); differing `Content-Length` values are an invalid response;
+//! with neither, the body ends with the connection. Interim 1xx responses are
+//! skipped (a `101` is refused: the gateway does not tunnel upgrades). While
+//! a request body streams, the response side is watched: a target that
+//! answers early (a `413` half-way through an upload) has its answer relayed,
+//! and the connection is not reused.
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::body::{Body, BoxError};
+use crate::h1::{has_token, parse_length, poll_read_more, Decoder, Framing};
+
+/// The stream to a target: TCP, or TLS over TCP for `https://` targets.
+pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+
+/// A response head (status line and header fields) longer than this is refused.
+const MAX_HEAD: usize = 256 * 1024;
+/// Response header fields at most.
+const MAX_HEADERS: usize = 128;
+/// Room left in a response's header map for what the gateway adds to it
+/// (request id, rate-limit fields), so adding them does not grow the map.
+const ADDED_HEADERS: usize = 6;
+/// A first request-body piece up to this size is copied behind the head,
+/// so that both go out in one write.
+const COALESCE: usize = 16 * 1024;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// Reading or writing the connection failed.
+    #[error("upstream connection: {0}")]
+    Io(#[from] io::Error),
+    /// The target closed the connection before a whole response.
+    #[error("the upstream closed the connection before a complete response")]
+    Closed,
+    /// The target's response is not valid HTTP/1.1.
+    #[error("invalid upstream response: {0}")]
+    Invalid(&'static str),
+    /// The request body could not be read (too large, or the client's
+    /// connection failed).
+    #[error("request body: {0}")]
+    Body(#[source] BoxError),
+}
+
+/// Why a request on a connection failed.
+pub(crate) enum SendError {
+    /// Nothing of the request was written or taken from its body (the
+    /// connection had been closed): the request comes back, to go out on
+    /// another connection.
+    Unsent(Box<Request<Body>>),
+    /// The exchange failed after (part of) the request was written.
+    Failed(ClientError),
+}
+
+/// One HTTP/1.1 connection to a target. Boxed inside, so that moving it in
+/// and out of the pool and through the request's future copies a pointer
+/// (a TLS session is over a kilobyte).
+pub(crate) struct Conn {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    io: Io,
+    /// Bytes read and not yet consumed (empty between exchanges).
+    buf: BytesMut,
+    /// The request head being written; kept for its capacity.
+    out: Vec<u8>,
+}
+
+impl Conn {
+    /// A connection over a connected (and, for TLS, handshaken) stream.
+    pub(crate) fn new(io: Io) -> Conn {
+        Conn {
+            inner: Box::new(Inner {
+                io,
+                buf: BytesMut::new(),
+                out: Vec::new(),
+            }),
+        }
+    }
+
+    /// Whether an idle connection can carry a request: the target has not
+    /// closed it and sent nothing unasked. Costs no system call unless the
+    /// socket has become readable.
+    pub(crate) fn is_usable(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut one = [MaybeUninit::<u8>::uninit(); 1];
+        let mut rb = ReadBuf::uninit(&mut one);
+        // Ready means end of stream, an error, or bytes nobody asked for.
+        Pin::new(&mut self.inner.io)
+            .poll_read(&mut cx, &mut rb)
+            .is_pending()
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) and reads the response
+    /// head. The connection comes back with the response when the response
+    /// is already whole and the connection can carry another request;
+    /// otherwise the response body owns it until it ends.
+    pub(crate) async fn send(
+        mut self,
+        req: Request<Body>,
+    ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
+        let head_request = req.method() == Method::HEAD;
+        let (parts, mut body) = req.into_parts();
+        let length = if body.is_end_stream() {
+            Some(0)
+        } else {
+            body.size_hint().exact()
+        };
+        let inner = &mut *self.inner;
+        inner.out.clear();
+        encode_head(&mut inner.out, &parts, length);
+
+        // A body piece that is ready now goes out with the head.
+        let mut first = Bytes::new();
+        let mut polled = false;
+        let mut body_done = length == Some(0);
+        if !body_done {
+            polled = true;
+            let cx = &mut Context::from_waker(Waker::noop());
+            match Pin::new(&mut body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        first = data;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    return Err(SendError::Failed(ClientError::Body(e)));
+                }
+                Poll::Ready(None) => body_done = true,
+                Poll::Pending => {}
+            }
+            body_done |= body.is_end_stream();
+        }
+        let mut writer = BodyWriter::new(length);
+        if let Err(e) = writer.check(first.len(), body_done) {
+            return Err(SendError::Failed(e));
+        }
+        if !first.is_empty() && first.len() <= COALESCE && length.is_some() {
+            inner.out.extend_from_slice(&first);
+            first = Bytes::new();
+        } else if !first.is_empty() {
+            writer.frame(&mut inner.out, first.len());
+        }
+        let tail = writer.tail(first.is_empty(), body_done);
+
+        // Written once this scheduler tick's other ready requests have been
+        // through: the target's process is woken once for all of them.
+        tokio::task::yield_now().await;
+        let mut out = (&inner.out[..]).chain(first).chain(tail);
+        let mut written = 0;
+        while out.has_remaining() {
+            match write_some(&mut inner.io, &mut out).await {
+                Ok(n) => written += n,
+                Err(e) if written == 0 && !polled && e.kind() != io::ErrorKind::WriteZero => {
+                    return Err(SendError::Unsent(Box::new(Request::from_parts(
+                        parts, body,
+                    ))));
+                }
+                Err(e) => return Err(SendError::Failed(e.into())),
+            }
+        }
+        drop(parts);
+
+        let mut reusable = true;
+        if !body_done {
+            match stream_body(inner, &mut body, writer).await {
+                Ok(Streamed::Whole) => {}
+                Ok(Streamed::AnsweredEarly) => reusable = false,
+                Err(e) => return Err(SendError::Failed(e)),
+            }
+        }
+        drop(body);
+        self.read_response(head_request, reusable)
+            .await
+            .map_err(SendError::Failed)
+    }
+
+    /// Reads the response head, skipping interim responses; frames its body.
+    async fn read_response(
+        mut self,
+        head_request: bool,
+        reusable: bool,
+    ) -> Result<(Response<Incoming>, Option<Conn>), ClientError> {
+        let inner = &mut *self.inner;
+        let (res, head_len) = loop {
+            if !inner.buf.is_empty() {
+                if let Some(parsed) = parse_response(&inner.buf)? {
+                    break parsed;
+                }
+                if inner.buf.len() > MAX_HEAD {
+                    return Err(ClientError::Invalid("response head too large"));
+                }
+            }
+            if poll_fn(|cx| poll_read_more(&mut inner.io, cx, &mut inner.buf)).await? == 0 {
+                return Err(ClientError::Closed);
+            }
+        };
+        let head = inner.buf.split_to(head_len).freeze();
+        let (mut res, framing, keep_alive) = build_response(res, &head, head_request)?;
+        let reusable = reusable && keep_alive;
+        let incoming = match framing {
+            BodyFraming::Known(Framing::Empty) => Incoming::Empty,
+            BodyFraming::Known(Framing::Length(n)) if inner.buf.len() as u64 >= n => {
+                let data = inner.buf.split_to(n as usize).freeze();
+                Incoming::Full(Some(data))
+            }
+            BodyFraming::Known(framing) => {
+                *res.body_mut() = Incoming::Reading(Box::new(Reader {
+                    conn: self,
+                    decoder: Some(Decoder::new(framing)),
+                    remaining: match framing {
+                        Framing::Length(n) => Some(n),
+                        _ => None,
+                    },
+                    reusable,
+                    done: false,
+                }));
+                return Ok((res, None));
+            }
+            BodyFraming::UntilClose => {
+                *res.body_mut() = Incoming::Reading(Box::new(Reader {
+                    conn: self,
+                    decoder: None,
+                    remaining: None,
+                    reusable: false,
+                    done: false,
+                }));
+                return Ok((res, None));
+            }
+        };
+        *res.body_mut() = incoming;
+        // Bytes past the response: the target is out of step; not reused.
+        let back = (reusable && inner.buf.is_empty()).then_some(self);
+        Ok((res, back))
+    }
+}
+
+/// How the request body streams after the head: the framing's bookkeeping.
+struct BodyWriter {
+    length: Option<u64>,
+    sent: u64,
+}
+
+impl BodyWriter {
+    fn new(length: Option<u64>) -> Self {
+        BodyWriter { length, sent: 0 }
+    }
+
+    /// Counts `n` more bytes; a body longer or shorter than its declared
+    /// length is an error (the target would misread the connection).
+    fn check(&mut self, n: usize, end: bool) -> Result<(), ClientError> {
+        self.sent += n as u64;
+        match self.length {
+            Some(len) if self.sent > len || (end && self.sent != len) => Err(ClientError::Body(
+                "request body length differs from its Content-Length".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends what goes before `n` data bytes (a chunk-size line).
+    fn frame(&self, out: &mut Vec<u8>, n: usize) {
+        if self.length.is_none() && n > 0 {
+            let mut hex = [0u8; 16];
+            let mut i = hex.len();
+            let mut v = n;
+            loop {
+                i -= 1;
+                hex[i] = b"0123456789abcdef"[v & 15];
+                v >>= 4;
+                if v == 0 {
+                    break;
+                }
+            }
+            out.extend_from_slice(&hex[i..]);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// What follows a piece of data (`empty`: none) on the wire: the end of
+    /// its chunk, and the last chunk when the body ends with it.
+    fn tail(&self, empty: bool, end: bool) -> &'static [u8] {
+        match (self.length, empty, end) {
+            (Some(_), _, _) => b"",
+            (None, true, true) => b"0\r\n\r\n",
+            (None, true, false) => b"",
+            (None, false, true) => b"\r\n0\r\n\r\n",
+            (None, false, false) => b"\r\n",
+        }
+    }
+}
+
+/// How a streamed request body ended.
+enum Streamed {
+    /// Written to its end.
+    Whole,
+    /// The target answered before the body had gone: the rest is not sent.
+    AnsweredEarly,
+}
+
+/// Writes the rest of a request body while watching for an early answer.
+async fn stream_body(
+    inner: &mut Inner,
+    body: &mut Body,
+    mut writer: BodyWriter,
+) -> Result<Streamed, ClientError> {
+    // The piece being written: chunk-size line (or nothing), data, CRLF or
+    // the last chunk.
+    let mut line = Vec::new();
+    let mut data = Bytes::new();
+    let mut tail: &'static [u8] = b"";
+    let mut line_at = 0;
+    let mut ended = false;
+    poll_fn(|cx| loop {
+        // An answer before the body has gone ends the upload.
+        match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
+            Poll::Ready(Ok(n)) => {
+                if final_head_ready(&mut inner.buf)? {
+                    return Poll::Ready(Ok(Streamed::AnsweredEarly));
+                }
+                if n == 0 {
+                    return Poll::Ready(Err(ClientError::Closed));
+                }
+                continue;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+            Poll::Pending => {}
+        }
+        if line_at < line.len() || !data.is_empty() || !tail.is_empty() {
+            let out = (&line[line_at..]).chain(&data[..]).chain(tail);
+            let mut slices = [IoSlice::new(&[]); 3];
+            let k = out.chunks_vectored(&mut slices);
+            let n = match Pin::new(&mut inner.io).poll_write_vectored(cx, &slices[..k]) {
+                Poll::Ready(Ok(n)) if n > 0 => n,
+                Poll::Ready(result) => {
+                    // A target that answered and closed without reading the
+                    // rest resets the connection; its answer is still there.
+                    while let Poll::Ready(Ok(1..)) =
+                        poll_read_more(&mut inner.io, cx, &mut inner.buf)
+                    {}
+                    if final_head_ready(&mut inner.buf)? {
+                        return Poll::Ready(Ok(Streamed::AnsweredEarly));
+                    }
+                    let e = result
+                        .err()
+                        .unwrap_or_else(|| io::ErrorKind::WriteZero.into());
+                    return Poll::Ready(Err(e.into()));
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            let mut n = n;
+            let from_line = n.min(line.len() - line_at);
+            line_at += from_line;
+            n -= from_line;
+            let from_data = n.min(data.len());
+            data.advance(from_data);
+            n -= from_data;
+            tail = &tail[n.min(tail.len())..];
+            continue;
+        }
+        if ended {
+            return Poll::Ready(Ok(Streamed::Whole));
+        }
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let Ok(piece) = frame.into_data() else {
+                    continue; // trailers are not sent over HTTP/1.1
+                };
+                let end = body.is_end_stream();
+                writer.check(piece.len(), end)?;
+                line.clear();
+                line_at = 0;
+                writer.frame(&mut line, piece.len());
+                tail = writer.tail(piece.is_empty(), end);
+                data = piece;
+                ended = end;
+            }
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ClientError::Body(e))),
+            Poll::Ready(None) => {
+                writer.check(0, true)?;
+                tail = writer.tail(true, true);
+                ended = true;
+            }
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Writes some of `buf` (vectored): how many bytes went.
+async fn write_some<B: Buf>(io: &mut Io, buf: &mut B) -> io::Result<usize> {
+    let n = poll_fn(|cx| {
+        let mut slices = [IoSlice::new(&[]); 4];
+        let k = buf.chunks_vectored(&mut slices);
+        Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k])
+    })
+    .await?;
+    if n == 0 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    buf.advance(n);
+    Ok(n)
+}
+
+/// The request line and header fields, framed for `length` (`None`:
+/// chunked). `Content-Length` and `Transfer-Encoding` are the framing's own.
+fn encode_head(out: &mut Vec<u8>, parts: &http::request::Parts, length: Option<u64>) {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    out.reserve(64 + path.len() + parts.headers.len() * 48);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut declared = false;
+    for (name, value) in &parts.headers {
+        if name == CONTENT_LENGTH {
+            declared = true;
+            continue;
+        }
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match length {
+        // An empty body is said only where one is expected.
+        Some(0) if !declared && !expects_body(&parts.method) => {}
+        Some(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Methods whose requests carry a body as a rule.
+fn expects_body(m: &Method) -> bool {
+    matches!(*m, Method::POST | Method::PUT | Method::PATCH)
+}
+
+/// A parsed response head: status, version, and where each field's name and
+/// value lie in the buffer.
+struct Parsed {
+    status: u16,
+    version: Version,
+    fields: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+/// Parses the final response head at the front of `buf`, dropping interim
+/// (1xx) heads before it: the head and its length, or `None` while it is
+/// incomplete.
+fn parse_response(buf: &BytesMut) -> Result<Option<(Parsed, usize)>, ClientError> {
+    let mut start = 0;
+    loop {
+        let Some((parsed, len)) = parse_one(&buf[start..])? else {
+            return Ok(None);
+        };
+        if parsed.status == 101 {
+            return Err(ClientError::Invalid(
+                "101 Switching Protocols is not supported",
+            ));
+        }
+        if (100..200).contains(&parsed.status) {
+            start += len;
+            continue;
+        }
+        let fields = parsed
+            .fields
+            .into_iter()
+            .map(|(n, v)| {
+                (
+                    n.start + start..n.end + start,
+                    v.start + start..v.end + start,
+                )
+            })
+            .collect();
+        return Ok(Some((Parsed { fields, ..parsed }, start + len)));
+    }
+}
+
+/// Whether a final response head has arrived (interim heads are dropped).
+fn final_head_ready(buf: &mut BytesMut) -> Result<bool, ClientError> {
+    loop {
+        match parse_one(buf)? {
+            Some((p, len)) if (100..200).contains(&p.status) && p.status != 101 => {
+                buf.advance(len);
+            }
+            Some(_) => return Ok(true),
+            None => return Ok(false),
+        }
+    }
+}
+
+/// One response head at the front of `buf`.
+fn parse_one(buf: &[u8]) -> Result<Option<(Parsed, usize)>, ClientError> {
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
+    {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ClientError::Invalid("too many header fields"))
+        }
+        Err(_) => return Err(ClientError::Invalid("malformed response head")),
+    };
+    let at = |s: &[u8]| {
+        let from = s.as_ptr() as usize - buf.as_ptr() as usize;
+        from..from + s.len()
+    };
+    let fields = res
+        .headers
+        .iter()
+        .map(|h| (at(h.name.as_bytes()), at(h.value)))
+        .collect();
+    Ok(Some((
+        Parsed {
+            status: res.code.unwrap_or(0),
+            version: match res.version {
+                Some(0) => Version::HTTP_10,
+                _ => Version::HTTP_11,
+            },
+            fields,
+        },
+        len,
+    )))
+}
+
+/// How a response body ends.
+enum BodyFraming {
+    Known(Framing),
+    UntilClose,
+}
+
+/// The response of a parsed head (values share `head`'s bytes), how its
+/// body is framed, and whether the connection may carry another request.
+fn build_response(
+    p: Parsed,
+    head: &Bytes,
+    head_request: bool,
+) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
+    let status =
+        StatusCode::from_u16(p.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
+    let mut headers = HeaderMap::with_capacity(p.fields.len() + ADDED_HEADERS);
+    for (name, value) in p.fields {
+        let name = HeaderName::from_bytes(&head[name])
+            .map_err(|_| ClientError::Invalid("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value))
+            .map_err(|_| ClientError::Invalid("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let mut keep_alive = p.version == Version::HTTP_11
+        && !headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "close"));
+    let bodyless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodyless {
+        BodyFraming::Known(Framing::Empty)
+    } else if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+        // A length beside a coding is ignored; the connection is not reused.
+        if headers.contains_key(CONTENT_LENGTH) {
+            keep_alive = false;
+        }
+        let chunked = last
+            .as_bytes()
+            .rsplit(|&b| b == b',')
+            .next()
+            .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        if chunked {
+            BodyFraming::Known(Framing::Chunked)
+        } else {
+            keep_alive = false;
+            BodyFraming::UntilClose
+        }
+    } else {
+        let mut length = None;
+        for v in headers.get_all(CONTENT_LENGTH) {
+            match (parse_length(v), length) {
+                (None, _) => return Err(ClientError::Invalid("invalid Content-Length")),
+                (Some(n), Some(m)) if n != m => {
+                    return Err(ClientError::Invalid("differing Content-Length values"))
+                }
+                (n, _) => length = n,
+            }
+        }
+        match length {
+            Some(0) => BodyFraming::Known(Framing::Empty),
+            Some(n) => BodyFraming::Known(Framing::Length(n)),
+            None => {
+                keep_alive = false;
+                BodyFraming::UntilClose
+            }
+        }
+    };
+    let mut res = Response::new(Incoming::Empty);
+    *res.status_mut() = status;
+    *res.version_mut() = p.version;
+    *res.headers_mut() = headers;
+    Ok((res, framing, keep_alive))
+}
+
+/// A response body from a target.
+pub(crate) enum Incoming {
+    /// None (a `HEAD` answer, 204, 304, or a zero length).
+    Empty,
+    /// Arrived whole with the head (taken by the first poll).
+    Full(Option<Bytes>),
+    /// Read off the connection as it is polled.
+    Reading(Box<Reader>),
+    /// From an `http2 = true` target (hyper-util's client).
+    H2(hyper::body::Incoming),
+}
+
+/// A response body still arriving on its connection.
+pub(crate) struct Reader {
+    conn: Conn,
+    /// `None`: the body ends with the connection.
+    decoder: Option<Decoder>,
+    /// Bytes left of a `Content-Length` body.
+    remaining: Option<u64>,
+    /// The connection may carry another request once the body has ended.
+    reusable: bool,
+    done: bool,
+}
+
+impl Incoming {
+    /// The connection the body came on, once the body has ended and when
+    /// the connection can carry another request.
+    pub(crate) fn take_conn(&mut self) -> Option<Conn> {
+        match std::mem::replace(self, Incoming::Empty) {
+            Incoming::Reading(r) if r.done && r.reusable && r.conn.inner.buf.is_empty() => {
+                Some(r.conn)
+            }
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+}
+
+impl Reader {
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ClientError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let inner = &mut *self.conn.inner;
+        loop {
+            match &mut self.decoder {
+                Some(d) => match d.decode(&mut inner.buf) {
+                    Ok(Some(data)) => {
+                        if let Some(r) = self.remaining.as_mut() {
+                            *r -= data.len() as u64;
+                        }
+                        self.done = d.is_done();
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                    Ok(None) if d.is_done() => {
+                        self.done = true;
+                        return Poll::Ready(None);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.reusable = false;
+                        return Poll::Ready(Some(Err(ClientError::Invalid(e))));
+                    }
+                },
+                None if !inner.buf.is_empty() => {
+                    return Poll::Ready(Some(Ok(inner.buf.split().freeze())));
+                }
+                None => {}
+            }
+            match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
+                Poll::Ready(Ok(0)) if self.decoder.is_none() => {
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    self.reusable = false;
+                    return Poll::Ready(Some(Err(ClientError::Closed)));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    self.reusable = false;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl HttpBody for Incoming {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Incoming::Empty => Poll::Ready(None),
+            Incoming::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Incoming::Reading(r) => r
+                .poll_data(cx)
+                .map(|d| d.map(|d| d.map(Frame::data).map_err(Into::into))),
+            Incoming::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Incoming::Empty => true,
+            Incoming::Full(data) => data.is_none(),
+            Incoming::Reading(r) => r.done,
+            Incoming::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Incoming::Empty => SizeHint::with_exact(0),
+            Incoming::Full(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Incoming::Reading(r) => match r.remaining {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+            Incoming::H2(b) => b.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(
+        raw: &[u8],
+        head_request: bool,
+    ) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
+        let buf = BytesMut::from(raw);
+        let (p, len) = parse_response(&buf)?.expect("a complete head");
+        let head = Bytes::copy_from_slice(&buf[..len]);
+        build_response(p, &head, head_request)
+    }
+
+    fn framing_of(raw: &str) -> (&'static str, bool) {
+        match response(raw.as_bytes(), false) {
+            Ok((_, BodyFraming::Known(Framing::Empty), ka)) => ("empty", ka),
+            Ok((_, BodyFraming::Known(Framing::Length(_)), ka)) => ("length", ka),
+            Ok((_, BodyFraming::Known(Framing::Chunked), ka)) => ("chunked", ka),
+            Ok((_, BodyFraming::UntilClose, ka)) => ("close", ka),
+            Err(_) => ("error", false),
+        }
+    }
+
+    #[test]
+    fn response_bodies_are_framed_as_rfc_9112_says() {
+        let cases = [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                ("length", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                ("empty", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("chunked", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n",
+                ("chunked", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                ("close", false),
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", ("close", false)),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
+                ("empty", true),
+            ),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", ("empty", true)),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+                ("length", false),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
+                ("length", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                ("length", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                ("error", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
+                ("error", false),
+            ),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(framing_of(raw), want, "{raw:?}");
+        }
+        // A HEAD answer has no body, whatever its length says.
+        let (_, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
+        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+    }
+
+    #[test]
+    fn interim_heads_are_skipped_and_101_refused() {
+        let raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 201 Created\r\nX-A: b\r\nContent-Length: 2\r\n\r\nok";
+        let buf = BytesMut::from(&raw[..]);
+        let (p, len) = parse_response(&buf).unwrap().unwrap();
+        assert_eq!(p.status, 201);
+        assert_eq!(&buf[len..], b"ok");
+        let head = Bytes::copy_from_slice(&buf[..len]);
+        let (res, _, _) = build_response(p, &head, false).unwrap();
+        assert_eq!(res.headers()["x-a"], "b");
+
+        let mut partial = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 2"[..]);
+        assert!(!final_head_ready(&mut partial).unwrap());
+        assert_eq!(&partial[..], b"HTTP/1.1 2");
+
+        let buf = BytesMut::from(&b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"[..]);
+        assert!(parse_response(&buf).is_err());
+        assert!(parse_response(&BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n"[..]
+        ))
+        .is_err());
+        assert!(
+            parse_response(&BytesMut::from(&b"HTTP/1.1 200 OK\r\nX: y\r\n"[..]))
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn request_heads_carry_the_framing_of_their_body() {
+        let head = |method: &str, length: Option<u64>, declared: bool| {
+            let mut b = Request::builder()
+                .method(method)
+                .uri("/p?q=1")
+                .header("host", "t:1");
+            if declared {
+                b = b
+                    .header("content-length", "0")
+                    .header("transfer-encoding", "chunked");
+            }
+            let (parts, ()) = b.body(()).unwrap().into_parts();
+            let mut out = Vec::new();
+            encode_head(&mut out, &parts, length);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            head("GET", Some(0), false),
+            "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\n\r\n"
+        );
+        assert_eq!(
+            head("POST", Some(0), false),
+            "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n"
+        );
+        assert_eq!(
+            head("GET", Some(0), true),
+            "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n"
+        );
+        assert_eq!(
+            head("PUT", Some(12), true),
+            "PUT /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 12\r\n\r\n"
+        );
+        assert_eq!(
+            head("POST", None, false),
+            "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let mut line = Vec::new();
+        BodyWriter::new(None).frame(&mut line, 0x1a2b);
+        assert_eq!(line, b"1a2b\r\n");
+    }
+}
