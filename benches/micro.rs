@@ -14,7 +14,7 @@ use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::token::{check_api_key_format, generate_api_key, hash_secret};
 use mpg_gateway::auth::SecretHash;
 use mpg_gateway::error::{AuthReason, GatewayError};
-use mpg_gateway::proxy::headers::{add_identity, sanitize_request, ForwardedFor, Identity};
+use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::ratelimit::{LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter};
 use mpg_gateway::routes::{check_head, check_target, RouteMatch, Router};
 use mpg_gateway::store::{
@@ -335,15 +335,33 @@ fn header_rewrite(c: &mut Criterion) {
         proto: "https",
         host: Some("api.example.com"),
     };
+    let added = Added {
+        identity: Some(id),
+        forwarded: fwd,
+        request_id: &request_id,
+    };
     let mut g = c.benchmark_group("headers");
     g.throughput(Throughput::Elements(1));
+    // HTTP/2 targets: the gateway's fields go into the header map.
     g.bench_function("sanitize_and_add_identity", |b| {
         b.iter_batched(
             client_headers,
             |mut h| {
                 sanitize_request(&mut h);
-                add_identity(&mut h, Some(&id), &fwd, &request_id);
+                added.add_to(&mut h);
                 h
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    // HTTP/1.1 targets: written as lines behind the request's own headers.
+    g.bench_function("sanitize_and_write_identity", |b| {
+        b.iter_batched(
+            || (client_headers(), Vec::with_capacity(512)),
+            |(mut h, mut out)| {
+                sanitize_request(&mut h);
+                added.write_to(&mut out);
+                (h, out)
             },
             BatchSize::SmallInput,
         )

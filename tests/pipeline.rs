@@ -141,6 +141,10 @@ async fn an_api_key_reaches_the_upstream_with_the_identity_the_gateway_vouches_f
     assert_eq!(h["x-mpg-key-id"], w.seed.key_id.as_str());
     assert_eq!(h["x-mpg-scopes"], "clusters:read clusters:write");
     assert_eq!(h["x-request-id"], "trace-123");
+    // Each field the gateway sets arrives once: the client's copies are gone.
+    for name in ["x-request-id", "x-mpg-role", "x-forwarded-for", "host"] {
+        assert_eq!(h.get_all(name).iter().count(), 1, "{name}");
+    }
     assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["x-forwarded-host"], w.gw.addr.to_string().as_str());

@@ -23,7 +23,7 @@ use crate::body::Body;
 use crate::config::{AuthMode, OrgSource, PolicyKey};
 use crate::error::{AuthReason, GatewayError};
 use crate::gateway::{Gateway, RouteEntry, Target};
-use crate::proxy::headers::{add_identity, sanitize_request, ForwardedFor, Identity, X_REQUEST_ID};
+use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity, X_REQUEST_ID};
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
@@ -465,19 +465,24 @@ impl Gateway {
             }
             None => None,
         };
-        let fwd = ForwardedFor {
-            client_ip: conn.peer.ip(),
-            proto: if conn.tls { "https" } else { "http" },
-            host: host.as_deref(),
+        let added = Added {
+            identity,
+            forwarded: ForwardedFor {
+                client_ip: conn.peer.ip(),
+                proto: if conn.tls { "https" } else { "http" },
+                host: host.as_deref(),
+            },
+            request_id,
         };
-        add_identity(&mut parts.headers, identity.as_ref(), &fwd, request_id);
         // Origin form to the upstream, whatever form (or HTTP version) the client used.
         parts.uri = match parts.uri.path_and_query() {
             Some(pq) => Uri::from(pq.clone()),
             None => Uri::from_static("/"),
         };
         parts.version = Version::HTTP_11;
-        let result = upstream.forward(Request::from_parts(parts, body)).await;
+        let result = upstream
+            .forward(Request::from_parts(parts, body), Some(&added))
+            .await;
         let outcome = match &result {
             Ok(_) => "response",
             Err(UpstreamError::Timeout) => "timeout",

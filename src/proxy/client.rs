@@ -35,6 +35,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::headers::Added;
 use crate::body::{Body, BoxError};
 use crate::h1::{has_token, parse_length, poll_read_more, Decoder, Framing};
 
@@ -127,6 +128,7 @@ impl Conn {
     pub(crate) async fn send(
         mut self,
         req: Request<Body>,
+        added: Option<&Added<'_>>,
     ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
@@ -137,7 +139,7 @@ impl Conn {
         };
         let inner = &mut *self.inner;
         inner.out.clear();
-        encode_head(&mut inner.out, &parts, length);
+        encode_head(&mut inner.out, &parts, length, added);
 
         // A body piece that is ready now goes out with the head.
         let mut first = Bytes::new();
@@ -192,7 +194,8 @@ impl Conn {
 
         let mut reusable = true;
         if !body_done {
-            match stream_body(inner, &mut body, writer).await {
+            // Boxed: the usual request's future carries no room for this.
+            match Box::pin(stream_body(inner, &mut body, writer)).await {
                 Ok(Streamed::Whole) => {}
                 Ok(Streamed::AnsweredEarly) => reusable = false,
                 Err(e) => return Err(SendError::Failed(e)),
@@ -431,9 +434,15 @@ async fn write_some<B: Buf>(io: &mut Io, buf: &mut B) -> io::Result<usize> {
     Ok(n)
 }
 
-/// The request line and header fields, framed for `length` (`None`:
-/// chunked). `Content-Length` and `Transfer-Encoding` are the framing's own.
-fn encode_head(out: &mut Vec<u8>, parts: &http::request::Parts, length: Option<u64>) {
+/// The request line, its header fields and the gateway's ([`Added`]),
+/// framed for `length` (`None`: chunked). `Content-Length` and
+/// `Transfer-Encoding` are the framing's own.
+fn encode_head(
+    out: &mut Vec<u8>,
+    parts: &http::request::Parts,
+    length: Option<u64>,
+    added: Option<&Added<'_>>,
+) {
     let path = parts
         .uri
         .path_and_query()
@@ -457,6 +466,9 @@ fn encode_head(out: &mut Vec<u8>, parts: &http::request::Parts, length: Option<u
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    if let Some(added) = added {
+        added.write_to(out);
     }
     match length {
         // An empty body is said only where one is expected.
@@ -899,7 +911,7 @@ mod tests {
             }
             let (parts, ()) = b.body(()).unwrap().into_parts();
             let mut out = Vec::new();
-            encode_head(&mut out, &parts, length);
+            encode_head(&mut out, &parts, length, None);
             String::from_utf8(out).unwrap()
         };
         assert_eq!(

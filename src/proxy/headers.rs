@@ -1,7 +1,8 @@
 //! Header hygiene for forwarded requests and relayed responses.
 //!
-//! `sanitize_request` always runs before `add_identity`: a client naming a
-//! gateway header in `Connection` can then only remove its own copy.
+//! `sanitize_request` always runs before the gateway's own headers ([`Added`])
+//! are added: a client naming a gateway header in `Connection` can then only
+//! remove its own copy.
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
 use std::net::IpAddr;
 
@@ -139,6 +140,8 @@ pub fn sanitize_request(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
     headers.remove(AUTHORIZATION);
     headers.remove(HOST);
+    // The gateway sends its own (the client's, when it is sane): see `Added`.
+    headers.remove(X_REQUEST_ID);
     let spoofable = is_spoofable;
     if headers.keys().any(spoofable) {
         let names: Vec<HeaderName> = headers.keys().filter(|n| spoofable(n)).cloned().collect();
@@ -148,43 +151,70 @@ pub fn sanitize_request(headers: &mut HeaderMap) {
     }
 }
 
-fn put(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    // A value that is not a valid header value is not sent (never a panic).
-    if let Ok(v) = HeaderValue::from_str(value) {
-        headers.insert(name, v);
-    }
+/// What the gateway adds to a forwarded request: the identity it vouches
+/// for, the request id and `X-Forwarded-*`. The HTTP/1.1 client writes these
+/// lines straight after the request's own headers ([`Added::write_to`]);
+/// HTTP/2 targets get them in the header map ([`Added::add_to`]). Both come
+/// from the one list in [`Added::each`].
+#[derive(Debug)]
+pub struct Added<'a> {
+    /// The caller, on authenticated routes.
+    pub identity: Option<Identity<'a>>,
+    /// The client's connection.
+    pub forwarded: ForwardedFor<'a>,
+    /// `X-Request-Id`.
+    pub request_id: &'a HeaderValue,
 }
 
-/// Adds the identity, request id and `X-Forwarded-*` headers.
-pub fn add_identity(
-    headers: &mut HeaderMap,
-    id: Option<&Identity<'_>>,
-    fwd: &ForwardedFor<'_>,
-    request_id: &HeaderValue,
-) {
-    if let Some(id) = id {
-        put(headers, X_MPG_ORGANIZATION_ID, id.organization_id);
-        put(headers, X_MPG_USER_ID, id.user_id);
-        put(headers, X_MPG_ROLE, id.role);
-        headers.insert(X_MPG_AUTH, HeaderValue::from_static(id.auth));
-        if let Some(key_id) = id.key_id {
-            put(headers, X_MPG_KEY_ID, key_id);
+impl Added<'_> {
+    /// Each field, in the order sent. A value that is not a valid header
+    /// value (visible ASCII, space, tab) is left out, never a panic.
+    fn each(&self, mut field: impl FnMut(HeaderName, &[u8])) {
+        let mut put = |name: HeaderName, value: &[u8]| {
+            if value
+                .iter()
+                .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t')
+            {
+                field(name, value);
+            }
+        };
+        if let Some(id) = &self.identity {
+            put(X_MPG_ORGANIZATION_ID, id.organization_id.as_bytes());
+            put(X_MPG_USER_ID, id.user_id.as_bytes());
+            put(X_MPG_ROLE, id.role.as_bytes());
+            put(X_MPG_AUTH, id.auth.as_bytes());
+            if let Some(key_id) = id.key_id {
+                put(X_MPG_KEY_ID, key_id.as_bytes());
+            }
+            put(X_MPG_SCOPES, id.scopes.as_bytes());
         }
-        put(headers, X_MPG_SCOPES, id.scopes);
+        put(X_REQUEST_ID, self.request_id.as_bytes());
+        let ip = crate::ip::IpText::new(self.forwarded.client_ip);
+        put(X_FORWARDED_FOR, ip.as_str().as_bytes());
+        put(X_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
+        if let Some(host) = self.forwarded.host {
+            put(X_FORWARDED_HOST, host.as_bytes());
+        }
     }
-    headers.insert(X_REQUEST_ID, request_id.clone());
-    headers.insert(X_FORWARDED_FOR, ip_value(fwd.client_ip));
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(fwd.proto));
-    if let Some(host) = fwd.host {
-        put(headers, X_FORWARDED_HOST, host);
-    }
-}
 
-/// An IP address as a header value, formatted on the stack (an address is
-/// always a valid value).
-fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(crate::ip::IpText::new(ip).as_str())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    /// Inserts the fields into `headers` (replacing any of the same name).
+    pub fn add_to(&self, headers: &mut HeaderMap) {
+        self.each(|name, value| {
+            if let Ok(v) = HeaderValue::from_bytes(value) {
+                headers.insert(name, v);
+            }
+        });
+    }
+
+    /// Appends the fields as `name: value` lines.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        self.each(|name, value| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        });
+    }
 }
 
 /// Removes hop-by-hop and `Connection`-named headers from an upstream response.
@@ -205,6 +235,51 @@ mod tests {
             );
         }
         h
+    }
+
+    fn added<'a>(
+        identity: Option<Identity<'a>>,
+        forwarded: ForwardedFor<'a>,
+        request_id: &'a HeaderValue,
+    ) -> Added<'a> {
+        Added {
+            identity,
+            forwarded,
+            request_id,
+        }
+    }
+
+    #[test]
+    fn the_written_lines_are_the_fields_added_to_a_map_and_bad_values_are_left_out() {
+        let mut id = identity();
+        id.user_id = "bad\r\nx-injected: 1";
+        let rid = HeaderValue::from_static("rid");
+        let fwd = || ForwardedFor {
+            client_ip: "10.1.2.3".parse().unwrap(),
+            proto: "https",
+            host: Some("api.example"),
+        };
+        let mut lines = Vec::new();
+        added(Some(identity()), fwd(), &rid).write_to(&mut lines);
+        let mut map = HeaderMap::new();
+        added(Some(identity()), fwd(), &rid).add_to(&mut map);
+        let mut from_map = Vec::new();
+        for (n, v) in &map {
+            from_map.extend_from_slice(format!("{}: {}\r\n", n, v.to_str().unwrap()).as_bytes());
+        }
+        assert_eq!(
+            String::from_utf8(lines).unwrap(),
+            String::from_utf8(from_map).unwrap()
+        );
+
+        let mut lines = Vec::new();
+        added(Some(id), fwd(), &rid).write_to(&mut lines);
+        let text = String::from_utf8(lines).unwrap();
+        assert!(
+            !text.contains("x-mpg-user-id") && !text.contains("injected"),
+            "{text}"
+        );
+        assert!(text.contains("x-mpg-organization-id: acme\r\n"), "{text}");
     }
 
     fn identity() -> Identity<'static> {
@@ -239,8 +314,19 @@ mod tests {
         let v6: IpAddr = "2001:db8:ffff:ffff:ffff:ffff:255.255.255.255"
             .parse()
             .unwrap();
-        assert_eq!(ip_value(v6), "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff");
-        assert_eq!(ip_value("10.0.0.1".parse().unwrap()), "10.0.0.1");
+        let forwarded_for = |ip: IpAddr| {
+            let rid = HeaderValue::from_static("r");
+            let fwd = ForwardedFor {
+                client_ip: ip,
+                proto: "http",
+                host: None,
+            };
+            let mut h = HeaderMap::new();
+            added(None, fwd, &rid).add_to(&mut h);
+            h[X_FORWARDED_FOR].clone()
+        };
+        assert_eq!(forwarded_for(v6), "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff");
+        assert_eq!(forwarded_for("10.0.0.1".parse().unwrap()), "10.0.0.1");
     }
 
     #[test]
@@ -262,12 +348,8 @@ mod tests {
             proto: "https",
             host: Some("api.example"),
         };
-        add_identity(
-            &mut h,
-            Some(&identity()),
-            &fwd,
-            &HeaderValue::from_static("rid"),
-        );
+        let rid = HeaderValue::from_static("rid");
+        added(Some(identity()), fwd, &rid).add_to(&mut h);
         assert_eq!(h["x-mpg-user-id"], "alice");
         assert_eq!(h["x-request-id"], "rid");
         assert_eq!(h["x-forwarded-for"], "10.1.2.3");
@@ -313,6 +395,7 @@ mod tests {
             ("te", "trailers"),
             ("upgrade", "websocket"),
             ("proxy-authorization", "Basic x"),
+            ("x-request-id", "mpg_not_to_be_forwarded"),
         ]);
         sanitize_request(&mut h);
         assert!(h.is_empty(), "{h:?}");
@@ -321,12 +404,8 @@ mod tests {
             proto: "http",
             host: None,
         };
-        add_identity(
-            &mut h,
-            Some(&identity()),
-            &fwd,
-            &HeaderValue::from_static("r"),
-        );
+        let rid = HeaderValue::from_static("r");
+        added(Some(identity()), fwd, &rid).add_to(&mut h);
         assert_eq!(h.get_all("x-mpg-organization-id").iter().count(), 1);
         assert_eq!(h["x-mpg-organization-id"], "acme");
         assert_eq!(h["x-mpg-key-id"], "key_1");
@@ -342,7 +421,8 @@ mod tests {
             proto: "http",
             host: Some("h"),
         };
-        add_identity(&mut h, None, &fwd, &HeaderValue::from_static("r"));
+        let rid = HeaderValue::from_static("r");
+        added(None, fwd, &rid).add_to(&mut h);
         assert!(!h.keys().any(|k| k.as_str().starts_with("x-mpg-")));
         let mut res = map(&[
             ("connection", "x-hop"),

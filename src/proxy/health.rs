@@ -167,7 +167,7 @@ pub(crate) async fn active_check(
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
                     .body(crate::body::empty())
                     .ok()?;
-                let (res, conn) = tokio::time::timeout(timeout, transport.send(t, i, req))
+                let (res, conn) = tokio::time::timeout(timeout, transport.send(t, i, req, None))
                     .await
                     .ok()?
                     .ok()?;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::balance::Balancer;
 use super::client::{ClientError, Conn, Incoming, SendError};
 use super::headers::sanitize_response;
+use super::headers::Added;
 use super::health::{active_check, Targets};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
 use super::tls_client::{connector, TimeoutConnector};
@@ -74,10 +75,14 @@ impl Transport {
         targets: &Targets,
         i: usize,
         mut req: Request<Body>,
+        added: Option<&Added<'_>>,
     ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
         let target = &targets.list[i];
         match self {
             Transport::Http2(client) => {
+                if let Some(added) = added {
+                    added.add_to(req.headers_mut());
+                }
                 let path = req.uri().path_and_query().cloned();
                 *req.uri_mut() = target.uri(path)?;
                 let res = client.request(req).await.map_err(classify)?;
@@ -89,9 +94,10 @@ impl Transport {
                 loop {
                     let (conn, reused) = match target.pool.take() {
                         Some(c) => (c, true),
-                        None => (connect(connector, target).await?, false),
+                        // Boxed: a new connection is the exception.
+                        None => (Box::pin(connect(connector, target)).await?, false),
                     };
-                    match conn.send(req).await {
+                    match conn.send(req, added).await {
                         Ok(sent) => return Ok(sent),
                         // A kept-alive connection the target had closed: nothing
                         // of the request went out, so it goes on another.
@@ -291,9 +297,11 @@ impl Upstream {
         let Some(&first) = full.first() else {
             return Ok(None);
         };
-        // Every healthy target is at its limit: wait a little for a slot, then 503.
+        // Every healthy target is at its limit: wait a little for a slot, then
+        // 503. Boxed: the usual request's future carries no room for the wait.
         let permits = self.targets.list[first].permits.clone();
-        match tokio::time::timeout(self.connect_timeout, permits.acquire_owned()).await {
+        let wait = tokio::time::timeout(self.connect_timeout, permits.acquire_owned());
+        match Box::pin(wait).await {
             Ok(Ok(p)) => Ok(Some(InFlight::new(self.targets.clone(), first, p))),
             _ => Err(UpstreamError::Saturated),
         }
@@ -303,7 +311,11 @@ impl Upstream {
     /// target, streaming the body both ways. A connect failure is retried on
     /// another target only for an idempotent method whose body was never
     /// polled: nothing of it can have reached a target.
-    pub async fn forward(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+    pub async fn forward(
+        &self,
+        req: Request<Body>,
+        added: Option<&Added<'_>>,
+    ) -> Result<Response<Body>, UpstreamError> {
         let started = Instant::now();
         let deadline = self.timeout.map(|t| started + t);
         let (mut parts, body) = req.into_parts();
@@ -358,9 +370,12 @@ impl Upstream {
                     .min(d.saturating_duration_since(Instant::now())),
                 None => self.request_timeout,
             };
-            let sent =
-                self.transport
-                    .send(&self.targets, i, Request::from_parts(this_parts, this_body));
+            let sent = self.transport.send(
+                &self.targets,
+                i,
+                Request::from_parts(this_parts, this_body),
+                added,
+            );
             let err = match tokio::time::timeout(wait, sent).await {
                 Ok(Ok((res, conn))) => return Ok(self.relay(res, conn, hold, deadline)),
                 Err(_) => {
@@ -507,7 +522,7 @@ mod tests {
     async fn forwards_and_strips_hop_headers_from_the_response() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, x-hop\r\nx-hop: 1\r\nRetry-After: 3\r\n\r\nok", false, false).await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
-        let res = up.forward(get("/a?b=c")).await.unwrap();
+        let res = up.forward(get("/a?b=c"), None).await.unwrap();
         assert_eq!(res.status(), 200);
         assert!(!res.headers().contains_key("x-hop"));
         assert_eq!(res.headers()["retry-after"], "3");
@@ -554,7 +569,7 @@ mod tests {
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         let seq = std::sync::atomic::Ordering::SeqCst;
         for round in 1..=5 {
-            let res = up.forward(get("/")).await.unwrap();
+            let res = up.forward(get("/"), None).await.unwrap();
             assert_eq!(res.status(), 200, "request {round}");
             assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "ok");
             assert_eq!(up.targets.list[0].pool.idle(), 1, "request {round}");
@@ -573,7 +588,7 @@ mod tests {
         };
         let up = Upstream::new("t", &cfg(refused, 2000)).unwrap();
         assert!(matches!(
-            up.forward(get("/")).await,
+            up.forward(get("/"), None).await,
             Err(UpstreamError::Connect(_))
         ));
 
@@ -584,7 +599,7 @@ mod tests {
         )
         .await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
-        match up.forward(get("/")).await {
+        match up.forward(get("/"), None).await {
             // Headers arrived; the body then fails mid-stream.
             Ok(res) => assert!(res.into_body().collect().await.is_err()),
             Err(e) => assert!(matches!(e, UpstreamError::Reset(_)), "{e}"),
@@ -592,7 +607,7 @@ mod tests {
         let addr = raw_server(b"", true, false).await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         assert!(matches!(
-            up.forward(get("/")).await,
+            up.forward(get("/"), None).await,
             Err(UpstreamError::Reset(_))
         ));
 
@@ -600,7 +615,7 @@ mod tests {
         let up = Upstream::new("t", &cfg(addr, 200)).unwrap();
         let started = std::time::Instant::now();
         assert!(matches!(
-            up.forward(get("/")).await,
+            up.forward(get("/"), None).await,
             Err(UpstreamError::Timeout)
         ));
         assert!(started.elapsed() < Duration::from_secs(2));
@@ -662,7 +677,7 @@ mod tests {
             .map_err(|never| match never {})
             .boxed();
         let res = up
-            .forward(Request::post("/upload").body(body).unwrap())
+            .forward(Request::post("/upload").body(body).unwrap(), None)
             .await
             .unwrap();
         assert_eq!(res.status(), 413);
@@ -681,7 +696,7 @@ mod tests {
         let body: Body = Limited::new(StreamBody::new(chunks), 4096).boxed();
         let req = Request::post("/").body(body).unwrap();
         assert!(matches!(
-            up.forward(req).await,
+            up.forward(req, None).await,
             Err(UpstreamError::BodyTooLarge)
         ));
     }
