@@ -37,7 +37,7 @@ use tokio::net::TcpStream;
 
 use super::headers::Added;
 use crate::body::{Body, BoxError};
-use crate::h1::{has_token, parse_length, poll_read_more, Decoder, Framing};
+use crate::h1::{after_queued_tasks, has_token, parse_length, poll_read_more, Decoder, Framing};
 
 /// The stream to a target: TCP, or TLS over TCP for `https://` targets.
 pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
@@ -174,9 +174,8 @@ impl Conn {
         }
         let tail = writer.tail(first.is_empty(), body_done);
 
-        // Written once this scheduler tick's other ready requests have been
-        // through: the target's process is woken once for all of them.
-        tokio::task::yield_now().await;
+        // Written after the other ready requests: see `after_queued_tasks`.
+        after_queued_tasks().await;
         let mut out = (&inner.out[..]).chain(first).chain(tail);
         let mut written = 0;
         while out.has_remaining() {
