@@ -355,23 +355,29 @@ EOF2
 # record SCENARIO TARGET RUN JSON-FIELDS...: one raw line per run
 record() { echo "{\"scenario\":\"$1\",\"target\":\"$2\",\"run\":$3,$4}" >>"$RAW"; }
 
-# wrk_run SCENARIO TARGET URL SERVER_PID [wrk args...]: saturation, CPU and RSS
+# wrk_once SCENARIO TARGET URL SERVER_PID RUN [wrk args...]: one saturation run, CPU and RSS
+wrk_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 r=$5; shift 5
+  local pids t0 t1 out rss
+  pids=$(tree_pids "$pid")
+  t0=$(cpu_ticks $pids)
+  taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s "$@" "$url" >"$WORK/wrk.out" 2>&1 &
+  local wpid=$!
+  sleep "$(python3 -c "print($DURATION/2)")"
+  rss=0; for p in $pids; do rss=$((rss + $(rss_kib "$p"))); done
+  wait "$wpid" || { cat "$WORK/wrk.out" >&2; exit 1; }
+  t1=$(cpu_ticks $pids)
+  out=$(grep '^WRKJSON ' "$WORK/wrk.out" | sed 's/^WRKJSON {//; s/}$//')
+  record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
+  log "  $scenario/$target run $r: $(python3 -c "import json;d=json.loads('{'+'''$out'''+'}');print(round(d['requests']/d['duration_us']*1e6), 'req/s, p99', d['p99_us'], 'us')")"
+}
+
+# wrk_run SCENARIO TARGET URL SERVER_PID [wrk args...]: RUNS saturation runs
 wrk_run() {
   local scenario=$1 target=$2 url=$3 pid=$4; shift 4
   local r
   for r in $(seq "$RUNS"); do
-    local pids t0 t1 out rss
-    pids=$(tree_pids "$pid")
-    t0=$(cpu_ticks $pids)
-    taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s "$@" "$url" >"$WORK/wrk.out" 2>&1 &
-    local wpid=$!
-    sleep "$(python3 -c "print($DURATION/2)")"
-    rss=0; for p in $pids; do rss=$((rss + $(rss_kib "$p"))); done
-    wait "$wpid" || { cat "$WORK/wrk.out" >&2; exit 1; }
-    t1=$(cpu_ticks $pids)
-    out=$(grep '^WRKJSON ' "$WORK/wrk.out" | sed 's/^WRKJSON {//; s/}$//')
-    record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
-    log "  $scenario/$target run $r: $(python3 -c "import json;d=json.loads('{'+'''$out'''+'}');print(round(d['requests']/d['duration_us']*1e6), 'req/s, p99', d['p99_us'], 'us')")"
+    wrk_once "$scenario" "$target" "$url" "$pid" "$r" "$@"
   done
 }
 
@@ -454,16 +460,36 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
 log "$RUNS run(s) x ${DURATION}s, $CONNS connections"
 
-# (1) direct to the upstream
-log "direct"
+# The gateway (plain HTTP), nginx and HAProxy all listen from here on, each on
+# core 0; only the one under load uses it.
 UP_PID="${PIDS[0]}"
-wrk_run saturation direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" -H "$AUTH" -s "$WORK/report.lua"
-
-# (2), (6), (7), (8) and resources: the gateway over plain HTTP
-log "gateway, plain HTTP"
 start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
 curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null || { echo "run.sh: gateway did not answer 200" >&2; tail "$WORK/gateway.log" >&2; exit 1; }
-wrk_run saturation gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
+taskset -c 0 nginx -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" -g 'daemon off;' 2>/dev/null &
+NGX_PID=$!; PIDS+=("$NGX_PID")
+wait_port 127.0.0.1 "$NGX_PORT"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 200 ] || { echo "run.sh: nginx did not answer 200" >&2; exit 1; }
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 401 ] || { echo "run.sh: nginx let an unknown key through" >&2; exit 1; }
+taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" &
+HAP_PID=$!; PIDS+=("$HAP_PID")
+wait_port 127.0.0.1 "$HAP_PORT"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 200 ] || { echo "run.sh: HAProxy did not answer 200" >&2; exit 1; }
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 401 ] || { echo "run.sh: HAProxy let an unknown key through" >&2; exit 1; }
+
+# (1), (2), (9): direct, gateway, nginx and HAProxy at saturation, one of each
+# per round, so that a machine whose speed drifts over minutes (shared hosts
+# do, by ±20%) moves all four alike: the report's paired ratios compare the
+# runs of one round.
+log "saturation, interleaved: direct, gateway, nginx, HAProxy in each round"
+for r in $(seq "$RUNS"); do
+  wrk_once saturation direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
+  wrk_once saturation gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
+  wrk_once saturation nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
+  wrk_once saturation haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
+done
+
+# (6), (7), (8) and resources: the gateway over plain HTTP
+log "gateway, plain HTTP"
 BENCH_KEYS="$WORK/invalid.txt" wrk_run invalid_keys gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
 wrk_run rate_limited_429 gateway "http://127.0.0.1:$GW_PORT/api/v1/limited" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
 BENCH_KEYS="$WORK/key1.txt" wrk_run keys_1 gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
@@ -512,25 +538,13 @@ wrk_run tls_new_conn gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "
 h2load_run http2 gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID"
 stop "$GW_PID"
 
-# (9) nginx and HAProxy doing the same job
-log "nginx"
-taskset -c 0 nginx -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" -g 'daemon off;' &
-NGX_PID=$!; PIDS+=("$NGX_PID")
-wait_port 127.0.0.1 "$NGX_PORT"
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 200 ] || { echo "run.sh: nginx did not answer 200" >&2; exit 1; }
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 401 ] || { echo "run.sh: nginx let an unknown key through" >&2; exit 1; }
-wrk_run saturation nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" -H "$AUTH" -s "$WORK/report.lua"
+# (9) nginx and HAProxy doing the same job, at the gateway's fixed loads
+log "nginx, fixed loads"
 oha_run fixed_half nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$HALF"
 oha_run fixed_quarter nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$QUARTER"
 stop "$NGX_PID"
 
-log "HAProxy"
-taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" &
-HAP_PID=$!; PIDS+=("$HAP_PID")
-wait_port 127.0.0.1 "$HAP_PORT"
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 200 ] || { echo "run.sh: HAProxy did not answer 200" >&2; exit 1; }
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 401 ] || { echo "run.sh: HAProxy let an unknown key through" >&2; exit 1; }
-wrk_run saturation haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" -H "$AUTH" -s "$WORK/report.lua"
+log "HAProxy, fixed loads"
 oha_run fixed_half haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$HALF"
 oha_run fixed_quarter haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$QUARTER"
 stop "$HAP_PID"
