@@ -2,8 +2,9 @@
 //! `httparse`, bodies framed by `Content-Length` or `chunked` and decoded as
 //! the handler reads them, responses written with one `writev` when the body
 //! is ready, keep-alive and pipelining. hyper serves HTTP/2 (a connection
-//! that opens with the h2 preface is handed back to [`crate::server`]) and
-//! is the upstream client.
+//! that opens with the h2 preface is handed back to [`crate::server`]); the
+//! upstream side of HTTP/1.1 is `proxy::client`, which shares the body
+//! decoder and [`after_queued_tasks`] from here.
 //!
 //! Why not hyper's HTTP/1 server: it keeps an 8 KiB read buffer and an
 //! 8 KiB write buffer for the whole life of every connection. Here an idle

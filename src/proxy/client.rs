@@ -913,26 +913,35 @@ mod tests {
             encode_head(&mut out, &parts, length, None);
             String::from_utf8(out).unwrap()
         };
-        assert_eq!(
-            head("GET", Some(0), false),
-            "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\n\r\n"
-        );
-        assert_eq!(
-            head("POST", Some(0), false),
-            "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n"
-        );
-        assert_eq!(
-            head("GET", Some(0), true),
-            "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n"
-        );
-        assert_eq!(
-            head("PUT", Some(12), true),
-            "PUT /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 12\r\n\r\n"
-        );
-        assert_eq!(
-            head("POST", None, false),
-            "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ntransfer-encoding: chunked\r\n\r\n"
-        );
+        let cases = [
+            (
+                ("GET", Some(0), false),
+                "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\n\r\n",
+            ),
+            (
+                ("POST", Some(0), false),
+                "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n",
+            ),
+            (
+                ("GET", Some(0), true),
+                "GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 0\r\n\r\n",
+            ),
+            (
+                ("PUT", Some(12), true),
+                "PUT /p?q=1 HTTP/1.1\r\nhost: t:1\r\ncontent-length: 12\r\n\r\n",
+            ),
+            (
+                ("POST", None, false),
+                "POST /p?q=1 HTTP/1.1\r\nhost: t:1\r\ntransfer-encoding: chunked\r\n\r\n",
+            ),
+        ];
+        for ((method, length, declared), want) in cases {
+            assert_eq!(
+                head(method, length, declared),
+                want,
+                "{method} {length:?} {declared}"
+            );
+        }
         let mut line = Vec::new();
         BodyWriter::new(None).frame(&mut line, 0x1a2b);
         assert_eq!(line, b"1a2b\r\n");
