@@ -172,8 +172,9 @@ pub(crate) fn parse_length(value: &HeaderValue) -> Option<u64> {
     found
 }
 
-/// `chunked` must be the last transfer coding of a request (RFC 9112 §6.3).
-fn ends_in_chunked(value: &HeaderValue) -> bool {
+/// `chunked` must be the last transfer coding (RFC 9112 §6.3): of a request
+/// here, of a response in the upstream client.
+pub(crate) fn ends_in_chunked(value: &HeaderValue) -> bool {
     value
         .as_bytes()
         .rsplit(|&b| b == b',')

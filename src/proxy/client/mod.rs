@@ -21,10 +21,12 @@
 //! a request body streams, the response side is watched: a target that
 //! answers early (a `413` half-way through an upload) has its answer relayed,
 //! and the connection is not reused.
+mod response;
+
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
-use http_body::{Body as HttpBody, Frame, SizeHint};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{Method, Request, Response};
+use http_body::Body as HttpBody;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
 use std::future::poll_fn;
@@ -37,18 +39,15 @@ use tokio::net::TcpStream;
 
 use super::headers::Added;
 use crate::body::{Body, BoxError};
-use crate::h1::{after_queued_tasks, has_token, parse_length, poll_read_more, Decoder, Framing};
+use crate::h1::{after_queued_tasks, poll_read_more, Framing};
+pub(crate) use response::Incoming;
+use response::{final_head_ready, take_response, BodyFraming, Reader};
 
 /// The stream to a target: TCP, or TLS over TCP for `https://` targets.
 pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
 
 /// A response head (status line and header fields) longer than this is refused.
 const MAX_HEAD: usize = 256 * 1024;
-/// Response header fields at most.
-const MAX_HEADERS: usize = 128;
-/// Room left in a response's header map for what the gateway adds to it
-/// (request id, rate-limit fields), so adding them does not grow the map.
-const ADDED_HEADERS: usize = 6;
 /// A first request-body piece up to this size is copied behind the head,
 /// so that both go out in one write.
 const COALESCE: usize = 16 * 1024;
@@ -213,53 +212,29 @@ impl Conn {
         reusable: bool,
     ) -> Result<(Response<Incoming>, Option<Conn>), ClientError> {
         let inner = &mut *self.inner;
-        let (res, head_len) = loop {
-            if !inner.buf.is_empty() {
-                if let Some(parsed) = parse_response(&inner.buf)? {
-                    break parsed;
-                }
-                if inner.buf.len() > MAX_HEAD {
-                    return Err(ClientError::Invalid("response head too large"));
-                }
+        let (mut res, framing, keep_alive) = loop {
+            if let Some(taken) = take_response(&mut inner.buf, head_request)? {
+                break taken;
+            }
+            if inner.buf.len() > MAX_HEAD {
+                return Err(ClientError::Invalid("response head too large"));
             }
             if poll_fn(|cx| poll_read_more(&mut inner.io, cx, &mut inner.buf)).await? == 0 {
                 return Err(ClientError::Closed);
             }
         };
-        let head = inner.buf.split_to(head_len).freeze();
-        let (mut res, framing, keep_alive) = build_response(res, &head, head_request)?;
         let reusable = reusable && keep_alive;
-        let incoming = match framing {
+        *res.body_mut() = match framing {
             BodyFraming::Known(Framing::Empty) => Incoming::Empty,
             BodyFraming::Known(Framing::Length(n)) if inner.buf.len() as u64 >= n => {
-                let data = inner.buf.split_to(n as usize).freeze();
-                Incoming::Full(Some(data))
+                Incoming::Full(Some(inner.buf.split_to(n as usize).freeze()))
             }
-            BodyFraming::Known(framing) => {
-                *res.body_mut() = Incoming::Reading(Box::new(Reader {
-                    conn: self,
-                    decoder: Some(Decoder::new(framing)),
-                    remaining: match framing {
-                        Framing::Length(n) => Some(n),
-                        _ => None,
-                    },
-                    reusable,
-                    done: false,
-                }));
-                return Ok((res, None));
-            }
-            BodyFraming::UntilClose => {
-                *res.body_mut() = Incoming::Reading(Box::new(Reader {
-                    conn: self,
-                    decoder: None,
-                    remaining: None,
-                    reusable: false,
-                    done: false,
-                }));
+            framing => {
+                let reader = Reader::new(self, framing, reusable);
+                *res.body_mut() = Incoming::Reading(Box::new(reader));
                 return Ok((res, None));
             }
         };
-        *res.body_mut() = incoming;
         // Bytes past the response: the target is out of step; not reused.
         let back = (reusable && inner.buf.is_empty()).then_some(self);
         Ok((res, back))
@@ -487,414 +462,9 @@ fn expects_body(m: &Method) -> bool {
     matches!(*m, Method::POST | Method::PUT | Method::PATCH)
 }
 
-/// A parsed response head: status, version, and where each field's name and
-/// value lie in the buffer.
-struct Parsed {
-    status: u16,
-    version: Version,
-    fields: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
-}
-
-/// Parses the final response head at the front of `buf`, dropping interim
-/// (1xx) heads before it: the head and its length, or `None` while it is
-/// incomplete.
-fn parse_response(buf: &BytesMut) -> Result<Option<(Parsed, usize)>, ClientError> {
-    let mut start = 0;
-    loop {
-        let Some((parsed, len)) = parse_one(&buf[start..])? else {
-            return Ok(None);
-        };
-        if parsed.status == 101 {
-            return Err(ClientError::Invalid(
-                "101 Switching Protocols is not supported",
-            ));
-        }
-        if (100..200).contains(&parsed.status) {
-            start += len;
-            continue;
-        }
-        let fields = parsed
-            .fields
-            .into_iter()
-            .map(|(n, v)| {
-                (
-                    n.start + start..n.end + start,
-                    v.start + start..v.end + start,
-                )
-            })
-            .collect();
-        return Ok(Some((Parsed { fields, ..parsed }, start + len)));
-    }
-}
-
-/// Whether a final response head has arrived (interim heads are dropped).
-fn final_head_ready(buf: &mut BytesMut) -> Result<bool, ClientError> {
-    loop {
-        match parse_one(buf)? {
-            Some((p, len)) if (100..200).contains(&p.status) && p.status != 101 => {
-                buf.advance(len);
-            }
-            Some(_) => return Ok(true),
-            None => return Ok(false),
-        }
-    }
-}
-
-/// One response head at the front of `buf`.
-fn parse_one(buf: &[u8]) -> Result<Option<(Parsed, usize)>, ClientError> {
-    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default()
-        .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
-    {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::Invalid("too many header fields"))
-        }
-        Err(_) => return Err(ClientError::Invalid("malformed response head")),
-    };
-    let at = |s: &[u8]| {
-        let from = s.as_ptr() as usize - buf.as_ptr() as usize;
-        from..from + s.len()
-    };
-    let fields = res
-        .headers
-        .iter()
-        .map(|h| (at(h.name.as_bytes()), at(h.value)))
-        .collect();
-    Ok(Some((
-        Parsed {
-            status: res.code.unwrap_or(0),
-            version: match res.version {
-                Some(0) => Version::HTTP_10,
-                _ => Version::HTTP_11,
-            },
-            fields,
-        },
-        len,
-    )))
-}
-
-/// How a response body ends.
-enum BodyFraming {
-    Known(Framing),
-    UntilClose,
-}
-
-/// The response of a parsed head (values share `head`'s bytes), how its
-/// body is framed, and whether the connection may carry another request.
-fn build_response(
-    p: Parsed,
-    head: &Bytes,
-    head_request: bool,
-) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
-    let status =
-        StatusCode::from_u16(p.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
-    let mut headers = HeaderMap::with_capacity(p.fields.len() + ADDED_HEADERS);
-    for (name, value) in p.fields {
-        let name = HeaderName::from_bytes(&head[name])
-            .map_err(|_| ClientError::Invalid("invalid header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value))
-            .map_err(|_| ClientError::Invalid("invalid header value"))?;
-        headers.append(name, value);
-    }
-    let mut keep_alive = p.version == Version::HTTP_11
-        && !headers
-            .get_all(CONNECTION)
-            .iter()
-            .any(|v| has_token(v, "close"));
-    let bodyless = head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let framing = if bodyless {
-        BodyFraming::Known(Framing::Empty)
-    } else if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
-        // A length beside a coding is ignored; the connection is not reused.
-        if headers.contains_key(CONTENT_LENGTH) {
-            keep_alive = false;
-        }
-        let chunked = last
-            .as_bytes()
-            .rsplit(|&b| b == b',')
-            .next()
-            .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        if chunked {
-            BodyFraming::Known(Framing::Chunked)
-        } else {
-            keep_alive = false;
-            BodyFraming::UntilClose
-        }
-    } else {
-        let mut length = None;
-        for v in headers.get_all(CONTENT_LENGTH) {
-            match (parse_length(v), length) {
-                (None, _) => return Err(ClientError::Invalid("invalid Content-Length")),
-                (Some(n), Some(m)) if n != m => {
-                    return Err(ClientError::Invalid("differing Content-Length values"))
-                }
-                (n, _) => length = n,
-            }
-        }
-        match length {
-            Some(0) => BodyFraming::Known(Framing::Empty),
-            Some(n) => BodyFraming::Known(Framing::Length(n)),
-            None => {
-                keep_alive = false;
-                BodyFraming::UntilClose
-            }
-        }
-    };
-    let mut res = Response::new(Incoming::Empty);
-    *res.status_mut() = status;
-    *res.version_mut() = p.version;
-    *res.headers_mut() = headers;
-    Ok((res, framing, keep_alive))
-}
-
-/// A response body from a target.
-pub(crate) enum Incoming {
-    /// None (a `HEAD` answer, 204, 304, or a zero length).
-    Empty,
-    /// Arrived whole with the head (taken by the first poll).
-    Full(Option<Bytes>),
-    /// Read off the connection as it is polled.
-    Reading(Box<Reader>),
-    /// From an `http2 = true` target (hyper-util's client).
-    H2(hyper::body::Incoming),
-}
-
-/// A response body still arriving on its connection.
-pub(crate) struct Reader {
-    conn: Conn,
-    /// `None`: the body ends with the connection.
-    decoder: Option<Decoder>,
-    /// Bytes left of a `Content-Length` body.
-    remaining: Option<u64>,
-    /// The connection may carry another request once the body has ended.
-    reusable: bool,
-    done: bool,
-}
-
-impl Incoming {
-    /// The connection the body came on, once the body has ended and when
-    /// the connection can carry another request.
-    pub(crate) fn take_conn(&mut self) -> Option<Conn> {
-        match std::mem::replace(self, Incoming::Empty) {
-            Incoming::Reading(r) if r.done && r.reusable && r.conn.inner.buf.is_empty() => {
-                Some(r.conn)
-            }
-            other => {
-                *self = other;
-                None
-            }
-        }
-    }
-}
-
-impl Reader {
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ClientError>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let inner = &mut *self.conn.inner;
-        loop {
-            match &mut self.decoder {
-                Some(d) => match d.decode(&mut inner.buf) {
-                    Ok(Some(data)) => {
-                        if let Some(r) = self.remaining.as_mut() {
-                            *r -= data.len() as u64;
-                        }
-                        self.done = d.is_done();
-                        return Poll::Ready(Some(Ok(data)));
-                    }
-                    Ok(None) if d.is_done() => {
-                        self.done = true;
-                        return Poll::Ready(None);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        self.reusable = false;
-                        return Poll::Ready(Some(Err(ClientError::Invalid(e))));
-                    }
-                },
-                None if !inner.buf.is_empty() => {
-                    return Poll::Ready(Some(Ok(inner.buf.split().freeze())));
-                }
-                None => {}
-            }
-            match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
-                Poll::Ready(Ok(0)) if self.decoder.is_none() => {
-                    self.done = true;
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(0)) => {
-                    self.reusable = false;
-                    return Poll::Ready(Some(Err(ClientError::Closed)));
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => {
-                    self.reusable = false;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-}
-
-impl HttpBody for Incoming {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Incoming::Empty => Poll::Ready(None),
-            Incoming::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Incoming::Reading(r) => r
-                .poll_data(cx)
-                .map(|d| d.map(|d| d.map(Frame::data).map_err(Into::into))),
-            Incoming::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Incoming::Empty => true,
-            Incoming::Full(data) => data.is_none(),
-            Incoming::Reading(r) => r.done,
-            Incoming::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Incoming::Empty => SizeHint::with_exact(0),
-            Incoming::Full(data) => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            Incoming::Reading(r) => match r.remaining {
-                Some(n) => SizeHint::with_exact(n),
-                None => SizeHint::default(),
-            },
-            Incoming::H2(b) => b.size_hint(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn response(
-        raw: &[u8],
-        head_request: bool,
-    ) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
-        let buf = BytesMut::from(raw);
-        let (p, len) = parse_response(&buf)?.expect("a complete head");
-        let head = Bytes::copy_from_slice(&buf[..len]);
-        build_response(p, &head, head_request)
-    }
-
-    fn framing_of(raw: &str) -> (&'static str, bool) {
-        match response(raw.as_bytes(), false) {
-            Ok((_, BodyFraming::Known(Framing::Empty), ka)) => ("empty", ka),
-            Ok((_, BodyFraming::Known(Framing::Length(_)), ka)) => ("length", ka),
-            Ok((_, BodyFraming::Known(Framing::Chunked), ka)) => ("chunked", ka),
-            Ok((_, BodyFraming::UntilClose, ka)) => ("close", ka),
-            Err(_) => ("error", false),
-        }
-    }
-
-    #[test]
-    fn response_bodies_are_framed_as_rfc_9112_says() {
-        let cases = [
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
-                ("length", true),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-                ("empty", true),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                ("chunked", true),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n",
-                ("chunked", false),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-                ("close", false),
-            ),
-            ("HTTP/1.1 200 OK\r\n\r\n", ("close", false)),
-            (
-                "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
-                ("empty", true),
-            ),
-            ("HTTP/1.1 304 Not Modified\r\n\r\n", ("empty", true)),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
-                ("length", false),
-            ),
-            (
-                "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
-                ("length", false),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
-                ("length", true),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-                ("error", false),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
-                ("error", false),
-            ),
-        ];
-        for (raw, want) in cases {
-            assert_eq!(framing_of(raw), want, "{raw:?}");
-        }
-        // A HEAD answer has no body, whatever its length says.
-        let (_, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
-        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
-    }
-
-    #[test]
-    fn interim_heads_are_skipped_and_101_refused() {
-        let raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 201 Created\r\nX-A: b\r\nContent-Length: 2\r\n\r\nok";
-        let buf = BytesMut::from(&raw[..]);
-        let (p, len) = parse_response(&buf).unwrap().unwrap();
-        assert_eq!(p.status, 201);
-        assert_eq!(&buf[len..], b"ok");
-        let head = Bytes::copy_from_slice(&buf[..len]);
-        let (res, _, _) = build_response(p, &head, false).unwrap();
-        assert_eq!(res.headers()["x-a"], "b");
-
-        let mut partial = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 2"[..]);
-        assert!(!final_head_ready(&mut partial).unwrap());
-        assert_eq!(&partial[..], b"HTTP/1.1 2");
-
-        let buf = BytesMut::from(&b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"[..]);
-        assert!(parse_response(&buf).is_err());
-        assert!(parse_response(&BytesMut::from(
-            &b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n"[..]
-        ))
-        .is_err());
-        assert!(
-            parse_response(&BytesMut::from(&b"HTTP/1.1 200 OK\r\nX: y\r\n"[..]))
-                .unwrap()
-                .is_none()
-        );
-    }
 
     #[test]
     fn request_heads_carry_the_framing_of_their_body() {

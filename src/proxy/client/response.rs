@@ -1,0 +1,433 @@
+//! The response side of the upstream client: the head parsed off the
+//! connection's buffer (interim 1xx heads dropped) into a header map that
+//! shares the bytes read, the body framed as RFC 9112 says, and the body
+//! itself, read off the connection as the client polls it.
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Response, StatusCode, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::{ClientError, Conn};
+use crate::body::BoxError;
+use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decoder, Framing};
+
+/// Response header fields at most.
+const MAX_HEADERS: usize = 128;
+/// Room left in a response's header map for what the gateway adds to it
+/// (request id, rate-limit fields), so adding them does not grow the map.
+const ADDED_HEADERS: usize = 6;
+
+/// Where a field's name and value lie in the head: name start and end,
+/// value start and end.
+type FieldAt = [u32; 4];
+
+/// A complete response head at the front of the buffer.
+struct Head {
+    status: u16,
+    version: Version,
+    /// Its length in bytes.
+    len: usize,
+    /// How many fields `FieldAt`s were written for.
+    fields: usize,
+}
+
+/// How a response body ends.
+pub(super) enum BodyFraming {
+    Known(Framing),
+    UntilClose,
+}
+
+/// A response taken off the front of `buf`: its head (values share the
+/// bytes read), how its body is framed, and whether the connection may carry
+/// another request. `None` while the head is incomplete. Interim (1xx) heads
+/// before it are dropped; a `101` is refused (no upgrades are tunnelled).
+pub(super) fn take_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
+    // On the stack of this function, never in a future: no allocation per
+    // response for the field positions.
+    let mut at = [[0u32; 4]; MAX_HEADERS];
+    let Some(h) = final_head(buf, &mut at)? else {
+        return Ok(None);
+    };
+    let head = buf.split_to(h.len).freeze();
+    let status =
+        StatusCode::from_u16(h.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
+    let mut headers = HeaderMap::with_capacity(h.fields + ADDED_HEADERS);
+    for &[ns, ne, vs, ve] in &at[..h.fields] {
+        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+            .map_err(|_| ClientError::Invalid("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
+            .map_err(|_| ClientError::Invalid("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let (framing, keep_alive) = framing(&headers, status, h.version, head_request)?;
+    let mut res = Response::new(Incoming::Empty);
+    *res.status_mut() = status;
+    *res.version_mut() = h.version;
+    *res.headers_mut() = headers;
+    Ok(Some((res, framing, keep_alive)))
+}
+
+/// Whether a final response head has arrived (interim heads are dropped).
+pub(super) fn final_head_ready(buf: &mut BytesMut) -> Result<bool, ClientError> {
+    let mut at = [[0u32; 4]; MAX_HEADERS];
+    Ok(final_head(buf, &mut at)?.is_some())
+}
+
+/// Drops the complete interim heads at the front of `buf`; the final head
+/// after them, once it is complete (its fields' positions in `at`).
+fn final_head(
+    buf: &mut BytesMut,
+    at: &mut [FieldAt; MAX_HEADERS],
+) -> Result<Option<Head>, ClientError> {
+    loop {
+        match parse_one(buf, at)? {
+            Some(h) if h.status == 101 => {
+                return Err(ClientError::Invalid(
+                    "101 Switching Protocols is not supported",
+                ))
+            }
+            Some(h) if (100..200).contains(&h.status) => buf.advance(h.len),
+            head => return Ok(head),
+        }
+    }
+}
+
+/// One response head at the front of `buf`.
+fn parse_one(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Head>, ClientError> {
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
+    {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ClientError::Invalid("too many header fields"))
+        }
+        Err(_) => return Err(ClientError::Invalid("malformed response head")),
+    };
+    // A head is at most MAX_HEAD (256 KiB) long: offsets fit in u32.
+    let offset = |s: &[u8]| (s.as_ptr() as usize - buf.as_ptr() as usize) as u32;
+    for (slot, h) in at.iter_mut().zip(res.headers.iter()) {
+        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+        *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
+    }
+    Ok(Some(Head {
+        status: res.code.unwrap_or(0),
+        version: match res.version {
+            Some(0) => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        },
+        len,
+        fields: res.headers.len(),
+    }))
+}
+
+/// How the body of a response with these fields is framed, and whether the
+/// connection may carry another request after it: no body for a `HEAD`
+/// request or a 1xx/204/304; a `Transfer-Encoding` ending in `chunked` wins
+/// over `Content-Length` (any other coding: the body ends with the
+/// connection); differing lengths are invalid; with neither, the body ends
+/// with the connection.
+fn framing(
+    headers: &HeaderMap,
+    status: StatusCode,
+    version: Version,
+    head_request: bool,
+) -> Result<(BodyFraming, bool), ClientError> {
+    let mut keep_alive = version == Version::HTTP_11
+        && !headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "close"));
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((BodyFraming::Known(Framing::Empty), keep_alive));
+    }
+    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+        // A length beside a coding is ignored; the connection is not reused.
+        if headers.contains_key(CONTENT_LENGTH) {
+            keep_alive = false;
+        }
+        if ends_in_chunked(last) {
+            return Ok((BodyFraming::Known(Framing::Chunked), keep_alive));
+        }
+        return Ok((BodyFraming::UntilClose, false));
+    }
+    let mut length = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        match (parse_length(v), length) {
+            (None, _) => return Err(ClientError::Invalid("invalid Content-Length")),
+            (Some(n), Some(m)) if n != m => {
+                return Err(ClientError::Invalid("differing Content-Length values"))
+            }
+            (n, _) => length = n,
+        }
+    }
+    Ok(match length {
+        Some(0) => (BodyFraming::Known(Framing::Empty), keep_alive),
+        Some(n) => (BodyFraming::Known(Framing::Length(n)), keep_alive),
+        None => (BodyFraming::UntilClose, false),
+    })
+}
+
+/// A response body from a target.
+pub(crate) enum Incoming {
+    /// None (a `HEAD` answer, 204, 304, or a zero length).
+    Empty,
+    /// Arrived whole with the head (taken by the first poll).
+    Full(Option<Bytes>),
+    /// Read off the connection as it is polled.
+    Reading(Box<Reader>),
+    /// From an `http2 = true` target (hyper-util's client).
+    H2(hyper::body::Incoming),
+}
+
+/// A response body still arriving on its connection.
+pub(crate) struct Reader {
+    conn: Conn,
+    /// `None`: the body ends with the connection.
+    decoder: Option<Decoder>,
+    /// Bytes left of a `Content-Length` body.
+    remaining: Option<u64>,
+    /// The connection may carry another request once the body has ended.
+    reusable: bool,
+    done: bool,
+}
+
+impl Reader {
+    /// The body of `framing` (not `Empty`), read off `conn`.
+    pub(super) fn new(conn: Conn, framing: BodyFraming, reusable: bool) -> Self {
+        let (decoder, remaining) = match framing {
+            BodyFraming::Known(f @ Framing::Length(n)) => (Some(Decoder::new(f)), Some(n)),
+            BodyFraming::Known(f) => (Some(Decoder::new(f)), None),
+            BodyFraming::UntilClose => (None, None),
+        };
+        // A body that ends with the connection leaves none to reuse.
+        let reusable = reusable && decoder.is_some();
+        Reader {
+            conn,
+            decoder,
+            remaining,
+            reusable,
+            done: false,
+        }
+    }
+
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ClientError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let inner = &mut *self.conn.inner;
+        loop {
+            match &mut self.decoder {
+                Some(d) => match d.decode(&mut inner.buf) {
+                    Ok(Some(data)) => {
+                        if let Some(r) = self.remaining.as_mut() {
+                            *r -= data.len() as u64;
+                        }
+                        self.done = d.is_done();
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                    Ok(None) if d.is_done() => {
+                        self.done = true;
+                        return Poll::Ready(None);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.reusable = false;
+                        return Poll::Ready(Some(Err(ClientError::Invalid(e))));
+                    }
+                },
+                None if !inner.buf.is_empty() => {
+                    return Poll::Ready(Some(Ok(inner.buf.split().freeze())));
+                }
+                None => {}
+            }
+            match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
+                Poll::Ready(Ok(0)) if self.decoder.is_none() => {
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    self.reusable = false;
+                    return Poll::Ready(Some(Err(ClientError::Closed)));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    self.reusable = false;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Incoming {
+    /// The connection the body came on, once the body has ended and when
+    /// the connection can carry another request.
+    pub(crate) fn take_conn(&mut self) -> Option<Conn> {
+        match std::mem::replace(self, Incoming::Empty) {
+            Incoming::Reading(r) if r.done && r.reusable && r.conn.inner.buf.is_empty() => {
+                Some(r.conn)
+            }
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+}
+
+impl HttpBody for Incoming {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Incoming::Empty => Poll::Ready(None),
+            Incoming::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Incoming::Reading(r) => r
+                .poll_data(cx)
+                .map(|d| d.map(|d| d.map(Frame::data).map_err(Into::into))),
+            Incoming::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Incoming::Empty => true,
+            Incoming::Full(data) => data.is_none(),
+            Incoming::Reading(r) => r.done,
+            Incoming::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Incoming::Empty => SizeHint::with_exact(0),
+            Incoming::Full(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Incoming::Reading(r) => match r.remaining {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+            Incoming::H2(b) => b.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(
+        raw: &[u8],
+        head_request: bool,
+    ) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
+        let mut buf = BytesMut::from(raw);
+        Ok(take_response(&mut buf, head_request)?.expect("a complete head"))
+    }
+
+    fn framing_of(raw: &str) -> (&'static str, bool) {
+        match response(raw.as_bytes(), false) {
+            Ok((_, BodyFraming::Known(Framing::Empty), ka)) => ("empty", ka),
+            Ok((_, BodyFraming::Known(Framing::Length(_)), ka)) => ("length", ka),
+            Ok((_, BodyFraming::Known(Framing::Chunked), ka)) => ("chunked", ka),
+            Ok((_, BodyFraming::UntilClose, ka)) => ("close", ka),
+            Err(_) => ("error", false),
+        }
+    }
+
+    #[test]
+    fn response_bodies_are_framed_as_rfc_9112_says() {
+        let cases = [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                ("length", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                ("empty", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("chunked", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n",
+                ("chunked", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                ("close", false),
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", ("close", false)),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
+                ("empty", true),
+            ),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", ("empty", true)),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+                ("length", false),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
+                ("length", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                ("length", true),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                ("error", false),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
+                ("error", false),
+            ),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(framing_of(raw), want, "{raw:?}");
+        }
+        // A HEAD answer has no body, whatever its length says.
+        let (_, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
+        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+    }
+
+    #[test]
+    fn interim_heads_are_skipped_and_101_refused() {
+        let raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 201 Created\r\nX-A: b\r\nContent-Length: 2\r\n\r\nok";
+        let mut buf = BytesMut::from(&raw[..]);
+        let (res, _, _) = take_response(&mut buf, false).unwrap().unwrap();
+        assert_eq!(res.status(), 201);
+        assert_eq!(res.headers()["x-a"], "b");
+        // Taken off the buffer: the body's bytes are next.
+        assert_eq!(&buf[..], b"ok");
+
+        let mut partial = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 2"[..]);
+        assert!(!final_head_ready(&mut partial).unwrap());
+        assert_eq!(&partial[..], b"HTTP/1.1 2");
+
+        let take = |raw: &[u8]| take_response(&mut BytesMut::from(raw), false).map(|r| r.is_some());
+        assert!(take(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n").is_err());
+        assert!(take(b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n").is_err());
+        assert!(!take(b"HTTP/1.1 200 OK\r\nX: y\r\n").unwrap());
+    }
+}
