@@ -167,10 +167,8 @@ pub(crate) async fn active_check(
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
                     .body(crate::body::empty())
                     .ok()?;
-                let (res, conn) = tokio::time::timeout(timeout, transport.send(t, i, req, None))
-                    .await
-                    .ok()?
-                    .ok()?;
+                let deadline = std::time::Instant::now() + timeout;
+                let (res, conn) = transport.send(t, i, req, None, deadline).await.ok()?;
                 if let Some(conn) = conn {
                     t.list[i].pool.put(conn);
                 }

@@ -70,12 +70,14 @@ impl Transport {
     /// Sends `req` (origin-form URI) to target `i`: the response head, and
     /// the HTTP/1.1 connection it came on when the response is already whole
     /// (otherwise its body gives the connection back when it ends).
+    /// [`UpstreamError::Timeout`] when the head has not come by `deadline`.
     pub(crate) async fn send(
         &self,
         targets: &Targets,
         i: usize,
         mut req: Request<Body>,
         added: Option<&Added<'_>>,
+        deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
         let target = &targets.list[i];
         match self {
@@ -85,7 +87,10 @@ impl Transport {
                 }
                 let path = req.uri().path_and_query().cloned();
                 *req.uri_mut() = target.uri(path)?;
-                let res = client.request(req).await.map_err(classify)?;
+                let res = tokio::time::timeout_at(deadline.into(), client.request(req))
+                    .await
+                    .map_err(|_| UpstreamError::Timeout)?
+                    .map_err(classify)?;
                 Ok((res.map(Incoming::H2), None))
             }
             Transport::Http1(connector) => {
@@ -95,9 +100,17 @@ impl Transport {
                     let (conn, reused) = match target.pool.take() {
                         Some(c) => (c, true),
                         // Boxed: a new connection is the exception.
-                        None => (Box::pin(connect(connector, target)).await?, false),
+                        None => {
+                            let connecting = connect(connector, target);
+                            match Box::pin(tokio::time::timeout_at(deadline.into(), connecting))
+                                .await
+                            {
+                                Ok(conn) => (conn?, false),
+                                Err(_) => return Err(UpstreamError::Timeout),
+                            }
+                        }
                     };
-                    match conn.send(req, added).await {
+                    match conn.send(req, added, deadline).await {
                         Ok(sent) => return Ok(sent),
                         // A kept-alive connection the target had closed: nothing
                         // of the request went out, so it goes on another.
@@ -364,25 +377,20 @@ impl Upstream {
                 (None, Some(slot)) => TakeOnPoll::from_slot(slot),
                 (None, None) => crate::body::empty(),
             };
-            let wait = match deadline {
-                Some(d) => self
-                    .request_timeout
-                    .min(d.saturating_duration_since(Instant::now())),
-                None => self.request_timeout,
-            };
+            // The response head is due within `request_timeout` of this
+            // attempt, and never after the request's own deadline.
+            let head_by = Instant::now() + self.request_timeout;
+            let head_by = deadline.map_or(head_by, |d| d.min(head_by));
             let sent = self.transport.send(
                 &self.targets,
                 i,
                 Request::from_parts(this_parts, this_body),
                 added,
+                head_by,
             );
-            let err = match tokio::time::timeout(wait, sent).await {
-                Ok(Ok((res, conn))) => return Ok(self.relay(res, conn, hold, deadline)),
-                Err(_) => {
-                    hold.failed();
-                    return Err(UpstreamError::Timeout);
-                }
-                Ok(Err(e)) => e,
+            let err = match sent.await {
+                Ok((res, conn)) => return Ok(self.relay(res, conn, hold, deadline)),
+                Err(e) => e,
             };
             match &err {
                 UpstreamError::BodyTooLarge => return Err(err),
@@ -441,6 +449,9 @@ impl Upstream {
 
 /// A request that went (at least partly) out failed.
 fn classify_sent(e: ClientError) -> UpstreamError {
+    if let ClientError::TimedOut = e {
+        return UpstreamError::Timeout;
+    }
     if source_chain_has::<http_body_util::LengthLimitError>(&e) {
         return UpstreamError::BodyTooLarge;
     }

@@ -29,13 +29,15 @@ use http::{Method, Request, Response};
 use http_body::Body as HttpBody;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 use super::headers::Added;
 use crate::body::{Body, BoxError};
@@ -68,6 +70,9 @@ pub(crate) enum ClientError {
     /// connection failed).
     #[error("request body: {0}")]
     Body(#[source] BoxError),
+    /// No response head by the exchange's deadline.
+    #[error("no response from the upstream in time")]
+    TimedOut,
 }
 
 /// Why a request on a connection failed.
@@ -93,6 +98,9 @@ struct Inner {
     buf: BytesMut,
     /// The request head being written; kept for its capacity.
     out: Vec<u8>,
+    /// The timer of the exchange's deadline, made once per connection (see
+    /// [`poll_expired`]).
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Conn {
@@ -103,6 +111,7 @@ impl Conn {
                 io,
                 buf: BytesMut::new(),
                 out: Vec::new(),
+                timer: None,
             }),
         }
     }
@@ -121,13 +130,15 @@ impl Conn {
     }
 
     /// Sends `req` (origin-form URI, `Host` set) and reads the response
-    /// head. The connection comes back with the response when the response
-    /// is already whole and the connection can carry another request;
-    /// otherwise the response body owns it until it ends.
+    /// head, failing with [`ClientError::TimedOut`] if that is not done by
+    /// `deadline`. The connection comes back with the response when the
+    /// response is already whole and the connection can carry another
+    /// request; otherwise the response body owns it until it ends.
     pub(crate) async fn send(
         mut self,
         req: Request<Body>,
         added: Option<&Added<'_>>,
+        deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
         let head_request = req.method() == Method::HEAD;
         let (parts, mut body) = req.into_parts();
@@ -178,14 +189,16 @@ impl Conn {
         let mut out = (&inner.out[..]).chain(first).chain(tail);
         let mut written = 0;
         while out.has_remaining() {
-            match write_some(&mut inner.io, &mut out).await {
+            match write_some(&mut inner.io, &mut inner.timer, &mut out, deadline).await {
                 Ok(n) => written += n,
-                Err(e) if written == 0 && !polled && e.kind() != io::ErrorKind::WriteZero => {
+                Err(ClientError::Io(e))
+                    if written == 0 && !polled && e.kind() != io::ErrorKind::WriteZero =>
+                {
                     return Err(SendError::Unsent(Box::new(Request::from_parts(
                         parts, body,
                     ))));
                 }
-                Err(e) => return Err(SendError::Failed(e.into())),
+                Err(e) => return Err(SendError::Failed(e)),
             }
         }
         drop(parts);
@@ -193,14 +206,14 @@ impl Conn {
         let mut reusable = true;
         if !body_done {
             // Boxed: the usual request's future carries no room for this.
-            match Box::pin(stream_body(inner, &mut body, writer)).await {
+            match Box::pin(stream_body(inner, &mut body, writer, deadline)).await {
                 Ok(Streamed::Whole) => {}
                 Ok(Streamed::AnsweredEarly) => reusable = false,
                 Err(e) => return Err(SendError::Failed(e)),
             }
         }
         drop(body);
-        self.read_response(head_request, reusable)
+        self.read_response(head_request, reusable, deadline)
             .await
             .map_err(SendError::Failed)
     }
@@ -210,6 +223,7 @@ impl Conn {
         mut self,
         head_request: bool,
         reusable: bool,
+        deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), ClientError> {
         let inner = &mut *self.inner;
         let (mut res, framing, keep_alive) = loop {
@@ -219,7 +233,14 @@ impl Conn {
             if inner.buf.len() > MAX_HEAD {
                 return Err(ClientError::Invalid("response head too large"));
             }
-            if poll_fn(|cx| poll_read_more(&mut inner.io, cx, &mut inner.buf)).await? == 0 {
+            let read = poll_fn(
+                |cx| match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
+                    Poll::Pending => poll_expired(&mut inner.timer, deadline, cx)
+                        .map(|()| Err(ClientError::TimedOut)),
+                    done => done.map_err(ClientError::from),
+                },
+            );
+            if read.await? == 0 {
                 return Err(ClientError::Closed);
             }
         };
@@ -309,6 +330,7 @@ async fn stream_body(
     inner: &mut Inner,
     body: &mut Body,
     mut writer: BodyWriter,
+    deadline: Instant,
 ) -> Result<Streamed, ClientError> {
     // The piece being written: chunk-size line (or nothing), data, CRLF or
     // the last chunk.
@@ -352,7 +374,10 @@ async fn stream_body(
                         .unwrap_or_else(|| io::ErrorKind::WriteZero.into());
                     return Poll::Ready(Err(e.into()));
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    return poll_expired(&mut inner.timer, deadline, cx)
+                        .map(|()| Err(ClientError::TimedOut))
+                }
             };
             let mut n = n;
             let from_line = n.min(line.len() - line_at);
@@ -387,25 +412,64 @@ async fn stream_body(
                 tail = writer.tail(true, true);
                 ended = true;
             }
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                return poll_expired(&mut inner.timer, deadline, cx)
+                    .map(|()| Err(ClientError::TimedOut))
+            }
         }
     })
     .await
 }
 
-/// Writes some of `buf` (vectored): how many bytes went.
-async fn write_some<B: Buf>(io: &mut Io, buf: &mut B) -> io::Result<usize> {
+/// Writes some of `buf` (vectored) by `deadline`: how many bytes went.
+async fn write_some<B: Buf>(
+    io: &mut Io,
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    buf: &mut B,
+    deadline: Instant,
+) -> Result<usize, ClientError> {
     let n = poll_fn(|cx| {
         let mut slices = [IoSlice::new(&[]); 4];
         let k = buf.chunks_vectored(&mut slices);
-        Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k])
+        match Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k]) {
+            Poll::Pending => poll_expired(timer, deadline, cx).map(|()| Err(ClientError::TimedOut)),
+            done => done.map_err(ClientError::from),
+        }
     })
     .await?;
     if n == 0 {
-        return Err(io::ErrorKind::WriteZero.into());
+        return Err(io::Error::from(io::ErrorKind::WriteZero).into());
     }
     buf.advance(n);
     Ok(n)
+}
+
+/// Whether `deadline` has passed; if not, the task is woken when it does.
+///
+/// Per connection, not per request: `timer` is made once and is armed no
+/// later than the current deadline. A later deadline (the next request's)
+/// leaves it alone, and when it fires early it is re-armed, so a busy
+/// connection touches the timer wheel once per deadline's length instead
+/// of twice per request (tokio's `timeout` registers and removes a timer
+/// each time). An early firing wakes the task that polled last, at worst a
+/// finished one: a spurious wake-up, once per deadline's length.
+fn poll_expired(
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    deadline: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let at = tokio::time::Instant::from_std(deadline);
+    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+    if timer.deadline() > at {
+        timer.as_mut().reset(at);
+    }
+    while timer.as_mut().poll(cx).is_ready() {
+        if Instant::now() >= deadline {
+            return Poll::Ready(());
+        }
+        timer.as_mut().reset(at);
+    }
+    Poll::Pending
 }
 
 /// The request line, its header fields and the gateway's ([`Added`]),
@@ -465,6 +529,37 @@ fn expects_body(m: &Method) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn the_connection_timer_ends_each_exchange_at_its_own_deadline() {
+        let mut timer = None;
+        let expired = |timer: &mut Option<Pin<Box<Sleep>>>, deadline| {
+            let mut cx = Context::from_waker(Waker::noop());
+            poll_expired(timer, deadline, &mut cx).is_ready()
+        };
+        // The first exchange arms the timer for its deadline.
+        let first = Instant::now() + Duration::from_millis(40);
+        assert!(!expired(&mut timer, first));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        // The timer fired for the first exchange; the next one, due later,
+        // is not expired by it, and the timer is re-armed for it.
+        let second = Instant::now() + Duration::from_millis(120);
+        assert!(!expired(&mut timer, second));
+        assert_eq!(
+            timer.as_ref().unwrap().deadline(),
+            tokio::time::Instant::from_std(second)
+        );
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!expired(&mut timer, second));
+        // An earlier deadline moves the timer forward.
+        let third = Instant::now() + Duration::from_millis(20);
+        assert!(!expired(&mut timer, third));
+        poll_fn(|cx| poll_expired(&mut timer, third, cx)).await;
+        assert!(Instant::now() >= third);
+        // A deadline already past is expired at once.
+        assert!(expired(&mut timer, Instant::now()));
+    }
 
     #[test]
     fn request_heads_carry_the_framing_of_their_body() {
