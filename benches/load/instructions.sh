@@ -19,8 +19,12 @@ for tool in valgrind callgrind_control nginx; do
 done
 OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
 [ -x "$OHA" ] || { echo "instructions.sh: needs oha (cargo install oha)" >&2; exit 1; }
-(cd "$ROOT" && cargo build --release --bin mpg-gateway >/dev/null 2>&1)
-GW="$ROOT/target/release/mpg-gateway"
+# GW=path/to/mpg-gateway counts that binary (another build, or one with
+# debug line tables for callgrind_annotate); else the release build.
+if [ -z "${GW:-}" ]; then
+  (cd "$ROOT" && cargo build --release --bin mpg-gateway >/dev/null 2>&1)
+  GW="$ROOT/target/release/mpg-gateway"
+fi
 
 WORK="$(mktemp -d /tmp/mpg-instr.XXXXXX)"
 PIDS=()

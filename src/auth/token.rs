@@ -163,6 +163,10 @@ pub fn check_api_key_format(token: &str) -> Result<(), FormatError> {
 /// secret (real ones have 38 and 43; a truncated or mangled one still leaks).
 const SECRET_MIN_BODY: usize = 16;
 
+/// The fewest bytes that can hold a secret by [`looks_like_secret`]: shorter
+/// text (decoded or not, as decoding only shortens) needs no look.
+pub const SECRET_MIN_LEN: usize = 4 + SECRET_MIN_BODY;
+
 /// Whether the bytes hold `mpg_`/`mps_` (any case) followed by at
 /// least `SECRET_MIN_BODY` base62 characters. No allocation;
 /// used to keep secrets out of URLs, request ids and logs.

@@ -35,14 +35,17 @@ struct Outcome {
     route: Option<usize>,
     decision: Option<Decision>,
     principal: Option<Principal>,
+    /// The organization the request names (the log falls back to the
+    /// principal's own).
     organization: Option<String>,
 }
 
-/// The caller's grant for this request, from stage 5.
-struct Grant {
-    principal: Principal,
-    organization: String,
-    role: String,
+/// The caller's grant for this request, from stage 5: borrowed from the
+/// principal and the request, so granting allocates nothing.
+struct Grant<'a> {
+    principal: &'a Principal,
+    organization: &'a str,
+    role: &'a str,
 }
 
 /// What stage 4 found: the organization asked for, and the key named by the
@@ -99,7 +102,11 @@ impl Handler for Gateway {
             peer = %conn.peer.ip(),
             key_id = out.principal.as_ref().and_then(|p| p.key_id()).unwrap_or("-"),
             user_id = out.principal.as_ref().map(|p| p.user_id()).unwrap_or("-"),
-            organization = out.organization.as_deref().unwrap_or("-"),
+            organization = out
+                .organization
+                .as_deref()
+                .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization()))
+                .unwrap_or("-"),
             upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()).unwrap_or("-"),
             bytes_in,
             bytes_out = res.body().size_hint().exact(),
@@ -123,29 +130,24 @@ impl Gateway {
         out.route = Some(index);
         let entry = &self.routes[index];
         // 2. Identity first: every later decision depends on who is asking.
-        let principal = self.authenticate(entry, &req, conn).await?;
-        out.principal = principal.clone();
+        out.principal = self.authenticate(entry, &req, conn).await?;
+        let principal = out.principal.as_ref();
         // 3. Limit before validation, so malformed requests still spend tokens.
         self.rate_limit(
             entry,
-            principal.as_ref(),
+            principal,
             &req,
             path_param.as_deref(),
             conn,
-            out,
+            &mut out.decision,
         )
         .await?;
         // 4. Validate the organization the request is for (and the key it names).
-        let validated = self.validate(entry, &req, path_param).await?;
-        out.organization = validated.organization.clone().or_else(|| {
-            principal
-                .as_ref()
-                .and_then(|p| p.home_organization())
-                .map(str::to_string)
-        });
+        let mut validated = self.validate(entry, &req, path_param).await?;
+        out.organization = validated.organization.take();
         // 5. Authorize: the right organization, then the route's scope.
         let grant = match principal {
-            Some(p) => Some(self.authorize(entry, p, validated.organization.as_deref())?),
+            Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
             None => None,
         };
         // 6. Forward to the upstream (or the built-in key service).
@@ -291,7 +293,7 @@ impl Gateway {
         req: &Request<RequestBody>,
         path_param: Option<&str>,
         conn: &ConnInfo,
-        out: &mut Outcome,
+        decided: &mut Option<Decision>,
     ) -> Result<(), GatewayError> {
         let Some((policy, key_kind)) = entry.policy else {
             return Ok(());
@@ -331,7 +333,7 @@ impl Gateway {
             }
         }
         let retry_after = decision.retry_after_secs.unwrap_or(1);
-        out.decision = Some(decision);
+        *decided = Some(decision);
         if allowed {
             Ok(())
         } else {
@@ -376,27 +378,27 @@ impl Gateway {
     }
 
     /// Stage 5: same organization, then scopes ∩ the user's current role.
-    fn authorize(
+    fn authorize<'a>(
         &self,
         entry: &RouteEntry,
-        principal: Principal,
-        requested: Option<&str>,
-    ) -> Result<Grant, GatewayError> {
+        principal: &'a Principal,
+        requested: Option<&'a str>,
+    ) -> Result<Grant<'a>, GatewayError> {
         let organization = match (requested, principal.home_organization()) {
-            (Some(org), _) => org.to_string(),
-            (None, Some(home)) => home.to_string(),
+            (Some(org), _) => org,
+            (None, Some(home)) => home,
             // Config validation guarantees a session route with a scope names an organization.
-            (None, None) => String::new(),
+            (None, None) => "",
         };
         // Another organization's resource, or not a member: the caller cannot see it.
-        let role = match principal.role_in(&organization) {
-            Some(role) => role.to_string(),
-            None if principal.home_organization() == Some(organization.as_str()) => String::new(),
-            None if entry.route.scope.is_none() && organization.is_empty() => String::new(),
+        let role = match principal.role_in(organization) {
+            Some(role) => role,
+            None if principal.home_organization() == Some(organization) => "",
+            None if entry.route.scope.is_none() && organization.is_empty() => "",
             None => return Err(GatewayError::NotFound),
         };
         if let Some(scope) = &entry.route.scope {
-            if !principal.allows(&self.settings.roles, &role, scope) {
+            if !principal.allows(&self.settings.roles, role, scope) {
                 return Err(GatewayError::Forbidden {
                     required_scope: scope.clone(),
                 });
@@ -414,7 +416,7 @@ impl Gateway {
         &self,
         entry: &RouteEntry,
         req: Request<RequestBody>,
-        grant: Option<Grant>,
+        grant: Option<Grant<'_>>,
         validated: Validated,
         conn: &ConnInfo,
         request_id: &HeaderValue,
@@ -426,9 +428,9 @@ impl Gateway {
             Target::Builtin(op) => {
                 let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
                 let ctx = crate::keys_service::Caller {
-                    principal: &grant.principal,
-                    organization: &grant.organization,
-                    role: &grant.role,
+                    principal: grant.principal,
+                    organization: grant.organization,
+                    role: grant.role,
                 };
                 let req = Request::from_parts(parts, body);
                 // Boxed, so the proxying path's future is not sized for this one.
@@ -443,21 +445,21 @@ impl Gateway {
             }
             Target::Http(upstream) => upstream,
         };
-        let host = parts
-            .headers
-            .get(HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string);
-        let host = host.or_else(|| parts.uri.authority().map(|a| a.to_string()));
+        // Taken out of the map (no copy): the upstream gets the target's own.
+        let host = parts.headers.remove(HOST).or_else(|| {
+            let authority = parts.uri.authority()?;
+            HeaderValue::from_str(authority.as_str()).ok()
+        });
+        let host = host.as_ref().and_then(|h| h.to_str().ok());
         sanitize_request(&mut parts.headers);
         let scopes;
         let identity = match &grant {
             Some(g) => {
-                scopes = g.principal.effective_scopes(&self.settings.roles, &g.role);
+                scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
                 Some(Identity {
-                    organization_id: &g.organization,
+                    organization_id: g.organization,
                     user_id: g.principal.user_id(),
-                    role: &g.role,
+                    role: g.role,
                     auth: g.principal.auth_kind(),
                     key_id: g.principal.key_id(),
                     scopes: &scopes,
@@ -470,7 +472,7 @@ impl Gateway {
             forwarded: ForwardedFor {
                 client_ip: conn.peer.ip(),
                 proto: if conn.tls { "https" } else { "http" },
-                host: host.as_deref(),
+                host,
             },
             request_id,
         };

@@ -77,8 +77,38 @@ fn names_extra_header(token: &str) -> bool {
         && !token.eq_ignore_ascii_case("close")
 }
 
+/// Which of [`HOP_BY_HOP`] are in `headers` (bit `i` for entry `i`): a look
+/// at the few names present, cheaper than hashing each hop-by-hop name for a
+/// removal that usually finds nothing.
+fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
+    let mut present = 0;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        }
+    }
+    present
+}
+
 /// Removes what a client may not pass on, plus the `Connection`-named headers.
 fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let present = hop_by_hop_present(headers);
+    if present == 0 {
+        return;
+    }
+    // HOP_BY_HOP[0] is `Connection`: the headers it names go too.
+    if present & 1 != 0 {
+        remove_connection_named(headers);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Removes the headers that `Connection` names.
+fn remove_connection_named(headers: &mut HeaderMap) {
     let tokens = || {
         headers
             .get_all(CONNECTION)
@@ -95,13 +125,6 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             .collect();
         for name in named {
-            headers.remove(name);
-        }
-    }
-    // Looking at the few names present is cheaper than hashing every
-    // hop-by-hop name for a removal that usually finds nothing.
-    if headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
-        for name in &HOP_BY_HOP {
             headers.remove(name);
         }
     }
@@ -138,13 +161,36 @@ fn is_spoofable(name: &HeaderName) -> bool {
 /// (also spelled with `_`), and the method-override headers.
 pub fn sanitize_request(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
-    headers.remove(AUTHORIZATION);
-    headers.remove(HOST);
-    // The gateway sends its own (the client's, when it is sane): see `Added`.
-    headers.remove(X_REQUEST_ID);
-    let spoofable = is_spoofable;
-    if headers.keys().any(spoofable) {
-        let names: Vec<HeaderName> = headers.keys().filter(|n| spoofable(n)).cloned().collect();
+    // One look at the names present; only those are removed (a removal
+    // hashes its name, found or not).
+    let (mut authorization, mut host, mut request_id, mut spoofed) = (false, false, false, false);
+    for name in headers.keys() {
+        if *name == AUTHORIZATION {
+            authorization = true;
+        } else if *name == HOST {
+            host = true;
+        } else if *name == X_REQUEST_ID {
+            // The gateway sends its own (the client's, when it is sane): see `Added`.
+            request_id = true;
+        } else {
+            spoofed |= is_spoofable(name);
+        }
+    }
+    if authorization {
+        headers.remove(AUTHORIZATION);
+    }
+    if host {
+        headers.remove(HOST);
+    }
+    if request_id {
+        headers.remove(X_REQUEST_ID);
+    }
+    if spoofed {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| is_spoofable(n))
+            .cloned()
+            .collect();
         for name in names {
             headers.remove(name);
         }

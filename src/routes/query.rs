@@ -1,6 +1,6 @@
 //! The strict query parser of DESIGN.md §3 stage 4: names and values
 //! percent-decoded, and every name at most once ("never first wins").
-use crate::auth::token::looks_like_secret;
+use crate::auth::token::{looks_like_secret, SECRET_MIN_LEN};
 use std::borrow::Cow;
 
 /// Most parameters a query may carry.
@@ -96,12 +96,15 @@ fn decoded_bytes(raw: &str) -> impl Iterator<Item = u8> + '_ {
 /// decoded name, or `query` when the name itself is the secret. Secrets in
 /// URLs end up in logs, histories and upstreams, so such requests are refused.
 pub fn find_secret_param(raw: &str) -> Option<String> {
+    if raw.len() < SECRET_MIN_LEN {
+        return None;
+    }
     for piece in raw.split('&') {
         let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
-        if looks_like_secret(decoded_bytes(name)) {
+        if name.len() >= SECRET_MIN_LEN && looks_like_secret(decoded_bytes(name)) {
             return Some("query".to_string());
         }
-        if looks_like_secret(decoded_bytes(value)) {
+        if value.len() >= SECRET_MIN_LEN && looks_like_secret(decoded_bytes(value)) {
             let name: Vec<u8> = decoded_bytes(name).collect();
             return Some(String::from_utf8_lossy(&name).into_owned());
         }
