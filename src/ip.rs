@@ -6,6 +6,7 @@ use std::io::Write;
 use std::net::IpAddr;
 
 /// The text form of one address.
+#[derive(Clone)]
 pub(crate) struct IpText {
     buf: [u8; 48],
     len: usize,
@@ -45,6 +46,12 @@ impl IpText {
 
     pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for IpText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

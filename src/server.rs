@@ -25,6 +25,7 @@ use crate::admin::names;
 use crate::body::{Body, RequestBody};
 use crate::config::Limits;
 use crate::h1;
+use crate::ip::IpText;
 
 /// What the pipeline knows about the connection a request came on.
 #[derive(Debug, Clone)]
@@ -33,6 +34,24 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// Whether the connection is TLS.
     pub tls: bool,
+    /// The client's IP address as text, made once per connection.
+    peer_ip: IpText,
+}
+
+impl ConnInfo {
+    /// A connection from `peer`.
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        ConnInfo {
+            peer,
+            tls,
+            peer_ip: IpText::new(peer.ip()),
+        }
+    }
+
+    /// The client's IP address as text (`X-Forwarded-For`, rate-limit keys).
+    pub fn peer_ip(&self) -> &str {
+        self.peer_ip.as_str()
+    }
 }
 
 /// Turns a request into a response; never fails (errors are responses).
@@ -279,10 +298,7 @@ pub async fn serve<H: Handler>(
         let _ = stream.set_nodelay(true);
         metrics::gauge!(names::CONNECTIONS, "listener" => limits.name).increment(1.0);
         let open = OpenConnection(limits.name);
-        let conn = Arc::new(ConnInfo {
-            peer,
-            tls: tls.is_some(),
-        });
+        let conn = Arc::new(ConnInfo::new(peer, tls.is_some()));
         let (handler, h2, tls, limits, stop) = (
             handler.clone(),
             h2.clone(),

@@ -66,7 +66,10 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
         return Err(CredentialError::Malformed);
     }
     let value = value.to_str().map_err(|_| CredentialError::Malformed)?;
-    let (scheme, token) = value.split_once(' ').ok_or(CredentialError::Malformed)?;
+    let space = value.bytes().position(|b| b == b' ');
+    let (scheme, token) = space
+        .map(|i| (&value[..i], &value[i + 1..]))
+        .ok_or(CredentialError::Malformed)?;
     if !scheme.eq_ignore_ascii_case("bearer")
         || token.is_empty()
         || token.bytes().any(|b| b.is_ascii_whitespace())

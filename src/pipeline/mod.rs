@@ -217,7 +217,7 @@ impl Gateway {
         if entry.route.auth == AuthMode::None {
             return Ok(None);
         }
-        let ip = conn.peer.ip();
+        let ip = conn.peer_ip();
         // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
         if let Some(d) = self.limiter.auth_failures_exceeded(ip).await {
             return Err(GatewayError::TooManyRequests {
@@ -298,7 +298,6 @@ impl Gateway {
         let Some((policy, key_kind)) = entry.policy else {
             return Ok(());
         };
-        let ip;
         let user_key;
         let key: &str = match (key_kind, principal) {
             (PolicyKey::Credential, Some(Principal::ApiKey(k))) => &k.key.id,
@@ -318,10 +317,7 @@ impl Gateway {
                     &user_key
                 }
             },
-            _ => {
-                ip = conn.peer.ip().to_string();
-                &ip
-            }
+            _ => conn.peer_ip(),
         };
         let decision = self.limiter.check(policy, key).await;
         let allowed = decision.allowed;
@@ -470,7 +466,7 @@ impl Gateway {
         let added = Added {
             identity,
             forwarded: ForwardedFor {
-                client_ip: conn.peer.ip(),
+                client_ip: conn.peer_ip(),
                 proto: if conn.tls { "https" } else { "http" },
                 host,
             },

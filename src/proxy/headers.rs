@@ -4,7 +4,6 @@
 //! are added: a client naming a gateway header in `Connection` can then only
 //! remove its own copy.
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
-use std::net::IpAddr;
 
 /// `X-Request-Id`
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -62,7 +61,7 @@ pub struct Identity<'a> {
 #[derive(Debug)]
 pub struct ForwardedFor<'a> {
     /// The client's address.
-    pub client_ip: IpAddr,
+    pub client_ip: &'a str,
     /// `https` or `http`.
     pub proto: &'static str,
     /// The host the client asked for.
@@ -212,51 +211,89 @@ pub struct Added<'a> {
     pub request_id: &'a HeaderValue,
 }
 
+/// A field the gateway adds: its name, and the start of its line on the
+/// wire (`name: `), written as one piece.
+struct Field {
+    name: HeaderName,
+    line: &'static [u8],
+}
+
+macro_rules! field {
+    ($field:ident, $name:ident, $line:literal) => {
+        static $field: Field = Field {
+            name: $name,
+            line: $line,
+        };
+    };
+}
+field!(
+    F_ORGANIZATION_ID,
+    X_MPG_ORGANIZATION_ID,
+    b"x-mpg-organization-id: "
+);
+field!(F_USER_ID, X_MPG_USER_ID, b"x-mpg-user-id: ");
+field!(F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
+field!(F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
+field!(F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
+field!(F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
+field!(F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
+field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
+field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
+field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
+
+/// Whether `value` is a valid header value: visible ASCII, space and tab.
+fn valid_value(value: &[u8]) -> bool {
+    // Counted without an early exit, so it runs on whole vectors; a tab
+    // (rare) takes the second look.
+    let plain = value
+        .iter()
+        .fold(true, |ok, &b| ok & (b.wrapping_sub(0x20) < 0x5f));
+    plain
+        || value
+            .iter()
+            .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t')
+}
+
 impl Added<'_> {
     /// Each field, in the order sent. A value that is not a valid header
     /// value (visible ASCII, space, tab) is left out, never a panic.
-    fn each(&self, mut field: impl FnMut(HeaderName, &[u8])) {
-        let mut put = |name: HeaderName, value: &[u8]| {
-            if value
-                .iter()
-                .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t')
-            {
-                field(name, value);
+    fn each(&self, mut field: impl FnMut(&'static Field, &[u8])) {
+        let mut put = |f: &'static Field, value: &[u8]| {
+            if valid_value(value) {
+                field(f, value);
             }
         };
         if let Some(id) = &self.identity {
-            put(X_MPG_ORGANIZATION_ID, id.organization_id.as_bytes());
-            put(X_MPG_USER_ID, id.user_id.as_bytes());
-            put(X_MPG_ROLE, id.role.as_bytes());
-            put(X_MPG_AUTH, id.auth.as_bytes());
+            put(&F_ORGANIZATION_ID, id.organization_id.as_bytes());
+            put(&F_USER_ID, id.user_id.as_bytes());
+            put(&F_ROLE, id.role.as_bytes());
+            put(&F_AUTH, id.auth.as_bytes());
             if let Some(key_id) = id.key_id {
-                put(X_MPG_KEY_ID, key_id.as_bytes());
+                put(&F_KEY_ID, key_id.as_bytes());
             }
-            put(X_MPG_SCOPES, id.scopes.as_bytes());
+            put(&F_SCOPES, id.scopes.as_bytes());
         }
-        put(X_REQUEST_ID, self.request_id.as_bytes());
-        let ip = crate::ip::IpText::new(self.forwarded.client_ip);
-        put(X_FORWARDED_FOR, ip.as_str().as_bytes());
-        put(X_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
+        put(&F_REQUEST_ID, self.request_id.as_bytes());
+        put(&F_FORWARDED_FOR, self.forwarded.client_ip.as_bytes());
+        put(&F_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
         if let Some(host) = self.forwarded.host {
-            put(X_FORWARDED_HOST, host.as_bytes());
+            put(&F_FORWARDED_HOST, host.as_bytes());
         }
     }
 
     /// Inserts the fields into `headers` (replacing any of the same name).
     pub fn add_to(&self, headers: &mut HeaderMap) {
-        self.each(|name, value| {
+        self.each(|f, value| {
             if let Ok(v) = HeaderValue::from_bytes(value) {
-                headers.insert(name, v);
+                headers.insert(f.name.clone(), v);
             }
         });
     }
 
     /// Appends the fields as `name: value` lines.
     pub fn write_to(&self, out: &mut Vec<u8>) {
-        self.each(|name, value| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
+        self.each(|f, value| {
+            out.extend_from_slice(f.line);
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
         });
@@ -271,6 +308,7 @@ pub fn sanitize_response(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -301,7 +339,7 @@ mod tests {
         id.user_id = "bad\r\nx-injected: 1";
         let rid = HeaderValue::from_static("rid");
         let fwd = || ForwardedFor {
-            client_ip: "10.1.2.3".parse().unwrap(),
+            client_ip: "10.1.2.3",
             proto: "https",
             host: Some("api.example"),
         };
@@ -326,6 +364,23 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("x-mpg-organization-id: acme\r\n"), "{text}");
+    }
+
+    #[test]
+    fn header_values_are_visible_ascii_space_and_tab() {
+        for ok in [&b""[..], b"acme", b"a b\tc", b"~!*:;/ ", &[0x20; 40]] {
+            assert!(valid_value(ok), "{ok:?}");
+        }
+        for bad in [
+            &b"a\rb"[..],
+            b"\n",
+            b"\x7f",
+            b"caf\xc3\xa9",
+            b"\0",
+            &[0x1f; 40],
+        ] {
+            assert!(!valid_value(bad), "{bad:?}");
+        }
     }
 
     fn identity() -> Identity<'static> {
@@ -362,8 +417,9 @@ mod tests {
             .unwrap();
         let forwarded_for = |ip: IpAddr| {
             let rid = HeaderValue::from_static("r");
+            let conn = crate::server::ConnInfo::new((ip, 1).into(), false);
             let fwd = ForwardedFor {
-                client_ip: ip,
+                client_ip: conn.peer_ip(),
                 proto: "http",
                 host: None,
             };
@@ -390,7 +446,7 @@ mod tests {
         ]);
         sanitize_request(&mut h);
         let fwd = ForwardedFor {
-            client_ip: "10.1.2.3".parse().unwrap(),
+            client_ip: "10.1.2.3",
             proto: "https",
             host: Some("api.example"),
         };
@@ -446,7 +502,7 @@ mod tests {
         sanitize_request(&mut h);
         assert!(h.is_empty(), "{h:?}");
         let fwd = ForwardedFor {
-            client_ip: "127.0.0.1".parse().unwrap(),
+            client_ip: "127.0.0.1",
             proto: "http",
             host: None,
         };
@@ -463,7 +519,7 @@ mod tests {
     fn unauthenticated_routes_get_no_identity_and_responses_lose_hop_headers() {
         let mut h = HeaderMap::new();
         let fwd = ForwardedFor {
-            client_ip: "::1".parse().unwrap(),
+            client_ip: "::1",
             proto: "http",
             host: Some("h"),
         };

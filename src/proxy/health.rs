@@ -93,7 +93,12 @@ impl Targets {
 
     /// Milliseconds since the upstream was built (never 0).
     pub(crate) fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
+        self.at(Instant::now())
+    }
+
+    /// [`Targets::now`] for an instant the caller has read already.
+    pub(crate) fn at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
     }
 
     /// Whether target `i` takes requests at `now`.

@@ -284,8 +284,12 @@ impl Upstream {
 
     /// A healthy target not in `tried`, with one of its connection permits.
     /// `None` when no untried target is up.
-    async fn acquire(&self, tried: &[usize]) -> Result<Option<InFlight>, UpstreamError> {
-        let now = self.targets.now();
+    async fn acquire(
+        &self,
+        tried: &[usize],
+        now: Instant,
+    ) -> Result<Option<InFlight>, UpstreamError> {
+        let now = self.targets.at(now);
         let mut full: Vec<usize> = Vec::new();
         loop {
             // The common case (no target full) allocates nothing.
@@ -351,7 +355,12 @@ impl Upstream {
         let mut tried: Vec<usize> = Vec::new();
         let mut attempts: usize = 0;
         loop {
-            let hold = match self.acquire(&tried).await? {
+            // One clock read per attempt (the first attempt's is `started`).
+            let now = match attempts {
+                0 => started,
+                _ => Instant::now(),
+            };
+            let hold = match self.acquire(&tried, now).await? {
                 Some(h) => h,
                 None => {
                     return Err(UpstreamError::Unavailable {
@@ -379,7 +388,7 @@ impl Upstream {
             };
             // The response head is due within `request_timeout` of this
             // attempt, and never after the request's own deadline.
-            let head_by = Instant::now() + self.request_timeout;
+            let head_by = now + self.request_timeout;
             let head_by = deadline.map_or(head_by, |d| d.min(head_by));
             let sent = self.transport.send(
                 &self.targets,

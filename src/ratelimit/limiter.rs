@@ -12,8 +12,6 @@
 //! counting (a per-instance brute-force guard beats none, and refusing everyone is stage 3's
 //! call, not this guard's).
 
-use crate::ip::IpText;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,20 +151,21 @@ impl RateLimiter {
         self.decide(policy, key, Op::Check, false).await
     }
 
-    /// `Some(refusal)` when `client_ip` has used up its authentication-failure bucket
-    /// (checked before any store lookup); does not consume anything.
-    pub async fn auth_failures_exceeded(&self, client_ip: IpAddr) -> Option<Decision> {
-        let key = IpText::new(client_ip);
+    /// `Some(refusal)` when `client_ip` (its text form, [`ConnInfo::peer_ip`])
+    /// has used up its authentication-failure bucket (checked before any
+    /// store lookup); does not consume anything.
+    ///
+    /// [`ConnInfo::peer_ip`]: crate::server::ConnInfo::peer_ip
+    pub async fn auth_failures_exceeded(&self, client_ip: &str) -> Option<Decision> {
         let decision = self
-            .decide(self.auth_policy, key.as_str(), Op::Peek, true)
+            .decide(self.auth_policy, client_ip, Op::Peek, true)
             .await;
         (!decision.allowed).then_some(decision)
     }
 
     /// Counts one authentication failure (a 401) against `client_ip`.
-    pub async fn record_auth_failure(&self, client_ip: IpAddr) {
-        let key = IpText::new(client_ip);
-        self.decide(self.auth_policy, key.as_str(), Op::Consume, true)
+    pub async fn record_auth_failure(&self, client_ip: &str) {
+        self.decide(self.auth_policy, client_ip, Op::Consume, true)
             .await;
     }
 
@@ -336,14 +335,13 @@ mod tests {
     use super::*;
     use crate::ratelimit::redis::tests::{cleanup, random_prefix, redis_url};
     use crate::ratelimit::ManualClock;
-    use std::net::{Ipv4Addr, Ipv6Addr};
     use std::num::NonZeroU32;
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::watch;
 
     const START: u64 = 1_700_000_000_000_000_000;
     const P: PolicyId = PolicyId(0);
-    const IP: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+    const IP: &str = "192.0.2.7";
 
     fn quota(capacity: u32, secs: u64) -> Quota {
         Quota::new(
@@ -375,7 +373,7 @@ mod tests {
         assert!(!refused.allowed);
         assert_eq!(refused.limit, 3);
         assert_eq!(refused.retry_after_secs, Some(20));
-        let other = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        let other = "::1";
         assert_eq!(l.auth_failures_exceeded(other).await, None);
         // The guard's index is not a policy the pipeline may use.
         assert!(!l.check(PolicyId(1), "k").await.allowed);

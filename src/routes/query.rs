@@ -68,6 +68,29 @@ fn decode(raw: &str, plus: bool) -> Result<Cow<'_, str>, QueryError> {
 }
 
 /// Percent-decodes lazily (`+` = space); a malformed escape stays as it is.
+/// The `&`-separated pieces of a query string, each split at its first `=`
+/// (no `=`: no value; an empty piece is `("", None)`). A byte scan each:
+/// `str::split` with a char pattern costs more than the whole scan on these
+/// short strings.
+fn pieces(raw: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
+    let mut rest = Some(raw);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        let (piece, next) = cut(r, b'&');
+        rest = next;
+        Some(cut(piece, b'='))
+    })
+}
+
+/// `s` split at its first `sep` (an ASCII byte): what is before it, and
+/// what is after it if it was found.
+fn cut(s: &str, sep: u8) -> (&str, Option<&str>) {
+    match s.bytes().position(|b| b == sep) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    }
+}
+
 fn decoded_bytes(raw: &str) -> impl Iterator<Item = u8> + '_ {
     let bytes = raw.as_bytes();
     let mut i = 0;
@@ -99,8 +122,8 @@ pub fn find_secret_param(raw: &str) -> Option<String> {
     if raw.len() < SECRET_MIN_LEN {
         return None;
     }
-    for piece in raw.split('&') {
-        let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
+    for (name, value) in pieces(raw) {
+        let value = value.unwrap_or("");
         if name.len() >= SECRET_MIN_LEN && looks_like_secret(decoded_bytes(name)) {
             return Some("query".to_string());
         }
@@ -119,11 +142,12 @@ impl<'a> Query<'a> {
         let Some(raw) = raw else {
             return Ok(Query { params });
         };
-        for piece in raw.split('&').filter(|p| !p.is_empty()) {
+        // Empty pieces (`a=1&&b=2`) are skipped.
+        for (name, value) in pieces(raw).filter(|(n, v)| !n.is_empty() || v.is_some()) {
             if params.len() == MAX_PARAMS {
                 return Err(QueryError::BadEncoding);
             }
-            let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
+            let value = value.unwrap_or("");
             let name = decode(name, true)?;
             let value = decode(value, true)?;
             if params.iter().any(|(n, _)| *n == name) {
