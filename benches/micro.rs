@@ -23,7 +23,6 @@ use mpg_gateway::store::{
 };
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -331,7 +330,7 @@ fn header_rewrite(c: &mut Criterion) {
         scopes: "clusters:read",
     };
     let fwd = ForwardedFor {
-        client_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        client_ip: "127.0.0.1",
         proto: "https",
         host: Some("api.example.com"),
     };
