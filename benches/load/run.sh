@@ -480,12 +480,15 @@ wait_port 127.0.0.1 "$HAP_PORT"
 # per round, so that a machine whose speed drifts over minutes (shared hosts
 # do, by ±20%) moves all four alike: the report's paired ratios compare the
 # runs of one round.
-log "saturation, interleaved: direct, gateway, nginx, HAProxy in each round"
+# The order rotates from round to round, so no target always runs first (or
+# right after the same one).
+log "saturation, interleaved: direct, gateway, nginx, HAProxy in each round, order rotating"
+SAT_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID" "haproxy $HAP_PORT $HAP_PID")
 for r in $(seq "$RUNS"); do
-  wrk_once saturation direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
-  wrk_once saturation gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
-  wrk_once saturation nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
-  wrk_once saturation haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$r" -H "$AUTH" -s "$WORK/report.lua"
+  for k in 0 1 2 3; do
+    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % 4))]}"
+    wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "$AUTH" -s "$WORK/report.lua"
+  done
 done
 
 # (6), (7), (8) and resources: the gateway over plain HTTP

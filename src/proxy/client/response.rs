@@ -16,6 +16,12 @@ use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decode
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;
+/// Fields most response heads stay within: parsed with a table this size
+/// first, the full one only for a head with more (a table is zeroed for
+/// every head parsed).
+const FEW_HEADERS: usize = 24;
+/// What [`parse_one`] says of a head with more fields than its table.
+const TOO_MANY_FIELDS: &str = "too many header fields";
 /// Room left in a response's header map for what the gateway adds to it
 /// (request id, rate-limit fields), so adding them does not grow the map.
 const ADDED_HEADERS: usize = 6;
@@ -50,10 +56,28 @@ pub(super) fn take_response(
 ) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
     // On the stack of this function, never in a future: no allocation per
     // response for the field positions.
-    let mut at = [[0u32; 4]; MAX_HEADERS];
-    let Some(h) = final_head(buf, &mut at)? else {
-        return Ok(None);
-    };
+    let mut few = [[0u32; 4]; FEW_HEADERS];
+    match final_head(buf, &mut few) {
+        Ok(Some(h)) => Ok(Some(response(buf, h, &few, head_request)?)),
+        Ok(None) => Ok(None),
+        Err(ClientError::Invalid(TOO_MANY_FIELDS)) => {
+            let mut all = [[0u32; 4]; MAX_HEADERS];
+            match final_head(buf, &mut all)? {
+                Some(h) => Ok(Some(response(buf, h, &all, head_request)?)),
+                None => Ok(None),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The response whose head `h` (fields at `at`) is at the front of `buf`.
+fn response(
+    buf: &mut BytesMut,
+    h: Head,
+    at: &[FieldAt],
+    head_request: bool,
+) -> Result<(Response<Incoming>, BodyFraming, bool), ClientError> {
     let head = buf.split_to(h.len).freeze();
     let status =
         StatusCode::from_u16(h.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
@@ -70,20 +94,26 @@ pub(super) fn take_response(
     *res.status_mut() = status;
     *res.version_mut() = h.version;
     *res.headers_mut() = headers;
-    Ok(Some((res, framing, keep_alive)))
+    Ok((res, framing, keep_alive))
 }
 
 /// Whether a final response head has arrived (interim heads are dropped).
 pub(super) fn final_head_ready(buf: &mut BytesMut) -> Result<bool, ClientError> {
-    let mut at = [[0u32; 4]; MAX_HEADERS];
-    Ok(final_head(buf, &mut at)?.is_some())
+    let mut few = [[0u32; 4]; FEW_HEADERS];
+    match final_head(buf, &mut few) {
+        Err(ClientError::Invalid(TOO_MANY_FIELDS)) => {
+            let mut all = [[0u32; 4]; MAX_HEADERS];
+            Ok(final_head(buf, &mut all)?.is_some())
+        }
+        ready => Ok(ready?.is_some()),
+    }
 }
 
 /// Drops the complete interim heads at the front of `buf`; the final head
 /// after them, once it is complete (its fields' positions in `at`).
-fn final_head(
+fn final_head<const N: usize>(
     buf: &mut BytesMut,
-    at: &mut [FieldAt; MAX_HEADERS],
+    at: &mut [FieldAt; N],
 ) -> Result<Option<Head>, ClientError> {
     loop {
         match parse_one(buf, at)? {
@@ -99,17 +129,18 @@ fn final_head(
 }
 
 /// One response head at the front of `buf`.
-fn parse_one(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Head>, ClientError> {
-    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+fn parse_one<const N: usize>(
+    buf: &[u8],
+    at: &mut [FieldAt; N],
+) -> Result<Option<Head>, ClientError> {
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); N];
     let mut res = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default()
         .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
     {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::Invalid("too many header fields"))
-        }
+        Err(httparse::Error::TooManyHeaders) => return Err(ClientError::Invalid(TOO_MANY_FIELDS)),
         Err(_) => return Err(ClientError::Invalid("malformed response head")),
     };
     // A head is at most MAX_HEAD (256 KiB) long: offsets fit in u32.
@@ -429,5 +460,21 @@ mod tests {
         assert!(take(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n").is_err());
         assert!(take(b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n").is_err());
         assert!(!take(b"HTTP/1.1 200 OK\r\nX: y\r\n").unwrap());
+    }
+
+    #[test]
+    fn heads_past_the_small_field_table_are_whole_and_past_the_limit_refused() {
+        let head = |n: usize| {
+            let fields: String = (0..n).map(|i| format!("X-F{i}: v{i}\r\n")).collect();
+            BytesMut::from(format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").as_str())
+        };
+        for n in [FEW_HEADERS, FEW_HEADERS + 1, MAX_HEADERS - 1] {
+            assert!(final_head_ready(&mut head(n)).unwrap(), "{n} fields");
+            let (res, _, _) = take_response(&mut head(n), false).unwrap().unwrap();
+            assert_eq!(res.headers().len(), n + 1, "{n} fields");
+            assert_eq!(res.headers()[format!("x-f{}", n - 1)], format!("v{}", n - 1));
+        }
+        assert!(take_response(&mut head(MAX_HEADERS + 1), false).is_err());
+        assert!(final_head_ready(&mut head(MAX_HEADERS + 1)).is_err());
     }
 }
