@@ -318,7 +318,10 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!(parsed.req.headers().len(), n + 1, "{n} lines");
-            assert_eq!(parsed.req.headers()[format!("x-h{}", n - 1)], format!("v{}", n - 1));
+            assert_eq!(
+                parsed.req.headers()[format!("x-h{}", n - 1)],
+                format!("v{}", n - 1)
+            );
         }
         assert_eq!(
             head(&format!("GET / HTTP/1.1\r\n{}\r\n", lines(150))).unwrap_err(),

@@ -17,6 +17,7 @@
 //! hot path. Older drafts (-07 and before) used `limit=, remaining=, reset=` instead; we
 //! follow the current draft only.
 
+use std::cell::RefCell;
 use std::io::Write;
 
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
@@ -34,18 +35,16 @@ impl Decision {
     /// X-RateLimit-Limit/-Remaining/-Reset always; Retry-After when refused; the IETF
     /// `RateLimit` and `RateLimit-Policy` fields when `ietf`. Replaces any earlier values.
     ///
-    /// Integers go through `HeaderValue::from` (itoa formatting, no `String`); the IETF
+    /// Integers go through `HeaderValue::from` (itoa formatting, no `String`), and a
+    /// value equal to the thread's last one for the field is shared ([`number`]); the IETF
     /// fields are formatted into a stack buffer.
     pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(self.limit));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(0, self.limit.into()));
         headers.insert(
             X_RATELIMIT_REMAINING.clone(),
-            HeaderValue::from(self.remaining),
+            number(1, self.remaining.into()),
         );
-        headers.insert(
-            X_RATELIMIT_RESET.clone(),
-            HeaderValue::from(self.reset_unix),
-        );
+        headers.insert(X_RATELIMIT_RESET.clone(), number(2, self.reset_unix));
         // An allowed request leaves Retry-After alone: an upstream's 409 or 429
         // passes through with its own (DESIGN.md §5).
         if let (false, Some(secs)) = (self.allowed, self.retry_after_secs) {
@@ -73,6 +72,30 @@ impl Decision {
             }
         }
     }
+}
+
+thread_local! {
+    /// The last value made for each of the three `X-RateLimit-*` fields on this
+    /// thread (0: limit, 1: remaining, 2: reset), with the number it says.
+    static LAST: RefCell<[(u64, HeaderValue); 3]> = RefCell::new(
+        [0, 1, 2].map(|_| (0, HeaderValue::from_static("0"))),
+    );
+}
+
+/// The header value saying `n`, for field `slot` of [`LAST`]. Consecutive
+/// requests mostly repeat a field's number (the limit of their policy, the
+/// reset second, a limit that never fires): the last value is then shared
+/// (a reference count) instead of formatted into a new allocation.
+fn number(slot: usize, n: u64) -> HeaderValue {
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        let (said, value) = &mut last[slot];
+        if *said != n {
+            *said = n;
+            *value = HeaderValue::from(n);
+        }
+        value.clone()
+    })
 }
 
 /// Runs `write` into `buf` and makes a header value of what it wrote. `None` only if the
@@ -119,6 +142,36 @@ mod tests {
         assert_eq!(get(&h, "retry-after"), Some("9"));
         assert_eq!(get(&h, "ratelimit"), None);
         assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn each_decision_says_its_own_numbers_when_values_repeat_and_change() {
+        let mut seen = Vec::new();
+        for (limit, remaining, reset) in [
+            (100, 42, 7),
+            (100, 41, 7),
+            (5, 41, 8),
+            (0, 0, 0),
+            (100, 42, 7),
+        ] {
+            let d = Decision {
+                limit,
+                remaining,
+                reset_unix: reset,
+                ..decision(true)
+            };
+            let mut h = HeaderMap::new();
+            d.write_headers(&mut h, false);
+            seen.push((
+                get(&h, "x-ratelimit-limit").unwrap().to_string(),
+                get(&h, "x-ratelimit-remaining").unwrap().to_string(),
+                get(&h, "x-ratelimit-reset").unwrap().to_string(),
+            ));
+            assert_eq!(
+                seen.last().unwrap(),
+                &(limit.to_string(), remaining.to_string(), reset.to_string())
+            );
+        }
     }
 
     #[test]

@@ -472,7 +472,10 @@ mod tests {
             assert!(final_head_ready(&mut head(n)).unwrap(), "{n} fields");
             let (res, _, _) = take_response(&mut head(n), false).unwrap().unwrap();
             assert_eq!(res.headers().len(), n + 1, "{n} fields");
-            assert_eq!(res.headers()[format!("x-f{}", n - 1)], format!("v{}", n - 1));
+            assert_eq!(
+                res.headers()[format!("x-f{}", n - 1)],
+                format!("v{}", n - 1)
+            );
         }
         assert!(take_response(&mut head(MAX_HEADERS + 1), false).is_err());
         assert!(final_head_ready(&mut head(MAX_HEADERS + 1)).is_err());
