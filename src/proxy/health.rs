@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use super::pool::Pool;
-use super::upstream::Transport;
+use super::transport::Transport;
 use crate::admin::names;
 
 /// One target of an upstream.

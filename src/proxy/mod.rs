@@ -7,4 +7,5 @@ mod health;
 mod pool;
 mod stream;
 pub mod tls_client;
+mod transport;
 pub mod upstream;

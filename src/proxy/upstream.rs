@@ -1,26 +1,25 @@
 //! The Upstream: pick a healthy target (balance) → take one of its
-//! connection permits → send on one of its pooled HTTP/1.1 connections
-//! (`client`, `pool`), or over hyper-util's client for h2 targets;
-//! HTTPS through rustls → classify the outcome for health and for the client
-//! → retry a connect failure on another target when that is safe. Bodies
+//! connection permits → send to it (`transport`: a pooled HTTP/1.1
+//! connection, or hyper-util's client for h2 targets; HTTPS through rustls)
+//! → count the outcome for the target's health and answer the client →
+//! retry a connect failure on another target when that is safe. Bodies
 //! stream both ways (see `stream`).
-use http::uri::{Parts, PathAndQuery};
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use http_body_util::BodyExt;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::balance::Balancer;
-use super::client::{ClientError, Conn, Incoming, SendError};
+use super::client::{Conn, Incoming};
 use super::headers::sanitize_response;
 use super::headers::Added;
 use super::health::{active_check, Targets};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
-use super::tls_client::{connector, TimeoutConnector};
+use super::tls_client::connector;
+use super::transport::Transport;
 use crate::admin::names;
 use crate::body::{Body, BoxError};
 use crate::config::HttpUpstreamSettings;
@@ -52,103 +51,6 @@ pub enum UpstreamError {
     /// The upstream configuration is unusable.
     #[error("invalid upstream: {0}")]
     Config(String),
-}
-
-type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
-type HttpClient = Client<Connector, Body>;
-
-/// How requests reach an upstream's targets.
-pub(crate) enum Transport {
-    /// HTTP/1.1, plain or TLS: per-target pools of connections.
-    Http1(Connector),
-    /// HTTP/2 (`http2 = true`): hyper-util's client, whose task per
-    /// connection multiplexes the requests of every task.
-    Http2(Box<HttpClient>),
-}
-
-impl Transport {
-    /// Sends `req` (origin-form URI) to target `i`: the response head, and
-    /// the HTTP/1.1 connection it came on when the response is already whole
-    /// (otherwise its body gives the connection back when it ends).
-    /// [`UpstreamError::Timeout`] when the head has not come by `deadline`.
-    pub(crate) async fn send(
-        &self,
-        targets: &Targets,
-        i: usize,
-        mut req: Request<Body>,
-        added: Option<&Added<'_>>,
-        deadline: Instant,
-    ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
-        let target = &targets.list[i];
-        match self {
-            Transport::Http2(client) => {
-                if let Some(added) = added {
-                    added.add_to(req.headers_mut());
-                }
-                let path = req.uri().path_and_query().cloned();
-                *req.uri_mut() = target.uri(path)?;
-                let res = tokio::time::timeout_at(deadline.into(), client.request(req))
-                    .await
-                    .map_err(|_| UpstreamError::Timeout)?
-                    .map_err(classify)?;
-                Ok((res.map(Incoming::H2), None))
-            }
-            Transport::Http1(connector) => {
-                req.headers_mut()
-                    .insert(http::header::HOST, target.host.clone());
-                loop {
-                    let (conn, reused) = match target.pool.take() {
-                        Some(c) => (c, true),
-                        // Boxed: a new connection is the exception.
-                        None => {
-                            let connecting = connect(connector, target);
-                            match Box::pin(tokio::time::timeout_at(deadline.into(), connecting))
-                                .await
-                            {
-                                Ok(conn) => (conn?, false),
-                                Err(_) => return Err(UpstreamError::Timeout),
-                            }
-                        }
-                    };
-                    match conn.send(req, added, deadline).await {
-                        Ok(sent) => return Ok(sent),
-                        // A kept-alive connection the target had closed: nothing
-                        // of the request went out, so it goes on another.
-                        Err(SendError::Unsent(r)) if reused => req = *r,
-                        Err(SendError::Unsent(_)) => {
-                            return Err(UpstreamError::Reset(
-                                "the connection closed before the request went out".into(),
-                            ))
-                        }
-                        Err(SendError::Failed(e)) => return Err(classify_sent(e)),
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl super::health::Target {
-    /// The absolute URI of `path` on this target.
-    fn uri(&self, path: Option<PathAndQuery>) -> Result<Uri, UpstreamError> {
-        let mut uri = Parts::default();
-        uri.scheme = Some(self.scheme.clone());
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = path;
-        Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))
-    }
-}
-
-/// A new connection to `target`: TCP (and TLS), all within `connect_timeout`.
-async fn connect(
-    connector: &Connector,
-    target: &super::health::Target,
-) -> Result<Conn, UpstreamError> {
-    let uri = target.uri(Some(PathAndQuery::from_static("/")))?;
-    let io = tower_service::Service::call(&mut connector.clone(), uri)
-        .await
-        .map_err(UpstreamError::Connect)?;
-    Ok(Conn::new(hyper_util::rt::TokioIo::new(io)))
 }
 
 /// Stops the active checker when the upstream goes (e.g. replaced on reload).
@@ -454,41 +356,6 @@ impl Upstream {
         };
         Response::from_parts(parts, body.boxed())
     }
-}
-
-/// A request that went (at least partly) out failed.
-fn classify_sent(e: ClientError) -> UpstreamError {
-    if let ClientError::TimedOut = e {
-        return UpstreamError::Timeout;
-    }
-    if source_chain_has::<http_body_util::LengthLimitError>(&e) {
-        return UpstreamError::BodyTooLarge;
-    }
-    UpstreamError::Reset(Box::new(e))
-}
-
-fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
-    if source_chain_has::<http_body_util::LengthLimitError>(&e) {
-        return UpstreamError::BodyTooLarge;
-    }
-    if e.is_connect() {
-        return UpstreamError::Connect(Box::new(e));
-    }
-    UpstreamError::Reset(Box::new(e))
-}
-
-/// Whether any error in `e`'s source chain is a `T`.
-pub fn source_chain_has<T: std::error::Error + 'static>(
-    e: &(dyn std::error::Error + 'static),
-) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if err.is::<T>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }
 
 #[cfg(test)]

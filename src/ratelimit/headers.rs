@@ -77,9 +77,8 @@ impl Decision {
 thread_local! {
     /// The last value made for each of the three `X-RateLimit-*` fields on this
     /// thread (0: limit, 1: remaining, 2: reset), with the number it says.
-    static LAST: RefCell<[(u64, HeaderValue); 3]> = RefCell::new(
-        [0, 1, 2].map(|_| (0, HeaderValue::from_static("0"))),
-    );
+    static LAST: RefCell<[(u64, HeaderValue); 3]> =
+        RefCell::new(std::array::from_fn(|_| (0, HeaderValue::from_static("0"))));
 }
 
 /// The header value saying `n`, for field `slot` of [`LAST`]. Consecutive

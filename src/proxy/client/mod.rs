@@ -235,8 +235,7 @@ impl Conn {
             }
             let read = poll_fn(
                 |cx| match poll_read_more(&mut inner.io, cx, &mut inner.buf) {
-                    Poll::Pending => poll_expired(&mut inner.timer, deadline, cx)
-                        .map(|()| Err(ClientError::TimedOut)),
+                    Poll::Pending => poll_expired(&mut inner.timer, deadline, cx),
                     done => done.map_err(ClientError::from),
                 },
             );
@@ -374,10 +373,7 @@ async fn stream_body(
                         .unwrap_or_else(|| io::ErrorKind::WriteZero.into());
                     return Poll::Ready(Err(e.into()));
                 }
-                Poll::Pending => {
-                    return poll_expired(&mut inner.timer, deadline, cx)
-                        .map(|()| Err(ClientError::TimedOut))
-                }
+                Poll::Pending => return poll_expired(&mut inner.timer, deadline, cx),
             };
             let mut n = n;
             let from_line = n.min(line.len() - line_at);
@@ -412,10 +408,7 @@ async fn stream_body(
                 tail = writer.tail(true, true);
                 ended = true;
             }
-            Poll::Pending => {
-                return poll_expired(&mut inner.timer, deadline, cx)
-                    .map(|()| Err(ClientError::TimedOut))
-            }
+            Poll::Pending => return poll_expired(&mut inner.timer, deadline, cx),
         }
     })
     .await
@@ -432,7 +425,7 @@ async fn write_some<B: Buf>(
         let mut slices = [IoSlice::new(&[]); 4];
         let k = buf.chunks_vectored(&mut slices);
         match Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k]) {
-            Poll::Pending => poll_expired(timer, deadline, cx).map(|()| Err(ClientError::TimedOut)),
+            Poll::Pending => poll_expired(timer, deadline, cx),
             done => done.map_err(ClientError::from),
         }
     })
@@ -444,7 +437,8 @@ async fn write_some<B: Buf>(
     Ok(n)
 }
 
-/// Whether `deadline` has passed; if not, the task is woken when it does.
+/// `Ready(Err(TimedOut))` once `deadline` has passed; until then `Pending`,
+/// with the task woken when it passes (for a wait that is pending itself).
 ///
 /// Per connection, not per request: `timer` is made once and is armed no
 /// later than the current deadline. A later deadline (the next request's)
@@ -453,11 +447,11 @@ async fn write_some<B: Buf>(
 /// of twice per request (tokio's `timeout` registers and removes a timer
 /// each time). An early firing wakes the task that polled last, at worst a
 /// finished one: a spurious wake-up, once per deadline's length.
-fn poll_expired(
+fn poll_expired<T>(
     timer: &mut Option<Pin<Box<Sleep>>>,
     deadline: Instant,
     cx: &mut Context<'_>,
-) -> Poll<()> {
+) -> Poll<Result<T, ClientError>> {
     let at = tokio::time::Instant::from_std(deadline);
     let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
     if timer.deadline() > at {
@@ -465,7 +459,7 @@ fn poll_expired(
     }
     while timer.as_mut().poll(cx).is_ready() {
         if Instant::now() >= deadline {
-            return Poll::Ready(());
+            return Poll::Ready(Err(ClientError::TimedOut));
         }
         timer.as_mut().reset(at);
     }
@@ -536,7 +530,7 @@ mod tests {
         let mut timer = None;
         let expired = |timer: &mut Option<Pin<Box<Sleep>>>, deadline| {
             let mut cx = Context::from_waker(Waker::noop());
-            poll_expired(timer, deadline, &mut cx).is_ready()
+            poll_expired::<()>(timer, deadline, &mut cx).is_ready()
         };
         // The first exchange arms the timer for its deadline.
         let first = Instant::now() + Duration::from_millis(40);
@@ -555,7 +549,8 @@ mod tests {
         // An earlier deadline moves the timer forward.
         let third = Instant::now() + Duration::from_millis(20);
         assert!(!expired(&mut timer, third));
-        poll_fn(|cx| poll_expired(&mut timer, third, cx)).await;
+        let ended = poll_fn(|cx| poll_expired::<()>(&mut timer, third, cx)).await;
+        assert!(matches!(ended, Err(ClientError::TimedOut)));
         assert!(Instant::now() >= third);
         // A deadline already past is expired at once.
         assert!(expired(&mut timer, Instant::now()));

@@ -54,20 +54,32 @@ pub(super) fn take_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
+    with_final_head(buf, |buf, head| {
+        head.map(|(h, at)| response(buf, h, at, head_request))
+            .transpose()
+    })
+}
+
+/// Runs `then` on the final head at the front of `buf` (see [`final_head`]),
+/// if complete, with its fields' positions: found with a small table first,
+/// the full one only for a head with more fields.
+fn with_final_head<R>(
+    buf: &mut BytesMut,
+    then: impl FnOnce(&mut BytesMut, Option<(Head, &[FieldAt])>) -> Result<R, ClientError>,
+) -> Result<R, ClientError> {
     // On the stack of this function, never in a future: no allocation per
     // response for the field positions.
     let mut few = [[0u32; 4]; FEW_HEADERS];
     match final_head(buf, &mut few) {
-        Ok(Some(h)) => Ok(Some(response(buf, h, &few, head_request)?)),
-        Ok(None) => Ok(None),
         Err(ClientError::Invalid(TOO_MANY_FIELDS)) => {
             let mut all = [[0u32; 4]; MAX_HEADERS];
-            match final_head(buf, &mut all)? {
-                Some(h) => Ok(Some(response(buf, h, &all, head_request)?)),
-                None => Ok(None),
-            }
+            let head = final_head(buf, &mut all)?;
+            then(buf, head.map(|h| (h, &all[..])))
         }
-        Err(e) => Err(e),
+        head => {
+            let head = head?;
+            then(buf, head.map(|h| (h, &few[..])))
+        }
     }
 }
 
@@ -99,14 +111,7 @@ fn response(
 
 /// Whether a final response head has arrived (interim heads are dropped).
 pub(super) fn final_head_ready(buf: &mut BytesMut) -> Result<bool, ClientError> {
-    let mut few = [[0u32; 4]; FEW_HEADERS];
-    match final_head(buf, &mut few) {
-        Err(ClientError::Invalid(TOO_MANY_FIELDS)) => {
-            let mut all = [[0u32; 4]; MAX_HEADERS];
-            Ok(final_head(buf, &mut all)?.is_some())
-        }
-        ready => Ok(ready?.is_some()),
-    }
+    with_final_head(buf, |_, head| Ok(head.is_some()))
 }
 
 /// Drops the complete interim heads at the front of `buf`; the final head
