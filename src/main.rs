@@ -11,6 +11,11 @@ use mpg_gateway::{demo, gateway, logging};
 // mimalloc rather than glibc's malloc: the per-request path allocates and frees
 // small objects across tasks, where glibc spent ~9% of the gateway's CPU
 // (`_int_malloc`, `_int_free`, `malloc_consolidate` in perf under load).
+// Its v2 line (Cargo feature `v2`): the `MiMalloc` wrapper asks for every
+// block through `mi_malloc_aligned`, and v3 serves any block over 1 KiB whose
+// size is not a power of two (a header map's entries, a boxed request future)
+// by over-allocating and aligning by hand, four times a request; v2 takes
+// its ordinary path for any alignment up to 16.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -89,11 +89,12 @@ fn parse_head_within<const N: usize>(buf: &mut BytesMut) -> Result<Option<Head>,
     let mut expect_continue = false;
     let (mut length, mut saw_length, mut saw_te, mut te_chunked, mut saw_close) =
         (None, false, false, false, false);
-    // Room for what the pipeline adds before forwarding (X-Forwarded-*,
-    // X-Mpg-*, X-Request-Id): the map is not rehashed as it grows.
-    let mut headers = HeaderMap::with_capacity(count + 12);
+    // Only the fields received: what the gateway adds going upstream over
+    // HTTP/1.1 is written beside the map (`proxy::headers::Added`), so the
+    // map never grows on that path.
+    let mut headers = HeaderMap::with_capacity(count);
     for &(ns, ne, vs, ve) in &spans[..count] {
-        let name = HeaderName::from_bytes(&slice[ns as usize..ne as usize])
+        let name = field_name(&slice[ns as usize..ne as usize])
             .map_err(|_| HeadError::Bad("invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(slice.slice(vs as usize..ve as usize))
             .map_err(|_| HeadError::Bad("invalid header value"))?;
@@ -196,6 +197,31 @@ pub(crate) fn ends_in_chunked(value: &HeaderValue) -> bool {
         .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
+/// A field name read off the wire. The names nearly every request and
+/// response carries, spelled as clients and servers send them (lower case,
+/// or capitalized as curl, wrk and nginx do), are matched as they stand;
+/// any other spelling or name goes through `HeaderName::from_bytes`, which
+/// lowercases the name into a buffer and then matches it against all the
+/// standard names (about 150 instructions a field, where this takes 20).
+pub(crate) fn field_name(name: &[u8]) -> Result<HeaderName, header::InvalidHeaderName> {
+    use header::*;
+    Ok(match name {
+        b"host" | b"Host" => HOST,
+        b"authorization" | b"Authorization" => AUTHORIZATION,
+        b"user-agent" | b"User-Agent" => USER_AGENT,
+        b"accept" | b"Accept" => ACCEPT,
+        b"accept-encoding" | b"Accept-Encoding" => ACCEPT_ENCODING,
+        b"content-type" | b"Content-Type" => CONTENT_TYPE,
+        b"content-length" | b"Content-Length" => CONTENT_LENGTH,
+        b"connection" | b"Connection" => CONNECTION,
+        b"server" | b"Server" => SERVER,
+        b"date" | b"Date" => DATE,
+        b"cache-control" | b"Cache-Control" => CACHE_CONTROL,
+        b"transfer-encoding" | b"Transfer-Encoding" => TRANSFER_ENCODING,
+        _ => return HeaderName::from_bytes(name),
+    })
+}
+
 /// Whether a comma-separated header value holds `token` (case-insensitive).
 pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
     value
@@ -207,6 +233,51 @@ pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_names_match_the_general_parse_in_every_spelling() {
+        for name in [
+            "host",
+            "Host",
+            "HOST",
+            "authorization",
+            "Authorization",
+            "user-agent",
+            "User-Agent",
+            "accept",
+            "Accept",
+            "accept-encoding",
+            "Accept-Encoding",
+            "content-type",
+            "Content-Type",
+            "content-length",
+            "Content-Length",
+            "connection",
+            "Connection",
+            "server",
+            "Server",
+            "date",
+            "Date",
+            "cache-control",
+            "Cache-Control",
+            "transfer-encoding",
+            "Transfer-Encoding",
+            "x-request-id",
+            "X-Custom",
+            "hosts",
+            "hos",
+            "ETag",
+        ] {
+            assert_eq!(
+                field_name(name.as_bytes()).unwrap(),
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                "{name}"
+            );
+        }
+        for bad in ["", "bad name", "x:y", "caf\u{e9}"] {
+            assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
 
     fn head(raw: &str) -> Result<Option<Head>, HeadError> {
         parse_head(&mut BytesMut::from(raw))

@@ -3,7 +3,7 @@
 //! shares the bytes read, the body framed as RFC 9112 says, and the body
 //! itself, read off the connection as the client polls it.
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Response, StatusCode, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use std::mem::MaybeUninit;
@@ -12,7 +12,9 @@ use std::task::{Context, Poll};
 
 use super::{ClientError, Conn};
 use crate::body::BoxError;
-use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decoder, Framing};
+use crate::h1::{
+    ends_in_chunked, field_name, has_token, parse_length, poll_read_more, Decoder, Framing,
+};
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;
@@ -95,7 +97,7 @@ fn response(
         StatusCode::from_u16(h.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
     let mut headers = HeaderMap::with_capacity(h.fields + ADDED_HEADERS);
     for &[ns, ne, vs, ve] in &at[..h.fields] {
-        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+        let name = field_name(&head[ns as usize..ne as usize])
             .map_err(|_| ClientError::Invalid("invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| ClientError::Invalid("invalid header value"))?;
