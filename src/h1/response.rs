@@ -31,36 +31,26 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     let status = parts.status;
     let no_length = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodyless = head_request || no_length || status == StatusCode::NOT_MODIFIED;
-    if parts
-        .headers
-        .get(header::CONNECTION)
-        .is_some_and(|v| has_token(v, "close"))
-    {
-        keep_alive = false;
-    }
-    let declared = match parts.headers.get(header::CONTENT_LENGTH) {
-        Some(v) => parse_length(v),
-        None => body.size_hint().exact(),
-    };
-    let chunked = !bodyless && declared.is_none() && !http10;
-    if !bodyless && declared.is_none() && http10 {
-        // HTTP/1.0 has no chunked coding: the body ends with the connection.
-        keep_alive = false;
-    }
-
     let mut head = Vec::with_capacity(160 + parts.headers.len() * 40);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
+    // The framing fields are read in the same walk that writes the others.
     let mut has_date = false;
+    let mut close = false;
+    let mut length_field = None;
     for (name, value) in &parts.headers {
-        if name == header::CONNECTION
-            || name == header::TRANSFER_ENCODING
-            || name == header::CONTENT_LENGTH
-            || name.as_str() == "keep-alive"
-        {
+        if name == header::CONNECTION {
+            close |= has_token(value, "close");
+            continue;
+        }
+        if name == header::CONTENT_LENGTH {
+            length_field.get_or_insert_with(|| parse_length(value));
+            continue;
+        }
+        if name == header::TRANSFER_ENCODING || name.as_str() == "keep-alive" {
             continue;
         }
         has_date |= name == header::DATE;
@@ -68,6 +58,18 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         head.extend_from_slice(b": ");
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
+    }
+    if close {
+        keep_alive = false;
+    }
+    let declared = match length_field {
+        Some(parsed) => parsed,
+        None => body.size_hint().exact(),
+    };
+    let chunked = !bodyless && declared.is_none() && !http10;
+    if !bodyless && declared.is_none() && http10 {
+        // HTTP/1.0 has no chunked coding: the body ends with the connection.
+        keep_alive = false;
     }
     if let Some(n) = declared.filter(|_| !no_length) {
         head.extend_from_slice(b"content-length: ");

@@ -179,11 +179,29 @@ fn framing(
     version: Version,
     head_request: bool,
 ) -> Result<(BodyFraming, bool), ClientError> {
-    let mut keep_alive = version == Version::HTTP_11
-        && !headers
-            .get_all(CONNECTION)
-            .iter()
-            .any(|v| has_token(v, "close"));
+    // One walk over the few fields, instead of a hashed lookup for each of
+    // the three names (most heads carry one of them, or two).
+    let mut close = false;
+    let mut last_coding = None;
+    let mut length: Option<u64> = None;
+    let mut length_error = None;
+    for (name, value) in headers {
+        if name == CONNECTION {
+            close |= has_token(value, "close");
+        } else if name == TRANSFER_ENCODING {
+            last_coding = Some(value);
+        } else if name == CONTENT_LENGTH {
+            match (parse_length(value), length) {
+                // The first fault in field order is the one reported.
+                (None, _) => length_error = length_error.or(Some("invalid Content-Length")),
+                (Some(n), Some(m)) if n != m => {
+                    length_error = length_error.or(Some("differing Content-Length values"))
+                }
+                (n, _) => length = n,
+            }
+        }
+    }
+    let mut keep_alive = version == Version::HTTP_11 && !close;
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -191,9 +209,9 @@ fn framing(
     {
         return Ok((BodyFraming::Known(Framing::Empty), keep_alive));
     }
-    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+    if let Some(last) = last_coding {
         // A length beside a coding is ignored; the connection is not reused.
-        if headers.contains_key(CONTENT_LENGTH) {
+        if length.is_some() || length_error.is_some() {
             keep_alive = false;
         }
         if ends_in_chunked(last) {
@@ -201,15 +219,8 @@ fn framing(
         }
         return Ok((BodyFraming::UntilClose, false));
     }
-    let mut length = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        match (parse_length(v), length) {
-            (None, _) => return Err(ClientError::Invalid("invalid Content-Length")),
-            (Some(n), Some(m)) if n != m => {
-                return Err(ClientError::Invalid("differing Content-Length values"))
-            }
-            (n, _) => length = n,
-        }
+    if let Some(e) = length_error {
+        return Err(ClientError::Invalid(e));
     }
     Ok(match length {
         Some(0) => (BodyFraming::Known(Framing::Empty), keep_alive),
