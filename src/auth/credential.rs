@@ -65,17 +65,17 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
     if values.next().is_some() {
         return Err(CredentialError::Malformed);
     }
-    let value = value.to_str().map_err(|_| CredentialError::Malformed)?;
-    let space = value.bytes().position(|b| b == b' ');
+    let value = value.as_bytes();
+    let space = value.iter().position(|&b| b == b' ');
     let (scheme, token) = space
         .map(|i| (&value[..i], &value[i + 1..]))
         .ok_or(CredentialError::Malformed)?;
-    if !scheme.eq_ignore_ascii_case("bearer")
-        || token.is_empty()
-        || token.bytes().any(|b| b.is_ascii_whitespace())
-    {
+    if !scheme.eq_ignore_ascii_case(b"bearer") || token.is_empty() {
         return Err(CredentialError::Malformed);
     }
+    // Both format checks below take base62 only after the prefix, so a
+    // token with whitespace or any byte outside ASCII fails them.
+    let token = std::str::from_utf8(token).map_err(|_| CredentialError::Malformed)?;
     if token.starts_with(API_KEY_PREFIX) {
         check_api_key_format(token).map_err(|_| CredentialError::Malformed)?;
         Ok(Credential::ApiKey(token))
