@@ -426,6 +426,8 @@ async fn serve_h2<S, H>(
             // stream, and the whole pipeline's state machine inline would make
             // each one that much bigger.
             let res = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
+            // hyper writes the header map only: a target's relayed fields go in.
+            let res = crate::proxy::relayed::into_header_map(res);
             // hyper takes any body type: wrapped, not boxed again.
             Ok::<_, Infallible>(res.map(|inner| Tracked {
                 inner,

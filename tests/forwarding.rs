@@ -171,6 +171,11 @@ async fn backend(
             h.insert("x-backend-note", "kept".parse().unwrap());
             h.insert("connection", "x-hop".parse().unwrap());
             h.insert("x-hop", "must go".parse().unwrap());
+            // The gateway's own request id replaces the target's; a repeated
+            // field is relayed whole.
+            h.insert("x-request-id", "the-targets".parse().unwrap());
+            h.append("set-cookie", "a=1".parse().unwrap());
+            h.append("set-cookie", "b=2".parse().unwrap());
             res
         }
         "fail" => full(500, "backend exploded"),
@@ -651,6 +656,16 @@ async fn statuses_bodies_and_headers_pass_through_over_h1_and_h2() {
         "hop-by-hop headers are removed"
     );
     assert!(headers.contains_key("x-request-id"));
+    let relayed = |headers: &http::HeaderMap| {
+        let ids: Vec<_> = headers.get_all("x-request-id").iter().collect();
+        assert_eq!(ids.len(), 1, "one request id: {ids:?}");
+        assert_ne!(ids[0], "the-targets", "the gateway's request id wins");
+        let cookies: Vec<_> = headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert!(!headers.contains_key("x-hop"));
+        assert_eq!(headers["x-backend-note"], "kept");
+    };
+    relayed(&headers);
     assert_eq!(body, "{\"error\":\"slow down\"}");
     let (status, _, body) = send(&gw, "GET", "/fwd/fail").await;
     assert_eq!((status, body.as_str()), (500, "backend exploded"));
@@ -671,6 +686,7 @@ async fn statuses_bodies_and_headers_pass_through_over_h1_and_h2() {
     let res = h2.get(gw.url("/fwd/too-many")).send().await.unwrap();
     assert_eq!(res.status(), 429);
     assert_eq!(res.headers()["retry-after"], "5");
+    relayed(res.headers());
 }
 
 #[tokio::test]

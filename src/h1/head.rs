@@ -106,13 +106,14 @@ fn parse_head_within<const N: usize>(buf: &mut BytesMut) -> Result<Option<Head>,
             if length.take().is_some() {
                 headers.remove(header::CONTENT_LENGTH);
             }
-            te_chunked = ends_in_chunked(&value);
+            te_chunked = ends_in_chunked(value.as_bytes());
         } else if name == header::CONTENT_LENGTH {
             saw_length = true;
             if saw_te {
                 continue;
             }
-            let n = parse_length(&value).ok_or(HeadError::Bad("invalid Content-Length"))?;
+            let n =
+                parse_length(value.as_bytes()).ok_or(HeadError::Bad("invalid Content-Length"))?;
             match length {
                 Some(prev) if prev != n => {
                     return Err(HeadError::Bad("differing Content-Length values"))
@@ -121,11 +122,11 @@ fn parse_head_within<const N: usize>(buf: &mut BytesMut) -> Result<Option<Head>,
                 None => length = Some(n),
             }
         } else if name == header::CONNECTION {
-            if saw_close || has_token(&value, "close") {
+            if saw_close || has_token(value.as_bytes(), "close") {
                 saw_close = true;
                 keep_alive = false;
             } else if !keep_alive {
-                keep_alive = has_token(&value, "keep-alive");
+                keep_alive = has_token(value.as_bytes(), "keep-alive");
             }
         } else if name == header::EXPECT {
             // An HTTP/1.0 client's expectation is ignored (RFC 9110 §10.1.1).
@@ -169,9 +170,9 @@ fn parse_error(e: httparse::Error) -> &'static str {
 }
 
 /// A `Content-Length` value: digits only (a list of equal values is one).
-pub(crate) fn parse_length(value: &HeaderValue) -> Option<u64> {
+pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
     let mut found = None;
-    for part in value.as_bytes().split(|&b| b == b',') {
+    for part in value.split(|&b| b == b',') {
         let digits = part.trim_ascii();
         if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
             return None;
@@ -189,9 +190,8 @@ pub(crate) fn parse_length(value: &HeaderValue) -> Option<u64> {
 
 /// `chunked` must be the last transfer coding (RFC 9112 §6.3): of a request
 /// here, of a response in the upstream client.
-pub(crate) fn ends_in_chunked(value: &HeaderValue) -> bool {
+pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
     value
-        .as_bytes()
         .rsplit(|&b| b == b',')
         .next()
         .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
@@ -223,9 +223,8 @@ pub(crate) fn field_name(name: &[u8]) -> Result<HeaderName, header::InvalidHeade
 }
 
 /// Whether a comma-separated header value holds `token` (case-insensitive).
-pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
+pub(crate) fn has_token(value: &[u8], token: &str) -> bool {
     value
-        .as_bytes()
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
@@ -409,7 +408,7 @@ mod tests {
 
     #[test]
     fn length_parsing_is_strict() {
-        let v = |s: &'static str| parse_length(&HeaderValue::from_static(s));
+        let v = |s: &'static str| parse_length(s.as_bytes());
         assert_eq!(v("0"), Some(0));
         assert_eq!(v(" 42 "), Some(42));
         assert_eq!(v("7,7"), Some(7));

@@ -16,6 +16,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
 use crate::body::Body;
+use crate::proxy::relayed::RelayedFields;
 
 /// Writes `res` (its head and body in one write when the body is ready);
 /// returns whether the connection can carry another request.
@@ -31,23 +32,27 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     let status = parts.status;
     let no_length = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodyless = head_request || no_length || status == StatusCode::NOT_MODIFIED;
-    let mut head = Vec::with_capacity(160 + parts.headers.len() * 40);
+    let relayed = parts.extensions.get::<RelayedFields>();
+    let fields = parts.headers.len() + relayed.map_or(0, RelayedFields::len);
+    let mut head = Vec::with_capacity(160 + fields * 40);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
+    // A target's fields as they came (the client left out its hop-by-hop
+    // and framing ones), then the map's.
+    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &mut head));
     // The framing fields are read in the same walk that writes the others.
-    let mut has_date = false;
     let mut close = false;
     let mut length_field = None;
     for (name, value) in &parts.headers {
         if name == header::CONNECTION {
-            close |= has_token(value, "close");
+            close |= has_token(value.as_bytes(), "close");
             continue;
         }
         if name == header::CONTENT_LENGTH {
-            length_field.get_or_insert_with(|| parse_length(value));
+            length_field.get_or_insert_with(|| parse_length(value.as_bytes()));
             continue;
         }
         if name == header::TRANSFER_ENCODING || name.as_str() == "keep-alive" {

@@ -28,7 +28,7 @@ pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-ho
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1 and the usual proxy extras), as parsed
 /// names so removing them costs no parsing per request.
-const HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     CONNECTION,
     HeaderName::from_static("keep-alive"),
     http::header::TE,
@@ -74,10 +74,26 @@ pub struct ForwardedFor<'a> {
 
 /// Whether a `Connection` token names a header to remove beyond the fixed
 /// hop-by-hop set (`keep-alive` is in it; `close` names no header).
-fn names_extra_header(token: &str) -> bool {
+pub(crate) fn names_extra_header(token: &[u8]) -> bool {
     !token.is_empty()
-        && !token.eq_ignore_ascii_case("keep-alive")
-        && !token.eq_ignore_ascii_case("close")
+        && !token.eq_ignore_ascii_case(b"keep-alive")
+        && !token.eq_ignore_ascii_case(b"close")
+}
+
+/// Where a field name (any case) is in [`HOP_BY_HOP`], if it is.
+fn hop_by_hop_index(name: &[u8]) -> Option<usize> {
+    let len = name.len();
+    if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
+        return None;
+    }
+    HOP_BY_HOP
+        .iter()
+        .position(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// The hop-by-hop name a field name (any case) is, if it is one.
+pub(crate) fn hop_by_hop_name(name: &[u8]) -> Option<&'static HeaderName> {
+    hop_by_hop_index(name).map(|i| &HOP_BY_HOP[i])
 }
 
 /// Which of [`HOP_BY_HOP`] are in `headers` (bit `i` for entry `i`): a look
@@ -86,11 +102,7 @@ fn names_extra_header(token: &str) -> bool {
 fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
     let mut present = 0;
     for name in headers.keys() {
-        let len = name.as_str().len();
-        if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
-            continue;
-        }
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        if let Some(i) = hop_by_hop_index(name.as_str().as_bytes()) {
             present |= 1 << i;
         }
     }
@@ -123,7 +135,7 @@ fn remove_connection_named(headers: &mut HeaderMap) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-            .filter(|t| names_extra_header(t))
+            .filter(|t| names_extra_header(t.as_bytes()))
     };
     // Usual clients send no `Connection`, or only `keep-alive` / `close`: no
     // list to build then.

@@ -5,6 +5,7 @@ mod client;
 pub mod headers;
 mod health;
 mod pool;
+pub(crate) mod relayed;
 mod stream;
 pub mod tls_client;
 mod transport;

@@ -411,8 +411,11 @@ mod tests {
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         let res = up.forward(get("/a?b=c"), None).await.unwrap();
         assert_eq!(res.status(), 200);
+        let res = crate::proxy::relayed::into_header_map(res);
         assert!(!res.headers().contains_key("x-hop"));
+        assert!(!res.headers().contains_key("connection"));
         assert_eq!(res.headers()["retry-after"], "3");
+        assert_eq!(res.headers()["content-length"], "2");
         assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "ok");
     }
 

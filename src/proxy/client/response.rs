@@ -1,7 +1,8 @@
 //! The response side of the upstream client: the head parsed off the
-//! connection's buffer (interim 1xx heads dropped) into a header map that
-//! shares the bytes read, the body framed as RFC 9112 says, and the body
-//! itself, read off the connection as the client polls it.
+//! connection's buffer (interim 1xx heads dropped), its end-to-end fields
+//! kept as they arrived for relaying (`proxy::relayed`), the body framed as
+//! RFC 9112 says, and the body itself, read off the connection as the
+//! client polls it.
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Response, StatusCode, Version};
@@ -12,9 +13,9 @@ use std::task::{Context, Poll};
 
 use super::{ClientError, Conn};
 use crate::body::BoxError;
-use crate::h1::{
-    ends_in_chunked, field_name, has_token, parse_length, poll_read_more, Decoder, Framing,
-};
+use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decoder, Framing};
+use crate::proxy::headers::{hop_by_hop_name, names_extra_header};
+use crate::proxy::relayed::{FieldAt, RelayedFields};
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;
@@ -24,13 +25,10 @@ const MAX_HEADERS: usize = 128;
 const FEW_HEADERS: usize = 24;
 /// What [`parse_one`] says of a head with more fields than its table.
 const TOO_MANY_FIELDS: &str = "too many header fields";
-/// Room left in a response's header map for what the gateway adds to it
-/// (request id, rate-limit fields), so adding them does not grow the map.
-const ADDED_HEADERS: usize = 6;
-
-/// Where a field's name and value lie in the head: name start and end,
-/// value start and end.
-type FieldAt = [u32; 4];
+/// Room in a response's header map for its `Content-Length` and what the
+/// gateway adds (request id, rate-limit fields), so adding them does not
+/// grow the map.
+const MAP_FIELDS: usize = 6;
 
 /// A complete response head at the front of the buffer.
 struct Head {
@@ -85,7 +83,10 @@ fn with_final_head<R>(
     }
 }
 
-/// The response whose head `h` (fields at `at`) is at the front of `buf`.
+/// The response whose head `h` (fields at `at`) is at the front of `buf`:
+/// its `Content-Length` in the header map, its other end-to-end fields
+/// relayed as they are (hop-by-hop ones and those `Connection` names left
+/// out).
 fn response(
     buf: &mut BytesMut,
     h: Head,
@@ -95,20 +96,113 @@ fn response(
     let head = buf.split_to(h.len).freeze();
     let status =
         StatusCode::from_u16(h.status).map_err(|_| ClientError::Invalid("invalid status code"))?;
-    let mut headers = HeaderMap::with_capacity(h.fields + ADDED_HEADERS);
-    for &[ns, ne, vs, ve] in &at[..h.fields] {
-        let name = field_name(&head[ns as usize..ne as usize])
-            .map_err(|_| ClientError::Invalid("invalid header name"))?;
+    let fields = &at[..h.fields];
+    let facts = Facts::read(&head, fields);
+    let (framing, keep_alive) = framing(&facts, status, h.version, head_request)?;
+    let mut headers = HeaderMap::with_capacity(MAP_FIELDS);
+    if let Some([vs, ve]) = facts.length_at {
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
-            .map_err(|_| ClientError::Invalid("invalid header value"))?;
-        headers.append(name, value);
+            .map_err(|_| ClientError::Invalid("invalid Content-Length"))?;
+        headers.insert(CONTENT_LENGTH, value);
     }
-    let (framing, keep_alive) = framing(&headers, status, h.version, head_request)?;
+    let relayed: Vec<FieldAt> = fields
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| facts.relay & (1 << i) != 0)
+        .map(|(_, at)| *at)
+        .collect();
     let mut res = Response::new(Incoming::Empty);
     *res.status_mut() = status;
     *res.version_mut() = h.version;
     *res.headers_mut() = headers;
+    if !relayed.is_empty() {
+        res.extensions_mut()
+            .insert(RelayedFields::new(head, relayed));
+    }
     Ok((res, framing, keep_alive))
+}
+
+/// What a response head's framing fields say, and which of its fields are
+/// relayed, read in one walk over its fields (their names in any case).
+struct Facts<'a> {
+    /// Bit `i`: field `i` is relayed (not hop-by-hop, not named by
+    /// `Connection`, not `Content-Length`, which the header map carries).
+    /// A head has at most `MAX_HEADERS` (128) fields.
+    relay: u128,
+    /// `Connection` holds `close`.
+    close: bool,
+    /// The last `Transfer-Encoding` value.
+    last_coding: Option<&'a [u8]>,
+    /// `Content-Length` was sent.
+    saw_length: bool,
+    /// The length all `Content-Length` fields agree on.
+    length: Option<u64>,
+    /// Where the first `Content-Length` value lies.
+    length_at: Option<[u32; 2]>,
+    /// The first fault among the `Content-Length` fields.
+    length_error: Option<&'static str>,
+}
+
+impl<'a> Facts<'a> {
+    fn read(head: &'a [u8], fields: &[FieldAt]) -> Self {
+        const _: () = assert!(MAX_HEADERS <= 128);
+        let mut f = Facts {
+            relay: 0,
+            close: false,
+            last_coding: None,
+            saw_length: false,
+            length: None,
+            length_at: None,
+            length_error: None,
+        };
+        // Other fields `Connection` names (rare: it usually holds only
+        // `keep-alive` or `close`).
+        let mut named: Vec<&[u8]> = Vec::new();
+        let name_of = |&[ns, ne, _, _]: &FieldAt| &head[ns as usize..ne as usize];
+        for (i, at) in fields.iter().enumerate() {
+            let [_, _, vs, ve] = *at;
+            let name = name_of(at);
+            let value = &head[vs as usize..ve as usize];
+            match hop_by_hop_name(name) {
+                Some(h) if *h == CONNECTION => {
+                    f.close |= has_token(value, "close");
+                    named.extend(
+                        value
+                            .split(|&b| b == b',')
+                            .map(<[u8]>::trim_ascii)
+                            .filter(|t| names_extra_header(t)),
+                    );
+                }
+                Some(h) if *h == TRANSFER_ENCODING => f.last_coding = Some(value),
+                Some(_) => {}
+                None if name.eq_ignore_ascii_case(b"content-length") => {
+                    f.saw_length = true;
+                    f.length_at.get_or_insert([vs, ve]);
+                    // The first fault in field order is the one reported.
+                    match (parse_length(value), f.length) {
+                        (None, _) => {
+                            f.length_error = f.length_error.or(Some("invalid Content-Length"))
+                        }
+                        (Some(n), Some(m)) if n != m => {
+                            f.length_error =
+                                f.length_error.or(Some("differing Content-Length values"))
+                        }
+                        (n, _) => f.length = n,
+                    }
+                }
+                None => f.relay |= 1 << i,
+            }
+        }
+        if !named.is_empty() {
+            for (i, at) in fields.iter().enumerate() {
+                let name = name_of(at);
+                if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+                    f.relay &= !(1 << i);
+                }
+            }
+        }
+        f
+    }
 }
 
 /// Whether a final response head has arrived (interim heads are dropped).
@@ -174,34 +268,12 @@ fn parse_one<const N: usize>(
 /// connection); differing lengths are invalid; with neither, the body ends
 /// with the connection.
 fn framing(
-    headers: &HeaderMap,
+    facts: &Facts<'_>,
     status: StatusCode,
     version: Version,
     head_request: bool,
 ) -> Result<(BodyFraming, bool), ClientError> {
-    // One walk over the few fields, instead of a hashed lookup for each of
-    // the three names (most heads carry one of them, or two).
-    let mut close = false;
-    let mut last_coding = None;
-    let mut length: Option<u64> = None;
-    let mut length_error = None;
-    for (name, value) in headers {
-        if name == CONNECTION {
-            close |= has_token(value, "close");
-        } else if name == TRANSFER_ENCODING {
-            last_coding = Some(value);
-        } else if name == CONTENT_LENGTH {
-            match (parse_length(value), length) {
-                // The first fault in field order is the one reported.
-                (None, _) => length_error = length_error.or(Some("invalid Content-Length")),
-                (Some(n), Some(m)) if n != m => {
-                    length_error = length_error.or(Some("differing Content-Length values"))
-                }
-                (n, _) => length = n,
-            }
-        }
-    }
-    let mut keep_alive = version == Version::HTTP_11 && !close;
+    let mut keep_alive = version == Version::HTTP_11 && !facts.close;
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -209,9 +281,9 @@ fn framing(
     {
         return Ok((BodyFraming::Known(Framing::Empty), keep_alive));
     }
-    if let Some(last) = last_coding {
+    if let Some(last) = facts.last_coding {
         // A length beside a coding is ignored; the connection is not reused.
-        if length.is_some() || length_error.is_some() {
+        if facts.saw_length {
             keep_alive = false;
         }
         if ends_in_chunked(last) {
@@ -219,10 +291,10 @@ fn framing(
         }
         return Ok((BodyFraming::UntilClose, false));
     }
-    if let Some(e) = length_error {
+    if let Some(e) = facts.length_error {
         return Err(ClientError::Invalid(e));
     }
-    Ok(match length {
+    Ok(match facts.length {
         Some(0) => (BodyFraming::Known(Framing::Empty), keep_alive),
         Some(n) => (BodyFraming::Known(Framing::Length(n)), keep_alive),
         None => (BodyFraming::UntilClose, false),
@@ -466,6 +538,7 @@ mod tests {
         let mut buf = BytesMut::from(&raw[..]);
         let (res, _, _) = take_response(&mut buf, false).unwrap().unwrap();
         assert_eq!(res.status(), 201);
+        let res = crate::proxy::relayed::into_header_map(res);
         assert_eq!(res.headers()["x-a"], "b");
         // Taken off the buffer: the body's bytes are next.
         assert_eq!(&buf[..], b"ok");
@@ -489,6 +562,7 @@ mod tests {
         for n in [FEW_HEADERS, FEW_HEADERS + 1, MAX_HEADERS - 1] {
             assert!(final_head_ready(&mut head(n)).unwrap(), "{n} fields");
             let (res, _, _) = take_response(&mut head(n), false).unwrap().unwrap();
+            let res = crate::proxy::relayed::into_header_map(res);
             assert_eq!(res.headers().len(), n + 1, "{n} fields");
             assert_eq!(
                 res.headers()[format!("x-f{}", n - 1)],
