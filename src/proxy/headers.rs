@@ -72,12 +72,17 @@ pub struct ForwardedFor<'a> {
     pub host: Option<&'a str>,
 }
 
-/// Whether a `Connection` token names a header to remove beyond the fixed
-/// hop-by-hop set (`keep-alive` is in it; `close` names no header).
-pub(crate) fn names_extra_header(token: &[u8]) -> bool {
-    !token.is_empty()
-        && !token.eq_ignore_ascii_case(b"keep-alive")
-        && !token.eq_ignore_ascii_case(b"close")
+/// The field names a `Connection` value lists beyond the fixed hop-by-hop
+/// set (`keep-alive` is in it; `close` names no field).
+pub(crate) fn connection_named(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+                && !t.eq_ignore_ascii_case(b"close")
+        })
 }
 
 /// Where a field name (any case) is in [`HOP_BY_HOP`], if it is.
@@ -132,16 +137,13 @@ fn remove_connection_named(headers: &mut HeaderMap) {
         headers
             .get_all(CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| names_extra_header(t.as_bytes()))
+            .flat_map(|v| connection_named(v.as_bytes()))
     };
     // Usual clients send no `Connection`, or only `keep-alive` / `close`: no
     // list to build then.
     if tokens().next().is_some() {
         let named: Vec<HeaderName> = tokens()
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             .collect();
         for name in named {
             headers.remove(name);

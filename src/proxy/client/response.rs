@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use super::{ClientError, Conn};
 use crate::body::BoxError;
 use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decoder, Framing};
-use crate::proxy::headers::{hop_by_hop_name, names_extra_header};
+use crate::proxy::headers::{connection_named, hop_by_hop_name};
 use crate::proxy::relayed::{FieldAt, RelayedFields};
 
 /// Response header fields at most.
@@ -100,7 +100,9 @@ fn response(
     let facts = Facts::read(&head, fields);
     let (framing, keep_alive) = framing(&facts, status, h.version, head_request)?;
     let mut headers = HeaderMap::with_capacity(MAP_FIELDS);
-    if let Some([vs, ve]) = facts.length_at {
+    // Beside a transfer coding a length is not the body's (RFC 9112 §6.3):
+    // not passed on, since the body is decoded and framed anew.
+    if let Some([vs, ve]) = facts.length_at.filter(|_| facts.last_coding.is_none()) {
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| ClientError::Invalid("invalid Content-Length"))?;
         headers.insert(CONTENT_LENGTH, value);
@@ -133,8 +135,6 @@ struct Facts<'a> {
     close: bool,
     /// The last `Transfer-Encoding` value.
     last_coding: Option<&'a [u8]>,
-    /// `Content-Length` was sent.
-    saw_length: bool,
     /// The length all `Content-Length` fields agree on.
     length: Option<u64>,
     /// Where the first `Content-Length` value lies.
@@ -150,7 +150,6 @@ impl<'a> Facts<'a> {
             relay: 0,
             close: false,
             last_coding: None,
-            saw_length: false,
             length: None,
             length_at: None,
             length_error: None,
@@ -166,17 +165,11 @@ impl<'a> Facts<'a> {
             match hop_by_hop_name(name) {
                 Some(h) if *h == CONNECTION => {
                     f.close |= has_token(value, "close");
-                    named.extend(
-                        value
-                            .split(|&b| b == b',')
-                            .map(<[u8]>::trim_ascii)
-                            .filter(|t| names_extra_header(t)),
-                    );
+                    named.extend(connection_named(value));
                 }
                 Some(h) if *h == TRANSFER_ENCODING => f.last_coding = Some(value),
                 Some(_) => {}
                 None if name.eq_ignore_ascii_case(b"content-length") => {
-                    f.saw_length = true;
                     f.length_at.get_or_insert([vs, ve]);
                     // The first fault in field order is the one reported.
                     match (parse_length(value), f.length) {
@@ -283,7 +276,7 @@ fn framing(
     }
     if let Some(last) = facts.last_coding {
         // A length beside a coding is ignored; the connection is not reused.
-        if facts.saw_length {
+        if facts.length_at.is_some() {
             keep_alive = false;
         }
         if ends_in_chunked(last) {
@@ -527,6 +520,16 @@ mod tests {
         for (raw, want) in cases {
             assert_eq!(framing_of(raw), want, "{raw:?}");
         }
+        // Beside a coding, the length is not passed on.
+        let (res, _, _) = response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\nX-A: b\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        let res = crate::proxy::relayed::into_header_map(res);
+        assert!(!res.headers().contains_key("content-length"));
+        assert!(!res.headers().contains_key("transfer-encoding"));
+        assert_eq!(res.headers()["x-a"], "b");
         // A HEAD answer has no body, whatever its length says.
         let (_, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
         assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
