@@ -584,8 +584,9 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
     // `core::fmt` cost about a thousand instructions per request.
     let id: u128 = rand::random();
     let mut hex = [0u8; 32];
-    for (i, digit) in hex.iter_mut().enumerate() {
-        *digit = b"0123456789abcdef"[(id >> (124 - 4 * i) & 0xf) as usize];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(id.to_be_bytes()) {
+        pair[0] = b"0123456789abcdef"[usize::from(byte >> 4)];
+        pair[1] = b"0123456789abcdef"[usize::from(byte & 0xf)];
     }
     HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }

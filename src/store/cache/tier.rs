@@ -107,7 +107,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// One cache tier.
 pub(super) struct Tier<T> {
-    entries: Cache<SecretHash, Slot<T>>,
+    entries: Cache<SecretHash, Slot<T>, foldhash::fast::RandomState>,
     inflight: Mutex<HashMap<SecretHash, Flight<T>>>,
     store: Arc<dyn KeyStore>,
     loader: Loader<T>,
@@ -140,7 +140,9 @@ impl<T: Cached> Tier<T> {
                 positive: cfg.ttl + cfg.stale_if_error,
                 negative: cfg.negative_ttl,
             })
-            .build();
+            // The key is a digest already: a seeded foldhash spreads it as
+            // well as moka's default SipHash, for a fraction of the cost.
+            .build_with_hasher(foldhash::fast::RandomState::default());
         Arc::new(Tier {
             entries,
             inflight: Mutex::new(HashMap::new()),
