@@ -8,6 +8,7 @@ pub mod admin;
 pub mod auth;
 pub mod body;
 pub mod cli;
+mod clock;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -310,7 +310,7 @@ pub async fn serve<H: Handler>(
         // connection reserves no room for a TLS one's state (the rustls
         // session alone is over a kilobyte): every idle keep-alive
         // connection pays for the size of its task.
-        connections.spawn(async move {
+        connections.spawn(crate::clock::reading_once_per_poll(async move {
             let _permit = permit;
             let _open = open;
             match tls {
@@ -322,7 +322,7 @@ pub async fn serve<H: Handler>(
                 }
                 None => Box::pin(serve_connection(stream, &h2, conn, handler, &limits, stop)).await,
             }
-        });
+        }));
     }
     drop(listener);
     let _ = stop_tx.send(true);

@@ -29,11 +29,12 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::body::RequestBody;
+use crate::clock;
 use crate::error::GatewayError;
 use crate::server::{ConnInfo, Handler};
 pub(crate) use body::Decoder;
@@ -90,7 +91,7 @@ where
     // The current wait's deadline; the timer is armed no later than it and
     // re-armed only when it fires early, so a busy connection does not touch
     // the timer wheel per request.
-    let mut deadline = Instant::now() + limits.header_read_timeout;
+    let mut deadline = clock::now() + limits.header_read_timeout;
     let timer = tokio::time::sleep_until(deadline.into());
     tokio::pin!(timer);
     loop {
@@ -127,11 +128,11 @@ where
                     }
                     if idle {
                         // A request head begins: it has header_read_timeout.
-                        deadline = Instant::now() + limits.header_read_timeout;
+                        deadline = clock::now() + limits.header_read_timeout;
                     }
                 }
                 () = &mut timer => {
-                    if Instant::now() >= deadline {
+                    if clock::now() >= deadline {
                         tracing::debug!(peer = %conn.peer, idle, "HTTP/1 connection timed out waiting for a request");
                         return Ok(Ended::Closed);
                     }
@@ -210,10 +211,10 @@ where
         if rbuf.is_empty() {
             // Drop the last request's allocation: idle, nothing is held.
             rbuf = BytesMut::new();
-            deadline = Instant::now() + limits.idle_timeout;
+            deadline = clock::now() + limits.idle_timeout;
         } else {
             // Pipelined: the next head has begun.
-            deadline = Instant::now() + limits.header_read_timeout;
+            deadline = clock::now() + limits.header_read_timeout;
         }
     }
 }

@@ -14,7 +14,6 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::admin::names;
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
@@ -58,7 +57,7 @@ struct Validated {
 
 impl Handler for Gateway {
     async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Response<Body> {
-        let started = Instant::now();
+        let started = crate::clock::now();
         let request_id = request_id(req.headers());
         let method = req.method().clone();
         let mut out = Outcome {

@@ -32,7 +32,7 @@ impl Pool {
     /// The most recently used idle connection that has not timed out and
     /// that the target has not closed.
     pub(crate) fn take(&self) -> Option<Conn> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut idle = self.lock();
         Self::expire(&mut idle, now, self.idle_timeout);
         while let Some((_, mut c)) = idle.pop_back() {
@@ -49,7 +49,7 @@ impl Pool {
         if self.max_idle == 0 {
             return;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut idle = self.lock();
         Self::expire(&mut idle, now, self.idle_timeout);
         if idle.len() >= self.max_idle {
@@ -62,7 +62,7 @@ impl Pool {
     /// the target has closed.
     pub(crate) fn prune(&self) {
         let mut idle = self.lock();
-        Self::expire(&mut idle, Instant::now(), self.idle_timeout);
+        Self::expire(&mut idle, crate::clock::now(), self.idle_timeout);
         idle.retain_mut(|(_, c)| c.is_usable());
     }
 

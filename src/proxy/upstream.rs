@@ -235,7 +235,7 @@ impl Upstream {
         req: Request<Body>,
         added: Option<&Added<'_>>,
     ) -> Result<Response<Body>, UpstreamError> {
-        let started = Instant::now();
+        let started = crate::clock::now();
         let deadline = self.timeout.map(|t| started + t);
         let (mut parts, body) = req.into_parts();
         let path = parts
@@ -260,7 +260,7 @@ impl Upstream {
             // One clock read per attempt (the first attempt's is `started`).
             let now = match attempts {
                 0 => started,
-                _ => Instant::now(),
+                _ => crate::clock::now(),
             };
             let hold = match self.acquire(&tried, now).await? {
                 Some(h) => h,

@@ -41,8 +41,9 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_nanos(&self) -> u64 {
-        self.start_unix_nanos
-            .saturating_add(saturating_nanos(self.start.elapsed()))
+        self.start_unix_nanos.saturating_add(saturating_nanos(
+            crate::clock::now().saturating_duration_since(self.start),
+        ))
     }
 }
 
