@@ -410,11 +410,11 @@ EOF
   done
 }
 
-# oha_run SCENARIO TARGET URL SERVER_PID RATE: latency at a fixed offered load
-oha_run() {
-  local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r
+# oha_once SCENARIO TARGET URL SERVER_PID RATE RUN: latency at a fixed offered load
+oha_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r=$6
   [ -n "$OHA" ] || return 0
-  for r in $(seq "$RUNS"); do
+  {
     local pids t0 t1
     pids=$(tree_pids "$pid")
     t0=$(cpu_ticks $pids)
@@ -436,8 +436,8 @@ print(f'"tool":"oha","offered_rps":{sys.argv[2]},"requests":{n},"duration_us":{r
 EOF
 )
     record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
-    log "  $scenario/$target @${rate}/s run $r done"
-  done
+    log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
+  }
 }
 
 median_rps() { # SCENARIO TARGET
@@ -491,18 +491,28 @@ for r in $(seq "$RUNS"); do
   done
 done
 
+# Latency at fixed offered loads (a half and a quarter of the gateway's peak),
+# interleaved the same way: a slow spell of the host (on a shared one, p99
+# moves by milliseconds within minutes) then lands on every target's runs
+# alike instead of on whichever ran all of its runs during it. Before the
+# 100 000-key runs, so that the gateway's latency is the request path's, not
+# that of the key cache filling.
+GW_PEAK=$(median_rps saturation gateway)
+HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
+log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy in each round"
+for r in $(seq "$RUNS"); do
+  for k in 0 1 2 3; do
+    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % 4))]}"
+    oha_once fixed_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
+    oha_once fixed_quarter "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$QUARTER" "$r"
+  done
+done
+
 # (6), (7), (8) and resources: the gateway over plain HTTP
 log "gateway, plain HTTP"
 BENCH_KEYS="$WORK/invalid.txt" wrk_run invalid_keys gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
 wrk_run rate_limited_429 gateway "http://127.0.0.1:$GW_PORT/api/v1/limited" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
 BENCH_KEYS="$WORK/key1.txt" wrk_run keys_1 gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
-# Fixed loads before the 100 000-key runs, so that their latency is the
-# request path's, not that of the key cache filling or the first write of
-# 100 000 last_used_at stamps.
-GW_PEAK=$(median_rps saturation gateway)
-HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
-oha_run fixed_half gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$HALF"
-oha_run fixed_quarter gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$QUARTER"
 log "  warming the cache with one pass over the 100 000 keys (not measured)"
 # wrk stops sending after the pass but waits out -d: end it when the pass is done.
 BENCH_KEYS="$WORK/keys100k.txt" BENCH_WARM_DONE="$WORK/warm.done" taskset -c 1 \
@@ -541,21 +551,8 @@ wrk_run tls_new_conn gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "
 h2load_run http2 gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID"
 stop "$GW_PID"
 
-# (9) nginx and HAProxy doing the same job, at the gateway's fixed loads
-log "nginx, fixed loads"
-oha_run fixed_half nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$HALF"
-oha_run fixed_quarter nginx "http://127.0.0.1:$NGX_PORT$PATH_Q" "$NGX_PID" "$QUARTER"
 stop "$NGX_PID"
-
-log "HAProxy, fixed loads"
-oha_run fixed_half haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$HALF"
-oha_run fixed_quarter haproxy "http://127.0.0.1:$HAP_PORT$PATH_Q" "$HAP_PID" "$QUARTER"
 stop "$HAP_PID"
-
-# fixed loads straight to the upstream: the baseline for "added latency"
-log "direct, fixed loads"
-oha_run fixed_half direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$HALF"
-oha_run fixed_quarter direct "http://127.0.0.1:$UP_PORT$PATH_Q" "$UP_PID" "$QUARTER"
 
 # ---------------------------------------------------------------- report
 mkdir -p "$OUT"
