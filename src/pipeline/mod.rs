@@ -13,6 +13,7 @@ use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::admin::names;
@@ -56,102 +57,118 @@ struct Validated {
 }
 
 impl Handler for Gateway {
-    async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Response<Body> {
-        let started = crate::clock::now();
-        let request_id = request_id(req.headers());
-        let method = req.method().clone();
-        let mut out = Outcome {
-            route: None,
-            decision: None,
-            principal: None,
-            organization: None,
-        };
-        let bytes_in = req.body().size_hint().exact();
-        let mut res = match self.stages(req, &conn, &request_id, &mut out).await {
-            Ok(res) => res,
-            Err(err) => self.rescue(err, &request_id),
-        };
-        let headers = res.headers_mut();
-        if let Some(d) = &out.decision {
-            d.write_headers(headers, self.settings.rate_limit.ietf_headers);
+    // An `async move` block, as `Gateway::stages` is, for the same reason.
+    #[allow(clippy::manual_async_fn)] // the future's size: see `Gateway::stages`
+    fn handle(
+        &self,
+        req: Request<RequestBody>,
+        conn: Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Body>> + Send {
+        async move {
+            let started = crate::clock::now();
+            let request_id = request_id(req.headers());
+            let method = req.method().clone();
+            let mut out = Outcome {
+                route: None,
+                decision: None,
+                principal: None,
+                organization: None,
+            };
+            let bytes_in = req.body().size_hint().exact();
+            let mut res = match self.stages(req, &conn, &request_id, &mut out).await {
+                Ok(res) => res,
+                Err(err) => self.rescue(err, &request_id),
+            };
+            let headers = res.headers_mut();
+            if let Some(d) = &out.decision {
+                d.write_headers(headers, self.settings.rate_limit.ietf_headers);
+            }
+            headers.insert(X_REQUEST_ID, request_id.clone());
+            let route = out
+                .route
+                .map(|i| self.routes[i].route.path.as_str())
+                .unwrap_or("-");
+            let status = res.status().as_u16();
+            let request_metrics = match out.route {
+                Some(i) => &self.routes[i].metrics,
+                None => &self.unrouted,
+            };
+            request_metrics
+                .requests
+                .increment((method_label(&method), status_label(status)));
+            request_metrics
+                .latency
+                .record(started.elapsed().as_secs_f64());
+            tracing::info!(
+                target: "access",
+                request_id = request_id.to_str().unwrap_or("-"),
+                method = %method,
+                route,
+                status,
+                latency_us = started.elapsed().as_micros() as u64,
+                peer = %conn.peer.ip(),
+                key_id = out.principal.as_ref().and_then(|p| p.key_id()).unwrap_or("-"),
+                user_id = out.principal.as_ref().map(|p| p.user_id()).unwrap_or("-"),
+                organization = out
+                    .organization
+                    .as_deref()
+                    .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization()))
+                    .unwrap_or("-"),
+                upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()).unwrap_or("-"),
+                bytes_in,
+                bytes_out = res.body().size_hint().exact(),
+                "request"
+            );
+            res
         }
-        headers.insert(X_REQUEST_ID, request_id.clone());
-        let route = out
-            .route
-            .map(|i| self.routes[i].route.path.as_str())
-            .unwrap_or("-");
-        let status = res.status().as_u16();
-        let request_metrics = match out.route {
-            Some(i) => &self.routes[i].metrics,
-            None => &self.unrouted,
-        };
-        request_metrics
-            .requests
-            .increment((method_label(&method), status_label(status)));
-        request_metrics
-            .latency
-            .record(started.elapsed().as_secs_f64());
-        tracing::info!(
-            target: "access",
-            request_id = request_id.to_str().unwrap_or("-"),
-            method = %method,
-            route,
-            status,
-            latency_us = started.elapsed().as_micros() as u64,
-            peer = %conn.peer.ip(),
-            key_id = out.principal.as_ref().and_then(|p| p.key_id()).unwrap_or("-"),
-            user_id = out.principal.as_ref().map(|p| p.user_id()).unwrap_or("-"),
-            organization = out
-                .organization
-                .as_deref()
-                .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization()))
-                .unwrap_or("-"),
-            upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()).unwrap_or("-"),
-            bytes_in,
-            bytes_out = res.body().size_hint().exact(),
-            "request"
-        );
-        res
     }
 }
 
 impl Gateway {
     /// The stages in order. Comments say why each stands where it does.
-    async fn stages(
-        &self,
+    ///
+    /// A plain `fn` returning an `async move` block rather than an `async fn`:
+    /// an async fn moves its arguments into its body, so its future holds the
+    /// request twice (272 bytes more to move and to box per request); the
+    /// block uses the captured one.
+    #[allow(clippy::manual_async_fn)] // the future's size, above
+    fn stages<'a>(
+        &'a self,
         req: Request<RequestBody>,
-        conn: &ConnInfo,
-        request_id: &HeaderValue,
-        out: &mut Outcome,
-    ) -> Result<Response<Body>, GatewayError> {
-        // 1. Before anything reads the path: refuse ambiguity, then route.
-        let (index, path_param) = self.route(&req)?;
-        out.route = Some(index);
-        let entry = &self.routes[index];
-        // 2. Identity first: every later decision depends on who is asking.
-        out.principal = self.authenticate(entry, &req, conn).await?;
-        let principal = out.principal.as_ref();
-        // 3. Limit before validation, so malformed requests still spend tokens.
-        self.rate_limit(
-            entry,
-            principal,
-            &req,
-            path_param.as_deref(),
-            conn,
-            &mut out.decision,
-        )
-        .await?;
-        // 4. Validate the organization the request is for (and the key it names).
-        let mut validated = self.validate(entry, &req, path_param).await?;
-        out.organization = validated.organization.take();
-        // 5. Authorize: the right organization, then the route's scope.
-        let grant = match principal {
-            Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
-            None => None,
-        };
-        // 6. Forward to the upstream (or the built-in key service).
-        self.forward(entry, req, grant, validated, conn, request_id)
-            .await
+        conn: &'a ConnInfo,
+        request_id: &'a HeaderValue,
+        out: &'a mut Outcome,
+    ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
+        async move {
+            // 1. Before anything reads the path: refuse ambiguity, then route.
+            let (index, path_param) = self.route(&req)?;
+            out.route = Some(index);
+            let entry = &self.routes[index];
+            // 2. Identity first: every later decision depends on who is asking.
+            out.principal = self.authenticate(entry, &req, conn).await?;
+            let principal = out.principal.as_ref();
+            // 3. Limit before validation, so malformed requests still spend tokens.
+            self.rate_limit(
+                entry,
+                principal,
+                &req,
+                path_param.as_deref(),
+                conn,
+                &mut out.decision,
+            )
+            .await?;
+            // 4. Validate the organization the request is for (and the key it names).
+            let mut validated = self.validate(entry, &req, path_param).await?;
+            out.organization = validated.organization.take();
+            // 5. Authorize: the right organization, then the route's scope.
+            let grant = match principal {
+                Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
+                None => None,
+            };
+            // 6. Forward to the upstream (or the built-in key service).
+            self.forward(entry, req, grant, validated, conn, request_id)
+                .await
+        }
     }
 
     /// Stage 1: target checks, header and body limits, route lookup.
@@ -407,104 +424,108 @@ impl Gateway {
     }
 
     /// Stage 6: to the route's upstream, with identity headers and hygiene.
-    async fn forward(
-        &self,
-        entry: &RouteEntry,
+    /// (An `async move` block, as [`Gateway::stages`] is, for the same reason.)
+    #[allow(clippy::manual_async_fn)] // the future's size: see `Gateway::stages`
+    fn forward<'a>(
+        &'a self,
+        entry: &'a RouteEntry,
         req: Request<RequestBody>,
-        grant: Option<Grant<'_>>,
+        grant: Option<Grant<'a>>,
         validated: Validated,
-        conn: &ConnInfo,
-        request_id: &HeaderValue,
-    ) -> Result<Response<Body>, GatewayError> {
-        let max_body = self.settings.server.limits.max_body_bytes;
-        let (mut parts, body) = req.into_parts();
-        let body: Body = Limited::new(body, max_body as usize).boxed();
-        let upstream = match &entry.target {
-            Target::Builtin(op) => {
-                let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
-                let ctx = crate::keys_service::Caller {
-                    principal: grant.principal,
-                    organization: grant.organization,
-                    role: grant.role,
-                };
-                let req = Request::from_parts(parts, body);
-                // Boxed, so the proxying path's future is not sized for this one.
-                return Box::pin(self.keys_service.handle(
-                    *op,
-                    ctx,
-                    validated.key_id,
-                    validated.key,
-                    req,
-                ))
+        conn: &'a ConnInfo,
+        request_id: &'a HeaderValue,
+    ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
+        async move {
+            let max_body = self.settings.server.limits.max_body_bytes;
+            let (mut parts, body) = req.into_parts();
+            let body: Body = Limited::new(body, max_body as usize).boxed();
+            let upstream = match &entry.target {
+                Target::Builtin(op) => {
+                    let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
+                    let ctx = crate::keys_service::Caller {
+                        principal: grant.principal,
+                        organization: grant.organization,
+                        role: grant.role,
+                    };
+                    let req = Request::from_parts(parts, body);
+                    // Boxed, so the proxying path's future is not sized for this one.
+                    return Box::pin(self.keys_service.handle(
+                        *op,
+                        ctx,
+                        validated.key_id,
+                        validated.key,
+                        req,
+                    ))
+                    .await;
+                }
+                Target::Http(upstream) => upstream,
+            };
+            // Taken out of the map (no copy): the upstream gets the target's own.
+            let host = parts.headers.remove(HOST).or_else(|| {
+                let authority = parts.uri.authority()?;
+                HeaderValue::from_str(authority.as_str()).ok()
+            });
+            let host = host.as_ref().and_then(|h| h.to_str().ok());
+            sanitize_request(&mut parts.headers);
+            let scopes;
+            let identity = match &grant {
+                Some(g) => {
+                    scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
+                    Some(Identity {
+                        organization_id: g.organization,
+                        user_id: g.principal.user_id(),
+                        role: g.role,
+                        auth: g.principal.auth_kind(),
+                        key_id: g.principal.key_id(),
+                        scopes: &scopes,
+                    })
+                }
+                None => None,
+            };
+            let added = Added {
+                identity,
+                forwarded: ForwardedFor {
+                    client_ip: conn.peer_ip(),
+                    proto: if conn.tls { "https" } else { "http" },
+                    host,
+                },
+                request_id,
+            };
+            // Origin form to the upstream, whatever form (or HTTP version) the client used.
+            parts.uri = match parts.uri.path_and_query() {
+                Some(pq) => Uri::from(pq.clone()),
+                None => Uri::from_static("/"),
+            };
+            parts.version = Version::HTTP_11;
+            let result = upstream
+                .forward(Request::from_parts(parts, body), Some(&added))
                 .await;
-            }
-            Target::Http(upstream) => upstream,
-        };
-        // Taken out of the map (no copy): the upstream gets the target's own.
-        let host = parts.headers.remove(HOST).or_else(|| {
-            let authority = parts.uri.authority()?;
-            HeaderValue::from_str(authority.as_str()).ok()
-        });
-        let host = host.as_ref().and_then(|h| h.to_str().ok());
-        sanitize_request(&mut parts.headers);
-        let scopes;
-        let identity = match &grant {
-            Some(g) => {
-                scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
-                Some(Identity {
-                    organization_id: g.organization,
-                    user_id: g.principal.user_id(),
-                    role: g.role,
-                    auth: g.principal.auth_kind(),
-                    key_id: g.principal.key_id(),
-                    scopes: &scopes,
-                })
-            }
-            None => None,
-        };
-        let added = Added {
-            identity,
-            forwarded: ForwardedFor {
-                client_ip: conn.peer_ip(),
-                proto: if conn.tls { "https" } else { "http" },
-                host,
-            },
-            request_id,
-        };
-        // Origin form to the upstream, whatever form (or HTTP version) the client used.
-        parts.uri = match parts.uri.path_and_query() {
-            Some(pq) => Uri::from(pq.clone()),
-            None => Uri::from_static("/"),
-        };
-        parts.version = Version::HTTP_11;
-        let result = upstream
-            .forward(Request::from_parts(parts, body), Some(&added))
-            .await;
-        let outcome = match &result {
-            Ok(_) => "response",
-            Err(UpstreamError::Timeout) => "timeout",
-            Err(UpstreamError::BodyTooLarge) => "body_too_large",
-            Err(UpstreamError::Connect(_)) => "connect_error",
-            Err(UpstreamError::Unavailable { .. }) => "unavailable",
-            Err(UpstreamError::Saturated) => "saturated",
-            Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
-        };
-        entry.upstream_outcomes.increment(outcome);
-        result.map_err(|e| match e {
-            UpstreamError::Timeout => GatewayError::GatewayTimeout,
-            UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
-            UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
-                what: format!("upstream {}", entry.route.upstream).into(),
-                retry_after,
-            },
-            UpstreamError::Saturated => GatewayError::ServiceUnavailable {
-                what: format!("upstream {}", entry.route.upstream).into(),
-                retry_after: 1,
-            },
-            other @ (UpstreamError::Connect(_)
-            | UpstreamError::Reset(_)
-            | UpstreamError::Config(_)) => GatewayError::BadGateway(Box::new(other)),
-        })
+            let outcome = match &result {
+                Ok(_) => "response",
+                Err(UpstreamError::Timeout) => "timeout",
+                Err(UpstreamError::BodyTooLarge) => "body_too_large",
+                Err(UpstreamError::Connect(_)) => "connect_error",
+                Err(UpstreamError::Unavailable { .. }) => "unavailable",
+                Err(UpstreamError::Saturated) => "saturated",
+                Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
+            };
+            entry.upstream_outcomes.increment(outcome);
+            result.map_err(|e| match e {
+                UpstreamError::Timeout => GatewayError::GatewayTimeout,
+                UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
+                UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
+                    what: format!("upstream {}", entry.route.upstream).into(),
+                    retry_after,
+                },
+                UpstreamError::Saturated => GatewayError::ServiceUnavailable {
+                    what: format!("upstream {}", entry.route.upstream).into(),
+                    retry_after: 1,
+                },
+                other @ (UpstreamError::Connect(_)
+                | UpstreamError::Reset(_)
+                | UpstreamError::Config(_)) => GatewayError::BadGateway(Box::new(other)),
+            })
+        }
     }
 
     /// The one place a refusal becomes a response; internals go to the log.
