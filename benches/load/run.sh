@@ -414,15 +414,14 @@ EOF
 oha_once() {
   local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r=$6
   [ -n "$OHA" ] || return 0
-  {
-    local pids t0 t1
-    pids=$(tree_pids "$pid")
-    t0=$(cpu_ticks $pids)
-    taskset -c 1 "$OHA" --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$rate" -c "$CONNS" \
-      -H "$AUTH" "$url" >"$WORK/oha.json" 2>"$WORK/oha.err" || { cat "$WORK/oha.err" >&2; exit 1; }
-    t1=$(cpu_ticks $pids)
-    local fields
-    fields=$(python3 - "$WORK/oha.json" "$rate" <<'EOF'
+  local pids t0 t1
+  pids=$(tree_pids "$pid")
+  t0=$(cpu_ticks $pids)
+  taskset -c 1 "$OHA" --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$rate" -c "$CONNS" \
+    -H "$AUTH" "$url" >"$WORK/oha.json" 2>"$WORK/oha.err" || { cat "$WORK/oha.err" >&2; exit 1; }
+  t1=$(cpu_ticks $pids)
+  local fields
+  fields=$(python3 - "$WORK/oha.json" "$rate" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 s, p = d["summary"], d["latencyPercentiles"]
@@ -435,9 +434,8 @@ print(f'"tool":"oha","offered_rps":{sys.argv[2]},"requests":{n},"duration_us":{r
       f'"p50_us":{us(p["p50"])},"p99_us":{us(p["p99"])},"p999_us":{us(p["p99.9"])}')
 EOF
 )
-    record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
-    log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
-  }
+  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+  log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
 }
 
 median_rps() { # SCENARIO TARGET

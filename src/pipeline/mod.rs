@@ -57,8 +57,8 @@ struct Validated {
 }
 
 impl Handler for Gateway {
-    // An `async move` block, as `Gateway::stages` is, for the same reason.
-    #[allow(clippy::manual_async_fn)] // the future's size: see `Gateway::stages`
+    // An `async move` block, not an async fn: see `Gateway::stages`.
+    #[allow(clippy::manual_async_fn)]
     fn handle(
         &self,
         req: Request<RequestBody>,
@@ -131,7 +131,7 @@ impl Gateway {
     /// an async fn moves its arguments into its body, so its future holds the
     /// request twice (272 bytes more to move and to box per request); the
     /// block uses the captured one.
-    #[allow(clippy::manual_async_fn)] // the future's size, above
+    #[allow(clippy::manual_async_fn)]
     fn stages<'a>(
         &'a self,
         req: Request<RequestBody>,
@@ -425,7 +425,7 @@ impl Gateway {
 
     /// Stage 6: to the route's upstream, with identity headers and hygiene.
     /// (An `async move` block, as [`Gateway::stages`] is, for the same reason.)
-    #[allow(clippy::manual_async_fn)] // the future's size: see `Gateway::stages`
+    #[allow(clippy::manual_async_fn)]
     fn forward<'a>(
         &'a self,
         entry: &'a RouteEntry,
@@ -604,9 +604,8 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
     // `core::fmt` cost about a thousand instructions per request.
     let id: u128 = rand::random();
     let mut hex = [0u8; 32];
-    for (pair, byte) in hex.chunks_exact_mut(2).zip(id.to_be_bytes()) {
-        pair[0] = b"0123456789abcdef"[usize::from(byte >> 4)];
-        pair[1] = b"0123456789abcdef"[usize::from(byte & 0xf)];
+    for (i, digit) in hex.iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[(id >> (124 - 4 * i) & 0xf) as usize];
     }
     HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
