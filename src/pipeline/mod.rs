@@ -9,7 +9,7 @@ pub use principal::Principal;
 
 use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
-use http::{Request, Response, Uri, Version};
+use http::{request, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use std::borrow::Cow;
@@ -49,10 +49,11 @@ struct Grant<'a> {
 }
 
 /// What stage 4 found: the organization asked for, and the key named by the
-/// path when the route takes one (the key service uses it, saving a query).
+/// path when the route takes one (the key service uses it, saving a query;
+/// boxed, so the proxying path's future keeps no room for it).
 struct Validated {
     organization: Option<String>,
-    key: Option<ApiKeyRecord>,
+    key: Option<Box<ApiKeyRecord>>,
     key_id: Option<String>,
 }
 
@@ -64,18 +65,22 @@ impl Handler for Gateway {
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Body>> + Send {
+        // Split here, so the block captures the head and the body, and the
+        // stages borrow the head: the request's future holds it once.
+        let (mut head, body) = req.into_parts();
         async move {
             let started = crate::clock::now();
-            let request_id = request_id(req.headers());
-            let method = req.method().clone();
+            let request_id = request_id(&head.headers);
+            let method = head.method.clone();
             let mut out = Outcome {
                 route: None,
                 decision: None,
                 principal: None,
                 organization: None,
             };
-            let bytes_in = req.body().size_hint().exact();
-            let mut res = match self.stages(req, &conn, &request_id, &mut out).await {
+            let bytes_in = body.size_hint().exact();
+            let stages = self.stages(&mut head, body, &conn, &request_id, &mut out);
+            let mut res = match stages.await {
                 Ok(res) => res,
                 Err(err) => self.rescue(err, &request_id),
             };
@@ -134,31 +139,32 @@ impl Gateway {
     #[allow(clippy::manual_async_fn)]
     fn stages<'a>(
         &'a self,
-        req: Request<RequestBody>,
+        head: &'a mut request::Parts,
+        body: RequestBody,
         conn: &'a ConnInfo,
         request_id: &'a HeaderValue,
         out: &'a mut Outcome,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             // 1. Before anything reads the path: refuse ambiguity, then route.
-            let (index, path_param) = self.route(&req)?;
+            let (index, path_param) = self.route(head)?;
             out.route = Some(index);
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
-            out.principal = self.authenticate(entry, &req, conn).await?;
+            out.principal = self.authenticate(entry, head, conn).await?;
             let principal = out.principal.as_ref();
             // 3. Limit before validation, so malformed requests still spend tokens.
             self.rate_limit(
                 entry,
                 principal,
-                &req,
+                head,
                 path_param.as_deref(),
                 conn,
                 &mut out.decision,
             )
             .await?;
             // 4. Validate the organization the request is for (and the key it names).
-            let mut validated = self.validate(entry, &req, path_param).await?;
+            let mut validated = self.validate(entry, head, path_param).await?;
             out.organization = validated.organization.take();
             // 5. Authorize: the right organization, then the route's scope.
             let grant = match principal {
@@ -166,29 +172,29 @@ impl Gateway {
                 None => None,
             };
             // 6. Forward to the upstream (or the built-in key service).
-            self.forward(entry, req, grant, validated, conn, request_id)
+            self.forward(entry, head, body, grant, validated, conn, request_id)
                 .await
         }
     }
 
     /// Stage 1: target checks, header and body limits, route lookup.
-    fn route(&self, req: &Request<RequestBody>) -> Result<(usize, Option<String>), GatewayError> {
-        check_target(req.uri(), req.version())
-            .and_then(|()| check_head(req.uri(), req.version(), req.headers()))
+    fn route(&self, head: &request::Parts) -> Result<(usize, Option<String>), GatewayError> {
+        check_target(&head.uri, head.version)
+            .and_then(|()| check_head(&head.uri, head.version, &head.headers))
             .map_err(|e| GatewayError::BadRequest {
                 message: format!("invalid request: {e}").into(),
                 field: None,
             })?;
         // A credential in the URL is refused before anything could log or forward it.
-        if let Some(field) = req.uri().query().and_then(find_secret_param) {
+        if let Some(field) = head.uri.query().and_then(find_secret_param) {
             return Err(GatewayError::bad_field(
                 field,
                 "looks like a credential; send it in the Authorization header, never in the URL",
             ));
         }
         let limits = &self.settings.server.limits;
-        let header_bytes: usize = req
-            .headers()
+        let header_bytes: usize = head
+            .headers
             .iter()
             .map(|(n, v)| n.as_str().len() + v.len() + 4)
             .sum();
@@ -197,8 +203,8 @@ impl Gateway {
                 limit: limits.max_header_bytes,
             });
         }
-        let declared = req
-            .headers()
+        let declared = head
+            .headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limits.max_body_bytes) {
@@ -206,7 +212,7 @@ impl Gateway {
                 limit: limits.max_body_bytes,
             });
         }
-        match self.router.at(req.method(), req.uri().path()) {
+        match self.router.at(&head.method, head.uri.path()) {
             RouteMatch::Found { value, params } => {
                 let entry = &self.routes[*value];
                 let param = entry
@@ -227,7 +233,7 @@ impl Gateway {
     async fn authenticate(
         &self,
         entry: &RouteEntry,
-        req: &Request<RequestBody>,
+        head: &request::Parts,
         conn: &ConnInfo,
     ) -> Result<Option<Principal>, GatewayError> {
         if entry.route.auth == AuthMode::None {
@@ -240,7 +246,7 @@ impl Gateway {
                 retry_after: d.retry_after_secs.unwrap_or(1),
             });
         }
-        let result = self.check_credential(entry, req).await;
+        let result = self.check_credential(entry, head).await;
         match &result {
             Ok(p) => self.auth_outcomes.increment(("ok", p.auth_kind())),
             Err(GatewayError::Unauthorized(reason)) => {
@@ -256,9 +262,9 @@ impl Gateway {
     async fn check_credential(
         &self,
         entry: &RouteEntry,
-        req: &Request<RequestBody>,
+        head: &request::Parts,
     ) -> Result<Principal, GatewayError> {
-        let credential = parse_authorization(req.headers()).map_err(|e| {
+        let credential = parse_authorization(&head.headers).map_err(|e| {
             GatewayError::Unauthorized(match e {
                 CredentialError::Missing => AuthReason::Missing,
                 CredentialError::Malformed => AuthReason::Malformed,
@@ -306,7 +312,7 @@ impl Gateway {
         &self,
         entry: &RouteEntry,
         principal: Option<&Principal>,
-        req: &Request<RequestBody>,
+        head: &request::Parts,
         path_param: Option<&str>,
         conn: &ConnInfo,
         decided: &mut Option<Decision>,
@@ -326,7 +332,7 @@ impl Gateway {
                 // A session has no organization of its own: use the one asked for
                 // when the request names it directly, else the user.
                 None => {
-                    user_key = match requested_org_hint(entry, req, path_param) {
+                    user_key = match requested_org_hint(entry, head, path_param) {
                         Some(org) => format!("org:{org}"),
                         None => format!("user:{}", p.user_id()),
                     };
@@ -358,10 +364,10 @@ impl Gateway {
     async fn validate(
         &self,
         entry: &RouteEntry,
-        req: &Request<RequestBody>,
+        head: &request::Parts,
         path_param: Option<String>,
     ) -> Result<Validated, GatewayError> {
-        let query = Query::parse(req.uri().query()).map_err(query_error)?;
+        let query = Query::parse(head.uri.query()).map_err(query_error)?;
         let mut v = Validated {
             organization: None,
             key: None,
@@ -382,7 +388,7 @@ impl Gateway {
                     .map_err(store_unavailable)?;
                 let key = key.ok_or(GatewayError::NotFound)?;
                 v.organization = Some(key.organization_id.clone());
-                v.key = Some(key);
+                v.key = Some(Box::new(key));
                 v.key_id = Some(id);
             }
         }
@@ -429,7 +435,8 @@ impl Gateway {
     fn forward<'a>(
         &'a self,
         entry: &'a RouteEntry,
-        req: Request<RequestBody>,
+        parts: &'a mut request::Parts,
+        body: RequestBody,
         grant: Option<Grant<'a>>,
         validated: Validated,
         conn: &'a ConnInfo,
@@ -437,7 +444,6 @@ impl Gateway {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let (mut parts, body) = req.into_parts();
             let body: Body = Limited::new(body, max_body as usize).boxed();
             let upstream = match &entry.target {
                 Target::Builtin(op) => {
@@ -447,13 +453,15 @@ impl Gateway {
                         organization: grant.organization,
                         role: grant.role,
                     };
+                    // The key service takes the head: nothing reads it after.
+                    let parts = std::mem::replace(parts, Request::new(()).into_parts().0);
                     let req = Request::from_parts(parts, body);
                     // Boxed, so the proxying path's future is not sized for this one.
                     return Box::pin(self.keys_service.handle(
                         *op,
                         ctx,
                         validated.key_id,
-                        validated.key,
+                        validated.key.map(|k| *k),
                         req,
                     ))
                     .await;
@@ -497,9 +505,7 @@ impl Gateway {
                 None => Uri::from_static("/"),
             };
             parts.version = Version::HTTP_11;
-            let result = upstream
-                .forward(Request::from_parts(parts, body), Some(&added))
-                .await;
+            let result = upstream.forward(parts, body, Some(&added)).await;
             let outcome = match &result {
                 Ok(_) => "response",
                 Err(UpstreamError::Timeout) => "timeout",
@@ -547,11 +553,11 @@ impl Gateway {
 /// names directly (query or path), without validating it yet (stage 4 does).
 fn requested_org_hint<'a>(
     entry: &RouteEntry,
-    req: &'a Request<RequestBody>,
+    head: &'a request::Parts,
     path_param: Option<&'a str>,
 ) -> Option<Cow<'a, str>> {
     match &entry.route.organization {
-        OrgSource::Query(name) => Query::parse(req.uri().query())
+        OrgSource::Query(name) => Query::parse(head.uri.query())
             .ok()?
             .get(name)
             .map(|v| Cow::Owned(v.to_string())),

@@ -172,8 +172,10 @@ pub(crate) async fn active_check(
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
                     .body(crate::body::empty())
                     .ok()?;
+                let (mut parts, body) = req.into_parts();
                 let deadline = std::time::Instant::now() + timeout;
-                let (res, conn) = transport.send(t, i, req, None, deadline).await.ok()?;
+                let sent = transport.send(t, i, &mut parts, body, true, None, deadline);
+                let (res, conn) = sent.await.ok()?;
                 if let Some(conn) = conn {
                     t.list[i].pool.put(conn);
                 }

@@ -3,7 +3,7 @@
 //! hyper-util's client for `http2 = true` upstreams; and what a failure of
 //! either means for the upstream ([`UpstreamError`]).
 use http::uri::{Parts, PathAndQuery};
-use http::{Request, Response, Uri};
+use http::{request, Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -29,21 +29,33 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    /// Sends `req` (origin-form URI) to target `i`: the response head, and
-    /// the HTTP/1.1 connection it came on when the response is already whole
-    /// (otherwise its body gives the connection back when it ends).
-    /// [`UpstreamError::Timeout`] when the head has not come by `deadline`.
+    /// Sends the request `parts` with `body` to target `i`: the response
+    /// head, and the HTTP/1.1 connection it came on when the response is
+    /// already whole (otherwise its body gives the connection back when it
+    /// ends). [`UpstreamError::Timeout`] when the head has not come by
+    /// `deadline`. HTTP/1.1 borrows the head; hyper's HTTP/2 client takes
+    /// it, from `parts` itself when `last` (nothing will send it again),
+    /// else as a copy.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send(
         &self,
         targets: &Targets,
         i: usize,
-        mut req: Request<Body>,
+        parts: &mut request::Parts,
+        mut body: Body,
+        last: bool,
         added: Option<&Added<'_>>,
         deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
         let target = &targets.list[i];
         match self {
             Transport::Http2(client) => {
+                let parts = if last {
+                    std::mem::replace(parts, Request::new(()).into_parts().0)
+                } else {
+                    parts.clone()
+                };
+                let mut req = Request::from_parts(parts, body);
                 if let Some(added) = added {
                     added.add_to(req.headers_mut());
                 }
@@ -55,37 +67,31 @@ impl Transport {
                     .map_err(classify)?;
                 Ok((res.map(Incoming::H2), None))
             }
-            Transport::Http1(connector) => {
-                req.headers_mut()
-                    .insert(http::header::HOST, target.host.clone());
-                loop {
-                    let (conn, reused) = match target.pool.take() {
-                        Some(c) => (c, true),
-                        // Boxed: a new connection is the exception.
-                        None => {
-                            let connecting = connect(connector, target);
-                            match Box::pin(tokio::time::timeout_at(deadline.into(), connecting))
-                                .await
-                            {
-                                Ok(conn) => (conn?, false),
-                                Err(_) => return Err(UpstreamError::Timeout),
-                            }
+            Transport::Http1(connector) => loop {
+                let (conn, reused) = match target.pool.take() {
+                    Some(c) => (c, true),
+                    // Boxed: a new connection is the exception.
+                    None => {
+                        let connecting = connect(connector, target);
+                        match Box::pin(tokio::time::timeout_at(deadline.into(), connecting)).await {
+                            Ok(conn) => (conn?, false),
+                            Err(_) => return Err(UpstreamError::Timeout),
                         }
-                    };
-                    match conn.send(req, added, deadline).await {
-                        Ok(sent) => return Ok(sent),
-                        // A kept-alive connection the target had closed: nothing
-                        // of the request went out, so it goes on another.
-                        Err(SendError::Unsent(r)) if reused => req = *r,
-                        Err(SendError::Unsent(_)) => {
-                            return Err(UpstreamError::Reset(
-                                "the connection closed before the request went out".into(),
-                            ))
-                        }
-                        Err(SendError::Failed(e)) => return Err(classify_sent(e)),
                     }
+                };
+                match conn.send(parts, &target.host, body, added, deadline).await {
+                    Ok(sent) => return Ok(sent),
+                    // A kept-alive connection the target had closed: nothing
+                    // of the request went out, so it goes on another.
+                    Err(SendError::Unsent(b)) if reused => body = b,
+                    Err(SendError::Unsent(_)) => {
+                        return Err(UpstreamError::Reset(
+                            "the connection closed before the request went out".into(),
+                        ))
+                    }
+                    Err(SendError::Failed(e)) => return Err(classify_sent(e)),
                 }
-            }
+            },
         }
     }
 }

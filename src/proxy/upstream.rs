@@ -5,7 +5,7 @@
 //! retry a connect failure on another target when that is safe. Bodies
 //! stream both ways (see `stream`).
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri};
+use http::{request, Method, Response};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -226,23 +226,20 @@ impl Upstream {
         }
     }
 
-    /// Sends `req` (origin-form URI; headers already sanitized) to a healthy
-    /// target, streaming the body both ways. A connect failure is retried on
+    /// Sends the request `parts` (headers already sanitized; only the path
+    /// and query of its URI are used) with `body` to a healthy target,
+    /// streaming the body both ways. The head is borrowed, so that a retry
+    /// sends it again without a copy made in advance. A connect failure is retried on
     /// another target only for an idempotent method whose body was never
     /// polled: nothing of it can have reached a target.
     pub async fn forward(
         &self,
-        req: Request<Body>,
+        parts: &mut request::Parts,
+        body: Body,
         added: Option<&Added<'_>>,
     ) -> Result<Response<Body>, UpstreamError> {
         let started = crate::clock::now();
         let deadline = self.timeout.map(|t| started + t);
-        let (mut parts, body) = req.into_parts();
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let may_retry =
             self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
         // Only a request that may be retried pays for the reclaimable body.
@@ -277,12 +274,6 @@ impl Upstream {
             }
             let target = &self.targets.list[i];
             let attempts_left = may_retry && attempts <= self.retries as usize;
-            let mut this_parts = if attempts_left {
-                parts.clone()
-            } else {
-                std::mem::replace(&mut parts, Request::new(()).into_parts().0)
-            };
-            this_parts.uri = Uri::from(path.clone());
             let this_body = match (body.take(), &slot) {
                 (Some(b), _) => b,
                 (None, Some(slot)) => TakeOnPoll::from_slot(slot),
@@ -295,7 +286,9 @@ impl Upstream {
             let sent = self.transport.send(
                 &self.targets,
                 i,
-                Request::from_parts(this_parts, this_body),
+                parts,
+                this_body,
+                !attempts_left,
                 added,
                 head_by,
             );
@@ -362,6 +355,7 @@ impl Upstream {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use http::Request;
     use http_body_util::{Limited, StreamBody};
     use hyper::body::Frame;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -379,6 +373,12 @@ mod tests {
 
     fn get(path: &str) -> Request<Body> {
         Request::get(path).body(crate::body::empty()).unwrap()
+    }
+
+    /// `req` through `up`, as the pipeline sends it (no added fields).
+    async fn send(up: &Upstream, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        up.forward(&mut parts, body, None).await
     }
 
     /// A one-shot raw server: reads the request head, then runs `reply`.
@@ -409,7 +409,7 @@ mod tests {
     async fn forwards_and_strips_hop_headers_from_the_response() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, x-hop\r\nx-hop: 1\r\nRetry-After: 3\r\n\r\nok", false, false).await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
-        let res = up.forward(get("/a?b=c"), None).await.unwrap();
+        let res = send(&up, get("/a?b=c")).await.unwrap();
         assert_eq!(res.status(), 200);
         let res = crate::proxy::relayed::into_header_map(res);
         assert!(!res.headers().contains_key("x-hop"));
@@ -459,7 +459,7 @@ mod tests {
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         let seq = std::sync::atomic::Ordering::SeqCst;
         for round in 1..=5 {
-            let res = up.forward(get("/"), None).await.unwrap();
+            let res = send(&up, get("/")).await.unwrap();
             assert_eq!(res.status(), 200, "request {round}");
             assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "ok");
             assert_eq!(up.targets.list[0].pool.idle(), 1, "request {round}");
@@ -478,7 +478,7 @@ mod tests {
         };
         let up = Upstream::new("t", &cfg(refused, 2000)).unwrap();
         assert!(matches!(
-            up.forward(get("/"), None).await,
+            send(&up, get("/")).await,
             Err(UpstreamError::Connect(_))
         ));
 
@@ -489,7 +489,7 @@ mod tests {
         )
         .await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
-        match up.forward(get("/"), None).await {
+        match send(&up, get("/")).await {
             // Headers arrived; the body then fails mid-stream.
             Ok(res) => assert!(res.into_body().collect().await.is_err()),
             Err(e) => assert!(matches!(e, UpstreamError::Reset(_)), "{e}"),
@@ -497,7 +497,7 @@ mod tests {
         let addr = raw_server(b"", true, false).await;
         let up = Upstream::new("t", &cfg(addr, 2000)).unwrap();
         assert!(matches!(
-            up.forward(get("/"), None).await,
+            send(&up, get("/")).await,
             Err(UpstreamError::Reset(_))
         ));
 
@@ -505,7 +505,7 @@ mod tests {
         let up = Upstream::new("t", &cfg(addr, 200)).unwrap();
         let started = std::time::Instant::now();
         assert!(matches!(
-            up.forward(get("/"), None).await,
+            send(&up, get("/")).await,
             Err(UpstreamError::Timeout)
         ));
         assert!(started.elapsed() < Duration::from_secs(2));
@@ -566,8 +566,7 @@ mod tests {
         let body: Body = StreamBody::new(chunks)
             .map_err(|never| match never {})
             .boxed();
-        let res = up
-            .forward(Request::post("/upload").body(body).unwrap(), None)
+        let res = send(&up, Request::post("/upload").body(body).unwrap())
             .await
             .unwrap();
         assert_eq!(res.status(), 413);
@@ -586,7 +585,7 @@ mod tests {
         let body: Body = Limited::new(StreamBody::new(chunks), 4096).boxed();
         let req = Request::post("/").body(body).unwrap();
         assert!(matches!(
-            up.forward(req, None).await,
+            send(&up, req).await,
             Err(UpstreamError::BodyTooLarge)
         ));
     }

@@ -24,8 +24,8 @@
 mod response;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{Method, Request, Response};
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{Method, Response};
 use http_body::Body as HttpBody;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
@@ -78,9 +78,9 @@ pub(crate) enum ClientError {
 /// Why a request on a connection failed.
 pub(crate) enum SendError {
     /// Nothing of the request was written or taken from its body (the
-    /// connection had been closed): the request comes back, to go out on
-    /// another connection.
-    Unsent(Box<Request<Body>>),
+    /// connection had been closed): the body comes back, to go out with the
+    /// head (which the caller kept) on another connection.
+    Unsent(Body),
     /// The exchange failed after (part of) the request was written.
     Failed(ClientError),
 }
@@ -129,19 +129,22 @@ impl Conn {
             .is_pending()
     }
 
-    /// Sends `req` (origin-form URI, `Host` set) and reads the response
-    /// head, failing with [`ClientError::TimedOut`] if that is not done by
-    /// `deadline`. The connection comes back with the response when the
+    /// Sends the request `parts` (its path and query, and its fields with
+    /// `host` for `Host`) with `body`, and reads the response head, failing
+    /// with [`ClientError::TimedOut`] if that is not done by `deadline`.
+    /// The head is borrowed: a caller that may send it again keeps it, and
+    /// the request's future holds it once, not once per layer. The connection comes back with the response when the
     /// response is already whole and the connection can carry another
     /// request; otherwise the response body owns it until it ends.
     pub(crate) async fn send(
         mut self,
-        req: Request<Body>,
+        parts: &http::request::Parts,
+        host: &HeaderValue,
+        mut body: Body,
         added: Option<&Added<'_>>,
         deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
-        let head_request = req.method() == Method::HEAD;
-        let (parts, mut body) = req.into_parts();
+        let head_request = parts.method == Method::HEAD;
         let length = if body.is_end_stream() {
             Some(0)
         } else {
@@ -149,7 +152,7 @@ impl Conn {
         };
         let inner = &mut *self.inner;
         inner.out.clear();
-        encode_head(&mut inner.out, &parts, length, added);
+        encode_head(&mut inner.out, parts, host, length, added);
 
         // A body piece that is ready now goes out with the head.
         let mut first = Bytes::new();
@@ -194,15 +197,11 @@ impl Conn {
                 Err(ClientError::Io(e))
                     if written == 0 && !polled && e.kind() != io::ErrorKind::WriteZero =>
                 {
-                    return Err(SendError::Unsent(Box::new(Request::from_parts(
-                        parts, body,
-                    ))));
+                    return Err(SendError::Unsent(body));
                 }
                 Err(e) => return Err(SendError::Failed(e)),
             }
         }
-        drop(parts);
-
         let mut reusable = true;
         if !body_done {
             // Boxed: the usual request's future carries no room for this.
@@ -472,6 +471,7 @@ fn poll_expired<T>(
 fn encode_head(
     out: &mut Vec<u8>,
     parts: &http::request::Parts,
+    host: &HeaderValue,
     length: Option<u64>,
     added: Option<&Added<'_>>,
 ) {
@@ -484,14 +484,17 @@ fn encode_head(
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
     let mut declared = false;
     for (name, value) in &parts.headers {
         if name == CONTENT_LENGTH {
             declared = true;
             continue;
         }
-        if name == TRANSFER_ENCODING {
+        // The target's own `Host` went first.
+        if name == TRANSFER_ENCODING || name == HOST {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -559,10 +562,11 @@ mod tests {
     #[test]
     fn request_heads_carry_the_framing_of_their_body() {
         let head = |method: &str, length: Option<u64>, declared: bool| {
-            let mut b = Request::builder()
+            let mut b = http::Request::builder()
                 .method(method)
                 .uri("/p?q=1")
-                .header("host", "t:1");
+                // The client's own `Host` gives way to the target's.
+                .header("host", "client:9");
             if declared {
                 b = b
                     .header("content-length", "0")
@@ -570,7 +574,13 @@ mod tests {
             }
             let (parts, ()) = b.body(()).unwrap().into_parts();
             let mut out = Vec::new();
-            encode_head(&mut out, &parts, length, None);
+            encode_head(
+                &mut out,
+                &parts,
+                &HeaderValue::from_static("t:1"),
+                length,
+                None,
+            );
             String::from_utf8(out).unwrap()
         };
         let cases = [
