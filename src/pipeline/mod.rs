@@ -431,7 +431,7 @@ impl Gateway {
 
     /// Stage 6: to the route's upstream, with identity headers and hygiene.
     /// (An `async move` block, as [`Gateway::stages`] is, for the same reason.)
-    #[allow(clippy::manual_async_fn)]
+    #[allow(clippy::manual_async_fn, clippy::too_many_arguments)]
     fn forward<'a>(
         &'a self,
         entry: &'a RouteEntry,
