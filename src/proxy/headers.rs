@@ -42,6 +42,20 @@ static HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Bit `n` set: some name in [`HOP_BY_HOP`] is `n` bytes long (a test
 /// checks). Most names are ruled out by their length alone.
+/// [`HOP_BY_HOP`]'s names as bytes, in the same order: compared by length
+/// first, without `HeaderName::as_str`'s lookup per candidate.
+static HOP_BY_HOP_TEXT: [&[u8]; 9] = [
+    b"connection",
+    b"keep-alive",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"proxy-connection",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+];
+
 const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
 
 /// Who the gateway vouches for; becomes the `X-Mpg-*` headers.
@@ -91,9 +105,9 @@ fn hop_by_hop_index(name: &[u8]) -> Option<usize> {
     if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
         return None;
     }
-    HOP_BY_HOP
+    HOP_BY_HOP_TEXT
         .iter()
-        .position(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
+        .position(|h| h.len() == len && h.eq_ignore_ascii_case(name))
 }
 
 /// The hop-by-hop name a field name (any case) is, if it is one.
@@ -330,6 +344,15 @@ pub fn sanitize_response(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hop_by_hop_texts_are_the_names_in_order() {
+        for (name, text) in HOP_BY_HOP.iter().zip(HOP_BY_HOP_TEXT) {
+            assert_eq!(name.as_str().as_bytes(), text);
+        }
+        let lengths = HOP_BY_HOP_TEXT.iter().fold(0u32, |l, t| l | 1 << t.len());
+        assert_eq!(lengths, HOP_BY_HOP_LENGTHS);
+    }
 
     #[test]
     fn every_hop_by_hop_length_is_in_the_length_mask() {
