@@ -181,16 +181,9 @@ impl CachedKeyStore {
         self.sessions.invalidate(change);
     }
 
-    /// Approximate number of cached entries (both tiers).
+    /// Number of cached entries (both tiers).
     pub fn entry_count(&self) -> u64 {
         self.api_keys.entry_count() + self.sessions.entry_count()
-    }
-
-    /// Applies pending housekeeping so counts are exact (tests).
-    #[cfg(test)]
-    pub(crate) async fn sync_for_tests(&self) {
-        self.api_keys.sync().await;
-        self.sessions.sync().await;
     }
 }
 
@@ -415,10 +408,8 @@ mod tests {
         let (store, cache) = setup();
         assert!(key_id(&cache, "k1").await.is_some());
         assert!(cache.session(&hash_secret("s1")).await.is_ok());
-        cache.sync_for_tests().await;
         assert_eq!(cache.entry_count(), 2);
         cache.invalidate(&Change::All);
-        cache.sync_for_tests().await;
         assert_eq!(cache.entry_count(), 0);
         assert!(key_id(&cache, "k1").await.is_some());
         assert_eq!(store.calls(), 3);
@@ -462,7 +453,6 @@ mod tests {
         for i in 0..100 {
             let _ = cache.api_key(&hash_secret(&format!("x{i}"))).await;
         }
-        cache.sync_for_tests().await;
         assert!(cache.entry_count() <= 10, "{}", cache.entry_count());
     }
 

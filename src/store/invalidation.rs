@@ -295,7 +295,6 @@ mod tests {
         log.failing.store(false, Ordering::SeqCst);
         assert!(follower.poll(&log, &cache).await.is_ok());
         assert_eq!(follower.high, Some(1));
-        cache.sync_for_tests().await;
         assert_eq!(cache.entry_count(), 0, "the key's entry was dropped");
     }
 
@@ -340,12 +339,10 @@ mod tests {
             assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
             // A short gap keeps the cache.
             assert!(follower.poll(&log, &cache).await.is_ok());
-            cache.sync_for_tests().await;
             assert_eq!(cache.entry_count(), 1);
             // The store was unreachable for longer than GAP_CLEAR.
             follower.last_ok = std::time::Instant::now().checked_sub(GAP_CLEAR * 2);
             assert!(follower.poll(&log, &cache).await.is_ok());
-            cache.sync_for_tests().await;
             assert_eq!(cache.entry_count() == 0, cleared, "lookback {lookback:?}");
         }
     }
