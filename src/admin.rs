@@ -81,12 +81,49 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// fixed sets (a method, a status, an outcome), made on first use and then
 /// reused: `counter!` with labels builds, hashes and looks up a key on every
 /// call, which the per-request path should not pay.
-pub(crate) struct CounterCache<K> {
+pub(crate) struct CounterCache<K: Labels> {
     make: Box<dyn Fn(&K) -> metrics::Counter + Send + Sync>,
-    made: std::sync::RwLock<foldhash::HashMap<K, metrics::Counter>>,
+    made: std::sync::RwLock<foldhash::HashMap<LabelsId, metrics::Counter>>,
 }
 
-impl<K: std::hash::Hash + Eq + Clone> CounterCache<K> {
+/// Label values that are `'static` strings, found by where they lie rather
+/// than by their text: no hashing or comparing of bytes per lookup. The same
+/// text at two addresses gets two handles to the one registered counter, so
+/// counts are right either way.
+pub(crate) trait Labels {
+    fn id(&self) -> LabelsId;
+}
+
+/// Where up to two label strings lie (address and length of each). Hashed
+/// as one word (equality still compares all four).
+#[derive(PartialEq, Eq)]
+pub(crate) struct LabelsId([usize; 4]);
+
+impl std::hash::Hash for LabelsId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let [a, b, c, d] = self.0.map(|w| w as u64);
+        state.write_u64(a ^ b.rotate_left(16) ^ c.rotate_left(32) ^ d.rotate_left(48));
+    }
+}
+
+impl Labels for &'static str {
+    fn id(&self) -> LabelsId {
+        LabelsId([self.as_ptr() as usize, self.len(), 0, 0])
+    }
+}
+
+impl Labels for (&'static str, &'static str) {
+    fn id(&self) -> LabelsId {
+        LabelsId([
+            self.0.as_ptr() as usize,
+            self.0.len(),
+            self.1.as_ptr() as usize,
+            self.1.len(),
+        ])
+    }
+}
+
+impl<K: Labels> CounterCache<K> {
     /// A cache whose handles `make` registers.
     pub(crate) fn new(make: impl Fn(&K) -> metrics::Counter + Send + Sync + 'static) -> Self {
         CounterCache {
@@ -97,8 +134,9 @@ impl<K: std::hash::Hash + Eq + Clone> CounterCache<K> {
 
     /// Adds one to the counter for `labels`.
     pub(crate) fn increment(&self, labels: K) {
+        let id = labels.id();
         let made = self.made.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = made.get(&labels) {
+        if let Some(c) = made.get(&id) {
             c.increment(1);
             return;
         }
@@ -108,7 +146,7 @@ impl<K: std::hash::Hash + Eq + Clone> CounterCache<K> {
         self.made
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(labels, c);
+            .insert(id, c);
     }
 }
 
@@ -221,4 +259,33 @@ fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_found_by_address_still_count_into_one_counter_per_text() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let seen = made.clone();
+            let cache = CounterCache::new(move |&(a, b): &(&'static str, &'static str)| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("t_total", "a" => a, "b" => b)
+            });
+            // The same text at another address: a leaked copy.
+            let other: &'static str = Box::leak(String::from("GET").into_boxed_str());
+            cache.increment(("GET", "200"));
+            cache.increment(("GET", "200"));
+            cache.increment((other, "200"));
+            cache.increment(("GET", "404"));
+            assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
+        });
+        let page = handle.render();
+        assert!(page.contains(r#"t_total{a="GET",b="200"} 3"#), "{page}");
+        assert!(page.contains(r#"t_total{a="GET",b="404"} 1"#), "{page}");
+    }
 }
