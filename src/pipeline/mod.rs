@@ -9,7 +9,7 @@ pub use principal::Principal;
 
 use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
-use http::{request, Request, Response, Uri, Version};
+use http::{request, Request, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use std::borrow::Cow;
@@ -436,7 +436,7 @@ impl Gateway {
     fn forward<'a>(
         &'a self,
         entry: &'a RouteEntry,
-        parts: &'a mut request::Parts,
+        head: &'a mut request::Parts,
         body: RequestBody,
         grant: Option<Grant<'a>>,
         validated: Validated,
@@ -455,8 +455,8 @@ impl Gateway {
                         role: grant.role,
                     };
                     // The key service takes the head: nothing reads it after.
-                    let parts = std::mem::replace(parts, Request::new(()).into_parts().0);
-                    let req = Request::from_parts(parts, body);
+                    let head = std::mem::replace(head, Request::new(()).into_parts().0);
+                    let req = Request::from_parts(head, body);
                     // Boxed, so the proxying path's future is not sized for this one.
                     return Box::pin(self.keys_service.handle(
                         *op,
@@ -470,12 +470,12 @@ impl Gateway {
                 Target::Http(upstream) => upstream,
             };
             // Taken out of the map (no copy): the upstream gets the target's own.
-            let host = parts.headers.remove(HOST).or_else(|| {
-                let authority = parts.uri.authority()?;
+            let host = head.headers.remove(HOST).or_else(|| {
+                let authority = head.uri.authority()?;
                 HeaderValue::from_str(authority.as_str()).ok()
             });
             let host = host.as_ref().and_then(|h| h.to_str().ok());
-            sanitize_request(&mut parts.headers);
+            sanitize_request(&mut head.headers);
             let scopes;
             let identity = match &grant {
                 Some(g) => {
@@ -500,13 +500,9 @@ impl Gateway {
                 },
                 request_id,
             };
-            // Origin form to the upstream, whatever form (or HTTP version) the client used.
-            parts.uri = match parts.uri.path_and_query() {
-                Some(pq) => Uri::from(pq.clone()),
-                None => Uri::from_static("/"),
-            };
-            parts.version = Version::HTTP_11;
-            let result = upstream.forward(parts, body, Some(&added)).await;
+            // Whatever form and version the client used, the transports send
+            // the URI's path and query (origin form) over their own version.
+            let result = upstream.forward(head, body, Some(&added)).await;
             let outcome = match &result {
                 Ok(_) => "response",
                 Err(UpstreamError::Timeout) => "timeout",

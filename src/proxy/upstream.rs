@@ -229,9 +229,9 @@ impl Upstream {
     /// Sends the request `parts` (headers already sanitized; only the path
     /// and query of its URI are used) with `body` to a healthy target,
     /// streaming the body both ways. The head is borrowed, so that a retry
-    /// sends it again without a copy made in advance. A connect failure is retried on
-    /// another target only for an idempotent method whose body was never
-    /// polled: nothing of it can have reached a target.
+    /// sends it again without a copy made in advance. A connect failure is
+    /// retried on another target only for an idempotent method whose body
+    /// was never polled: nothing of it can have reached a target.
     pub async fn forward(
         &self,
         parts: &mut request::Parts,

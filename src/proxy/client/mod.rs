@@ -133,9 +133,10 @@ impl Conn {
     /// `host` for `Host`) with `body`, and reads the response head, failing
     /// with [`ClientError::TimedOut`] if that is not done by `deadline`.
     /// The head is borrowed: a caller that may send it again keeps it, and
-    /// the request's future holds it once, not once per layer. The connection comes back with the response when the
-    /// response is already whole and the connection can carry another
-    /// request; otherwise the response body owns it until it ends.
+    /// the request's future holds it once, not once per layer. The
+    /// connection comes back with the response when the response is already
+    /// whole and the connection can carry another request; otherwise the
+    /// response body owns it until it ends.
     pub(crate) async fn send(
         mut self,
         parts: &http::request::Parts,
@@ -557,6 +558,24 @@ mod tests {
         assert!(Instant::now() >= third);
         // A deadline already past is expired at once.
         assert!(expired(&mut timer, Instant::now()));
+    }
+
+    #[test]
+    fn an_absolute_uri_or_another_version_goes_out_in_origin_form_over_http_1_1() {
+        let (parts, ()) = http::Request::get("https://gw.example:8443/p?q=1")
+            .version(http::Version::HTTP_2)
+            .body(())
+            .unwrap()
+            .into_parts();
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            &parts,
+            &HeaderValue::from_static("t:1"),
+            Some(0),
+            None,
+        );
+        assert_eq!(out, b"GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\n\r\n");
     }
 
     #[test]

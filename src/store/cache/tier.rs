@@ -1,8 +1,8 @@
-//! One cache tier (API keys or sessions): a bounded map (quick_cache's S3-FIFO
-//! cache) from secret hash to a timestamped [`Slot`], single-flight loading
-//! on a miss or refresh,
-//! stale serving while the store is down, and the guard that keeps a load
-//! racing an invalidation from caching what the invalidation removed.
+//! One cache tier (API keys or sessions): a bounded map (quick_cache's
+//! S3-FIFO cache) from secret hash to a timestamped [`Slot`], single-flight
+//! loading on a miss or refresh, stale serving while the store is down, and
+//! the guard that keeps a load racing an invalidation from caching what the
+//! invalidation removed.
 use super::{CacheConfig, Cached, ChangeLog, StoreHealth};
 use crate::auth::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
@@ -254,7 +254,7 @@ impl<T: Cached> Tier<T> {
         });
     }
 
-    /// Approximate number of cached entries.
+    /// Number of cached entries.
     pub(super) fn entry_count(&self) -> u64 {
         self.entries.len() as u64
     }
