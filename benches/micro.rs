@@ -14,6 +14,7 @@ use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::token::{check_api_key_format, generate_api_key, hash_secret};
 use mpg_gateway::auth::SecretHash;
 use mpg_gateway::error::{AuthReason, GatewayError};
+use mpg_gateway::pipeline::Scopes;
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::ratelimit::{LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter};
 use mpg_gateway::routes::{check_head, check_target, RouteMatch, Router};
@@ -321,13 +322,14 @@ fn client_headers() -> HeaderMap {
 
 fn header_rewrite(c: &mut Criterion) {
     let request_id = HeaderValue::from_static("0123456789abcdef0123456789abcdef");
+    let scopes = vec!["clusters:read".to_string()];
     let id = Identity {
         organization_id: "acme",
         user_id: "alice",
         role: "member",
         auth: "api_key",
         key_id: Some("key_0123456789abcdef"),
-        scopes: "clusters:read",
+        scopes: Scopes::listed(&scopes),
     };
     let fwd = ForwardedFor {
         client_ip: "127.0.0.1",

@@ -5,7 +5,7 @@
 //! rate-limit headers and `X-Request-Id`, and writes the access-log line.
 mod principal;
 
-pub use principal::Principal;
+pub use principal::{Principal, Scopes};
 
 use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
@@ -476,17 +476,16 @@ impl Gateway {
             });
             let host = host.as_ref().and_then(|h| h.to_str().ok());
             sanitize_request(&mut head.headers);
-            let scopes;
             let identity = match &grant {
                 Some(g) => {
-                    scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
+                    let scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
                     Some(Identity {
                         organization_id: g.organization,
                         user_id: g.principal.user_id(),
                         role: g.role,
                         auth: g.principal.auth_kind(),
                         key_id: g.principal.key_id(),
-                        scopes: &scopes,
+                        scopes,
                     })
                 }
                 None => None,

@@ -67,24 +67,115 @@ impl Principal {
         scoped && roles.allows(role, scope)
     }
 
-    /// Effective permissions, space-separated, for `X-Mpg-Scopes`.
-    pub fn effective_scopes(&self, roles: &Roles, role: &str) -> String {
-        match self {
-            Principal::ApiKey(k) => {
-                let mut out = String::new();
-                for s in k.key.scopes.iter().filter(|s| roles.allows(role, s)) {
-                    if !out.is_empty() {
-                        out.push(' ');
-                    }
-                    out.push_str(s);
-                }
-                out
+    /// Effective permissions for `X-Mpg-Scopes`, acting with `role`: one
+    /// lookup of the role, nothing collected.
+    pub fn effective_scopes<'a>(&'a self, roles: &'a Roles, role: &str) -> Scopes<'a> {
+        let permissions = roles.permissions(role);
+        let (items, keep, star): (&[String], _, _) = match (self, permissions) {
+            (_, None) => (&[], None, false),
+            (Principal::ApiKey(k), Some(Permissions::All)) => (&k.key.scopes, None, false),
+            (Principal::ApiKey(k), Some(Permissions::Only(list))) => {
+                (&k.key.scopes, Some(&list[..]), false)
             }
-            Principal::Session(_) => match roles.permissions(role) {
-                Some(Permissions::All) => "*".to_string(),
-                Some(Permissions::Only(list)) => list.join(" "),
-                None => String::new(),
-            },
+            (Principal::Session(_), Some(Permissions::All)) => (&[], None, true),
+            (Principal::Session(_), Some(Permissions::Only(list))) => (list, None, false),
+        };
+        Scopes { items, keep, star }
+    }
+}
+
+/// A caller's effective permissions: a key's scopes that its role grants,
+/// or a session's role's permissions (`*` for all). Written out
+/// space-separated where the header is written ([`Scopes::write_to`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Scopes<'a> {
+    items: &'a [String],
+    /// Only the items in this list count (a key's scopes ∩ its role's).
+    keep: Option<&'a [String]>,
+    /// All permissions: `*`.
+    star: bool,
+}
+
+impl<'a> Scopes<'a> {
+    /// Exactly the permissions in `items`.
+    pub fn listed(items: &'a [String]) -> Self {
+        Scopes {
+            items,
+            keep: None,
+            star: false,
         }
+    }
+
+    /// Each permission, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a str> + 'a {
+        let keep = self.keep;
+        let star = self.star.then_some("*");
+        star.into_iter().chain(
+            self.items
+                .iter()
+                .filter(move |s| keep.is_none_or(|list| list.contains(s)))
+                .map(String::as_str),
+        )
+    }
+
+    /// Writes the permissions, space-separated, at the start of `buf`;
+    /// their length, or `None` if they do not fit.
+    pub fn fill(&self, buf: &mut [u8]) -> Option<usize> {
+        let mut n = 0;
+        for (i, s) in self.iter().enumerate() {
+            let sep = usize::from(i > 0);
+            let end = n + sep + s.len();
+            let to = buf.get_mut(n..end)?;
+            to[..sep].copy_from_slice(&b" "[..sep]);
+            to[sep..].copy_from_slice(s.as_bytes());
+            n = end;
+        }
+        Some(n)
+    }
+}
+
+impl std::fmt::Display for Scopes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, s) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            f.write_str(s)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_write_as_a_space_separated_list_or_say_they_do_not_fit() {
+        let items: Vec<String> = vec!["a:read".into(), "b:write".into(), "c:read".into()];
+        let keep: Vec<String> = vec!["c:read".into(), "a:read".into()];
+        let all = Scopes::listed(&items);
+        let kept = Scopes {
+            keep: Some(&keep),
+            ..all
+        };
+        let star = Scopes {
+            items: &[],
+            keep: None,
+            star: true,
+        };
+        let mut buf = [0u8; 64];
+        for (scopes, want) in [
+            (all, "a:read b:write c:read"),
+            (kept, "a:read c:read"),
+            (star, "*"),
+            (Scopes::listed(&[]), ""),
+        ] {
+            assert_eq!(scopes.to_string(), want);
+            let n = scopes.fill(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want.as_bytes());
+        }
+        assert_eq!(all.fill(&mut buf[..20]), None);
+        assert_eq!(all.fill(&mut buf[..21]), Some(21));
     }
 }

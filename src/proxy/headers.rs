@@ -5,6 +5,8 @@
 //! remove its own copy.
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
 
+use crate::pipeline::Scopes;
+
 /// `X-Request-Id`
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Mpg-Organization-Id`
@@ -72,8 +74,8 @@ pub struct Identity<'a> {
     pub auth: &'static str,
     /// The API key id (keys only).
     pub key_id: Option<&'a str>,
-    /// Effective permissions, space-separated.
-    pub scopes: &'a str,
+    /// Effective permissions (space-separated on the wire).
+    pub scopes: Scopes<'a>,
 }
 
 /// What the `X-Forwarded-*` headers say.
@@ -308,7 +310,13 @@ impl Added<'_> {
             if let Some(key_id) = id.key_id {
                 put(&F_KEY_ID, key_id.as_bytes());
             }
-            put(&F_SCOPES, id.scopes.as_bytes());
+            // Rendered on the stack; a list longer than the buffer (rare)
+            // on the heap.
+            let mut stack = [0u8; 256];
+            match id.scopes.fill(&mut stack) {
+                Some(n) => put(&F_SCOPES, &stack[..n]),
+                None => put(&F_SCOPES, id.scopes.to_string().as_bytes()),
+            }
         }
         put(&F_REQUEST_ID, self.request_id.as_bytes());
         put(&F_FORWARDED_FOR, self.forwarded.client_ip.as_bytes());
@@ -386,6 +394,24 @@ mod tests {
     }
 
     #[test]
+    fn a_scope_list_longer_than_the_stack_buffer_is_written_whole() {
+        let long: Vec<String> = (0..40).map(|i| format!("scope-number-{i}:read")).collect();
+        let mut id = identity();
+        id.scopes = Scopes::listed(&long);
+        let rid = HeaderValue::from_static("rid");
+        let fwd = ForwardedFor {
+            client_ip: "10.1.2.3",
+            proto: "http",
+            host: None,
+        };
+        let mut lines = Vec::new();
+        added(Some(id), fwd, &rid).write_to(&mut lines);
+        let want = format!("x-mpg-scopes: {}\r\n", long.join(" "));
+        assert!(want.len() > 256 + 16);
+        assert!(String::from_utf8(lines).unwrap().contains(&want));
+    }
+
+    #[test]
     fn the_written_lines_are_the_fields_added_to_a_map_and_bad_values_are_left_out() {
         let mut id = identity();
         id.user_id = "bad\r\nx-injected: 1";
@@ -435,6 +461,9 @@ mod tests {
         }
     }
 
+    static SCOPES: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| vec!["clusters:read".into(), "keys:read".into()]);
+
     fn identity() -> Identity<'static> {
         Identity {
             organization_id: "acme",
@@ -442,7 +471,7 @@ mod tests {
             role: "owner",
             auth: "api_key",
             key_id: Some("key_1"),
-            scopes: "clusters:read",
+            scopes: Scopes::listed(&SCOPES),
         }
     }
 
