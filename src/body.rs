@@ -2,24 +2,80 @@
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
+use crate::proxy::relayed::RelayedFields;
+
 /// Error type carried by streamed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A streamed or full body, boxed once so every path returns the same type.
-pub type Body = BoxBody<Bytes, BoxError>;
+/// A streamed or full body, boxed once so every path returns the same type;
+/// a target's response also carries its relayed fields
+/// ([`crate::proxy::relayed`]) here, which the HTTP/1.1 writer writes as
+/// they arrived.
+pub struct Body {
+    inner: BoxBody<Bytes, BoxError>,
+    relayed: Option<RelayedFields>,
+}
+
+impl Body {
+    /// `body`, boxed.
+    pub fn new<B>(body: B) -> Self
+    where
+        B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Sync + 'static,
+    {
+        Body {
+            inner: BoxBody::new(body),
+            relayed: None,
+        }
+    }
+
+    /// This body, with a target's response fields to relay.
+    pub(crate) fn relaying(mut self, relayed: Option<RelayedFields>) -> Self {
+        self.relayed = relayed;
+        self
+    }
+
+    /// The relayed fields, taken.
+    pub(crate) fn take_relayed(&mut self) -> Option<RelayedFields> {
+        self.relayed.take()
+    }
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Body")
+            .field("relayed", &self.relayed.as_ref().map(RelayedFields::len))
+            .finish_non_exhaustive()
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// A body holding `bytes` in full.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
+    Body::new(Full::new(bytes.into()).map_err(|never| match never {}))
 }
 
 /// A body with nothing in it.
 pub fn empty() -> Body {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed()
+    Body::new(Empty::<Bytes>::new().map_err(|never| match never {}))
 }
 
 /// A request's body as handlers receive it, from either server: hyper's

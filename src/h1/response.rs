@@ -32,7 +32,8 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     let status = parts.status;
     let no_length = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodyless = head_request || no_length || status == StatusCode::NOT_MODIFIED;
-    let relayed = parts.extensions.get::<RelayedFields>();
+    let relayed = body.take_relayed();
+    let relayed = relayed.as_ref();
     let fields = parts.headers.len() + relayed.map_or(0, RelayedFields::len);
     let mut head = Vec::with_capacity(160 + fields * 40);
     head.extend_from_slice(b"HTTP/1.1 ");

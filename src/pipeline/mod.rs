@@ -11,7 +11,7 @@ use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::{request, Request, Response};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::Limited;
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
@@ -445,7 +445,7 @@ impl Gateway {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let body: Body = Limited::new(body, max_body as usize).boxed();
+            let body = Body::new(Limited::new(body, max_body as usize));
             let upstream = match &entry.target {
                 Target::Builtin(op) => {
                     let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::Response;
 
+use crate::body::Body;
 use crate::h1::field_name;
 
 /// Where a relayed field's name and value lie in the head: name start and
@@ -88,8 +89,8 @@ fn in_map(map: &HeaderMap, name: &[u8]) -> bool {
 
 /// `res` with its relayed fields (if any) moved into its header map, after
 /// the map's own and never over them.
-pub(crate) fn into_header_map<B>(mut res: Response<B>) -> Response<B> {
-    if let Some(relayed) = res.extensions_mut().remove::<RelayedFields>() {
+pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
+    if let Some(relayed) = res.body_mut().take_relayed() {
         // Decided against the map as it was, so that a name the target sent
         // twice (`Set-Cookie`) is relayed twice.
         let add: Vec<_> = relayed
@@ -142,17 +143,16 @@ mod tests {
             "Server: up\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nDate: Tue\r\n"
         );
 
-        let mut res = Response::new(());
+        let mut res = Response::new(crate::body::empty().relaying(Some(r)));
         *res.headers_mut() = map;
-        res.extensions_mut().insert(r);
-        let res = into_header_map(res);
+        let mut res = into_header_map(res);
         let h = res.headers();
         assert_eq!(h["x-request-id"], "ours");
         assert_eq!(h.get_all("x-request-id").iter().count(), 1);
         assert_eq!(h["server"], "up");
         let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
         assert_eq!(cookies, ["a=1", "b=2"]);
-        assert!(res.extensions().get::<RelayedFields>().is_none());
+        assert!(res.body_mut().take_relayed().is_none());
     }
 
     #[test]

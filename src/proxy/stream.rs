@@ -44,7 +44,7 @@ impl TakeOnPoll {
             .map(|b| (b.size_hint(), b.is_end_stream()))
             .unwrap_or((SizeHint::with_exact(0), true));
         drop(guard);
-        http_body_util::BodyExt::boxed(TakeOnPoll {
+        Body::new(TakeOnPoll {
             slot: slot.clone(),
             body: None,
             hint,
@@ -167,7 +167,7 @@ impl HttpBody for ResponseBody {
         if let Some(d) = this.deadline.as_mut() {
             if d.as_mut().poll(cx).is_ready() {
                 this.deadline = None;
-                this.inner = Incoming::Empty;
+                this.inner.cut_off();
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }
@@ -188,7 +188,7 @@ impl HttpBody for ResponseBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 // Reset or cut off mid-response: counts against the target.
-                this.inner = Incoming::Empty;
+                this.inner.cut_off();
                 if let Some(h) = this.hold.take() {
                     h.failed();
                 }

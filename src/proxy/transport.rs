@@ -65,7 +65,7 @@ impl Transport {
                     .await
                     .map_err(|_| UpstreamError::Timeout)?
                     .map_err(classify)?;
-                Ok((res.map(Incoming::H2), None))
+                Ok((res.map(Incoming::h2), None))
             }
             Transport::Http1(connector) => loop {
                 let (conn, reused) = match target.pool.take() {

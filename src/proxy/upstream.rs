@@ -6,7 +6,6 @@
 //! stream both ways (see `stream`).
 use http::uri::PathAndQuery;
 use http::{request, Method, Response};
-use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
@@ -339,15 +338,16 @@ impl Upstream {
         if let Some(c) = conn {
             self.targets.list[hold.index].pool.put(c);
         }
-        let (mut parts, inner) = res.into_parts();
+        let (mut parts, mut inner) = res.into_parts();
         sanitize_response(&mut parts.headers);
+        let relayed = inner.take_relayed();
         let body = ResponseBody {
             inner,
             succeed_at_end: !server_error,
             hold: Some(hold),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
         };
-        Response::from_parts(parts, body.boxed())
+        Response::from_parts(parts, Body::new(body).relaying(relayed))
     }
 }
 
@@ -356,7 +356,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use http::Request;
-    use http_body_util::{Limited, StreamBody};
+    use http_body_util::{BodyExt, Limited, StreamBody};
     use hyper::body::Frame;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -563,9 +563,7 @@ mod tests {
         let chunks = futures_util::stream::iter((0..256).map(|_| {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))
         }));
-        let body: Body = StreamBody::new(chunks)
-            .map_err(|never| match never {})
-            .boxed();
+        let body = Body::new(StreamBody::new(chunks).map_err(|never| match never {}));
         let res = send(&up, Request::post("/upload").body(body).unwrap())
             .await
             .unwrap();
@@ -582,7 +580,7 @@ mod tests {
         let chunks = futures_util::stream::iter((0..64).map(|_| {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'x'; 1024])))
         }));
-        let body: Body = Limited::new(StreamBody::new(chunks), 4096).boxed();
+        let body = Body::new(Limited::new(StreamBody::new(chunks), 4096));
         let req = Request::post("/").body(body).unwrap();
         assert!(matches!(
             send(&up, req).await,

@@ -43,7 +43,7 @@ use super::headers::Added;
 use crate::body::{Body, BoxError};
 use crate::h1::{after_queued_tasks, poll_read_more, Framing};
 pub(crate) use response::Incoming;
-use response::{final_head_ready, take_response, BodyFraming, Reader};
+use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
 
 /// The stream to a target: TCP, or TLS over TCP for `https://` targets.
 pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
@@ -244,14 +244,14 @@ impl Conn {
             }
         };
         let reusable = reusable && keep_alive;
-        *res.body_mut() = match framing {
-            BodyFraming::Known(Framing::Empty) => Incoming::Empty,
+        res.body_mut().kind = match framing {
+            BodyFraming::Known(Framing::Empty) => Kind::Empty,
             BodyFraming::Known(Framing::Length(n)) if inner.buf.len() as u64 >= n => {
-                Incoming::Full(Some(inner.buf.split_to(n as usize).freeze()))
+                Kind::Full(Some(inner.buf.split_to(n as usize).freeze()))
             }
             framing => {
                 let reader = Reader::new(self, framing, reusable);
-                *res.body_mut() = Incoming::Reading(Box::new(reader));
+                res.body_mut().kind = Kind::Reading(Box::new(reader));
                 return Ok((res, None));
             }
         };

@@ -113,14 +113,14 @@ fn response(
         .filter(|&(i, _)| facts.relay & (1 << i) != 0)
         .map(|(_, at)| *at)
         .collect();
-    let mut res = Response::new(Incoming::Empty);
+    let relayed = (!relayed.is_empty()).then(|| RelayedFields::new(head, relayed));
+    let mut res = Response::new(Incoming {
+        kind: Kind::Empty,
+        relayed,
+    });
     *res.status_mut() = status;
     *res.version_mut() = h.version;
     *res.headers_mut() = headers;
-    if !relayed.is_empty() {
-        res.extensions_mut()
-            .insert(RelayedFields::new(head, relayed));
-    }
     Ok((res, framing, keep_alive))
 }
 
@@ -294,8 +294,15 @@ fn framing(
     })
 }
 
-/// A response body from a target.
-pub(crate) enum Incoming {
+/// A response body from a target, with the response's relayed fields
+/// (HTTP/1.1 targets), which go on to the gateway's own response body.
+pub(crate) struct Incoming {
+    pub(super) kind: Kind,
+    relayed: Option<RelayedFields>,
+}
+
+/// Where a response body comes from.
+pub(crate) enum Kind {
     /// None (a `HEAD` answer, 204, 304, or a zero length).
     Empty,
     /// Arrived whole with the head (taken by the first poll).
@@ -388,15 +395,31 @@ impl Reader {
 }
 
 impl Incoming {
+    /// An `http2 = true` target's body (its fields are in the header map).
+    pub(crate) fn h2(body: hyper::body::Incoming) -> Self {
+        Incoming {
+            kind: Kind::H2(body),
+            relayed: None,
+        }
+    }
+
+    /// The response's relayed fields, taken.
+    pub(crate) fn take_relayed(&mut self) -> Option<RelayedFields> {
+        self.relayed.take()
+    }
+
+    /// Stops reading: the body ends here (its connection is dropped).
+    pub(crate) fn cut_off(&mut self) {
+        self.kind = Kind::Empty;
+    }
+
     /// The connection the body came on, once the body has ended and when
     /// the connection can carry another request.
     pub(crate) fn take_conn(&mut self) -> Option<Conn> {
-        match std::mem::replace(self, Incoming::Empty) {
-            Incoming::Reading(r) if r.done && r.reusable && r.conn.inner.buf.is_empty() => {
-                Some(r.conn)
-            }
+        match std::mem::replace(&mut self.kind, Kind::Empty) {
+            Kind::Reading(r) if r.done && r.reusable && r.conn.inner.buf.is_empty() => Some(r.conn),
             other => {
-                *self = other;
+                self.kind = other;
                 None
             }
         }
@@ -411,36 +434,34 @@ impl HttpBody for Incoming {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Incoming::Empty => Poll::Ready(None),
-            Incoming::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Incoming::Reading(r) => r
+        match &mut self.get_mut().kind {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Reading(r) => r
                 .poll_data(cx)
                 .map(|d| d.map(|d| d.map(Frame::data).map_err(Into::into))),
-            Incoming::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Kind::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            Incoming::Empty => true,
-            Incoming::Full(data) => data.is_none(),
-            Incoming::Reading(r) => r.done,
-            Incoming::H2(b) => b.is_end_stream(),
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Full(data) => data.is_none(),
+            Kind::Reading(r) => r.done,
+            Kind::H2(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            Incoming::Empty => SizeHint::with_exact(0),
-            Incoming::Full(data) => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            Incoming::Reading(r) => match r.remaining {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Reading(r) => match r.remaining {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),
             },
-            Incoming::H2(b) => b.size_hint(),
+            Kind::H2(b) => b.size_hint(),
         }
     }
 }
@@ -448,6 +469,15 @@ impl HttpBody for Incoming {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `res` as the gateway's server passes it to hyper: its relayed fields
+    /// in the header map.
+    fn with_relayed_in_map(res: Response<Incoming>) -> Response<crate::body::Body> {
+        let (parts, mut body) = res.into_parts();
+        let relayed = body.take_relayed();
+        let body = crate::body::empty().relaying(relayed);
+        crate::proxy::relayed::into_header_map(Response::from_parts(parts, body))
+    }
 
     fn response(
         raw: &[u8],
@@ -526,7 +556,7 @@ mod tests {
             false,
         )
         .unwrap();
-        let res = crate::proxy::relayed::into_header_map(res);
+        let res = with_relayed_in_map(res);
         assert!(!res.headers().contains_key("content-length"));
         assert!(!res.headers().contains_key("transfer-encoding"));
         assert_eq!(res.headers()["x-a"], "b");
@@ -541,7 +571,7 @@ mod tests {
         let mut buf = BytesMut::from(&raw[..]);
         let (res, _, _) = take_response(&mut buf, false).unwrap().unwrap();
         assert_eq!(res.status(), 201);
-        let res = crate::proxy::relayed::into_header_map(res);
+        let res = with_relayed_in_map(res);
         assert_eq!(res.headers()["x-a"], "b");
         // Taken off the buffer: the body's bytes are next.
         assert_eq!(&buf[..], b"ok");
@@ -565,7 +595,7 @@ mod tests {
         for n in [FEW_HEADERS, FEW_HEADERS + 1, MAX_HEADERS - 1] {
             assert!(final_head_ready(&mut head(n)).unwrap(), "{n} fields");
             let (res, _, _) = take_response(&mut head(n), false).unwrap().unwrap();
-            let res = crate::proxy::relayed::into_header_map(res);
+            let res = with_relayed_in_map(res);
             assert_eq!(res.headers().len(), n + 1, "{n} fields");
             assert_eq!(
                 res.headers()[format!("x-f{}", n - 1)],
