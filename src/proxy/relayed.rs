@@ -19,6 +19,7 @@
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::Response;
+use smallvec::SmallVec;
 
 use crate::body::Body;
 use crate::h1::field_name;
@@ -28,30 +29,41 @@ use crate::h1::field_name;
 pub(crate) type FieldAt = [u32; 4];
 
 /// A response's relayed fields: the head they were read from, and where
-/// each lies in it, in the order received.
+/// each lies in it, in the order received. One allocation for a head with
+/// up to [`INLINE_FIELDS`] of them, and one pointer wide: the response it
+/// rides in is moved through several futures.
 #[derive(Clone, Debug)]
-pub(crate) struct RelayedFields {
+pub(crate) struct RelayedFields(Box<Fields>);
+
+/// Relayed fields most responses stay within.
+const INLINE_FIELDS: usize = 8;
+
+#[derive(Clone, Debug)]
+struct Fields {
     head: Bytes,
-    at: Vec<FieldAt>,
+    at: SmallVec<[FieldAt; INLINE_FIELDS]>,
 }
 
 impl RelayedFields {
     /// The fields at `at` in `head` (positions httparse gave for them).
-    pub(crate) fn new(head: Bytes, at: Vec<FieldAt>) -> Self {
-        RelayedFields { head, at }
+    pub(crate) fn new(head: Bytes, at: impl IntoIterator<Item = FieldAt>) -> Self {
+        RelayedFields(Box::new(Fields {
+            head,
+            at: at.into_iter().collect(),
+        }))
     }
 
     /// How many fields there are.
     pub(crate) fn len(&self) -> usize {
-        self.at.len()
+        self.0.at.len()
     }
 
     /// Each field's name (as received: any case) and value.
     fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.at.iter().map(|&[ns, ne, vs, ve]| {
+        self.0.at.iter().map(|&[ns, ne, vs, ve]| {
             (
-                &self.head[ns as usize..ne as usize],
-                &self.head[vs as usize..ve as usize],
+                &self.0.head[ns as usize..ne as usize],
+                &self.0.head[vs as usize..ve as usize],
             )
         })
     }
@@ -100,7 +112,7 @@ pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
                 // httparse checked both as these do: a failure cannot come
                 // from a head the client accepted; such a field is dropped.
                 let name = field_name(name).ok()?;
-                let value = HeaderValue::from_maybe_shared(relayed.head.slice_ref(value)).ok()?;
+                let value = HeaderValue::from_maybe_shared(relayed.0.head.slice_ref(value)).ok()?;
                 Some((name, value))
             })
             .collect();

@@ -107,13 +107,14 @@ fn response(
             .map_err(|_| ClientError::Invalid("invalid Content-Length"))?;
         headers.insert(CONTENT_LENGTH, value);
     }
-    let relayed: Vec<FieldAt> = fields
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| facts.relay & (1 << i) != 0)
-        .map(|(_, at)| *at)
-        .collect();
-    let relayed = (!relayed.is_empty()).then(|| RelayedFields::new(head, relayed));
+    let relayed = (facts.relay != 0).then(|| {
+        let at = fields
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| facts.relay & (1 << i) != 0)
+            .map(|(_, at)| *at);
+        RelayedFields::new(head, at)
+    });
     let mut res = Response::new(Incoming {
         kind: Kind::Empty,
         relayed,
