@@ -137,10 +137,13 @@ impl Live {
 }
 
 impl Handler for Live {
-    async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Response<Body> {
+    fn handle(
+        &self,
+        req: Request<RequestBody>,
+        conn: Arc<ConnInfo>,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
         // One atomic load per request; the request finishes on this gateway.
-        let gateway = self.current.load_full();
-        gateway.handle(req, conn).await
+        self.current.load_full().handle(req, conn)
     }
 }
 

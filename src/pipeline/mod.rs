@@ -27,7 +27,7 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity, X_R
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
-use crate::server::{ConnInfo, Handler};
+use crate::server::ConnInfo;
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
 
 /// What the wrapper needs to know about a request after the stages ran.
@@ -57,18 +57,21 @@ struct Validated {
     key_id: Option<String>,
 }
 
-impl Handler for Gateway {
-    // An `async move` block, not an async fn: see `Gateway::stages`.
-    #[allow(clippy::manual_async_fn)]
-    fn handle(
-        &self,
+impl Gateway {
+    /// Answers one request on this gateway, which the future keeps alive
+    /// (the configuration it started on serves it to the end). An owned
+    /// `Arc`, so that [`Live`](crate::reload::Live) returns this future
+    /// itself rather than wrapping it in one that holds the request too.
+    pub fn handle(
+        self: Arc<Self>,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Response<Body>> + Send {
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
         // Split here, so the block captures the head and the body, and the
         // stages borrow the head: the request's future holds it once.
         let (mut head, body) = req.into_parts();
         async move {
+            let this = &*self;
             let started = crate::clock::now();
             let request_id = request_id(&head.headers);
             let method = head.method.clone();
@@ -79,23 +82,23 @@ impl Handler for Gateway {
                 organization: None,
             };
             let bytes_in = body.size_hint().exact();
-            let stages = self.stages(&mut head, body, &conn, &request_id, &mut out);
+            let stages = this.stages(&mut head, body, &conn, &request_id, &mut out);
             let mut res = match stages.await {
                 Ok(res) => res,
-                Err(err) => self.rescue(err, &request_id),
+                Err(err) => this.rescue(err, &request_id),
             };
             let headers = res.headers_mut();
             if let Some(d) = &out.decision {
-                d.write_headers(headers, self.settings.rate_limit.ietf_headers);
+                d.write_headers(headers, this.settings.rate_limit.ietf_headers);
             }
             let route = out
                 .route
-                .map(|i| self.routes[i].route.path.as_str())
+                .map(|i| this.routes[i].route.path.as_str())
                 .unwrap_or("-");
             let status = res.status().as_u16();
             let request_metrics = match out.route {
-                Some(i) => &self.routes[i].metrics,
-                None => &self.unrouted,
+                Some(i) => &this.routes[i].metrics,
+                None => &this.unrouted,
             };
             request_metrics
                 .requests
@@ -118,7 +121,7 @@ impl Handler for Gateway {
                     .as_deref()
                     .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization()))
                     .unwrap_or("-"),
-                upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()).unwrap_or("-"),
+                upstream = out.route.map(|i| this.routes[i].route.upstream.as_str()).unwrap_or("-"),
                 bytes_in,
                 bytes_out = res.body().size_hint().exact(),
                 "request"
