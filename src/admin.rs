@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::body::{self, Body};
 use crate::error::GatewayError;
 use crate::reload::{Live, ReloadError};
-use crate::server::{ConnInfo, Handler};
+use crate::server::{ConnInfo, Handler, Reply};
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod names {
@@ -219,7 +219,13 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Reply {
+        self.answer(req).await.into()
+    }
+}
+
+impl Admin {
+    async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
         if req.uri().path() == "/reload" {
             if req.method() != Method::POST {
                 return GatewayError::MethodNotAllowed {

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use crate::body::{self, Body};
 use crate::cli::Failure;
 use crate::config::Settings;
-use crate::server::{serve, ConnInfo, Handler, ListenerLimits};
+use crate::server::{serve, ConnInfo, Handler, ListenerLimits, Reply};
 use crate::store::sql::NewApiKey;
 
 /// The shipped route table, which the demo serves unchanged.
@@ -23,7 +23,13 @@ const SHIPPED_CONFIG: &str = include_str!("../config/gateway.toml");
 pub struct DemoClusters;
 
 impl Handler for DemoClusters {
-    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Response<Body> {
+    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Reply {
+        self.answer(req).await.into()
+    }
+}
+
+impl DemoClusters {
+    async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
         let org = req
             .headers()
             .get("x-mpg-organization-id")

@@ -9,14 +9,13 @@
 //! connection limits) keeps its running value and is reported.
 use crate::body::RequestBody;
 use arc_swap::ArcSwap;
-use http::{Request, Response};
+use http::Request;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::body::Body;
 use crate::config::{ConfigError, Settings, TlsSettings};
 use crate::gateway::{build_limiter, Gateway, StartError};
-use crate::server::{ConnInfo, Handler};
+use crate::server::{ConnInfo, Handler, Reply};
 use crate::tls::{CertResolver, TlsError};
 
 /// Counter: reloads by `result` (`ok` / `error`).
@@ -141,7 +140,7 @@ impl Handler for Live {
         &self,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+    ) -> impl std::future::Future<Output = Reply> + Send {
         // One atomic load per request; the request finishes on this gateway.
         self.current.load_full().handle(req, conn)
     }

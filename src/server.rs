@@ -2,7 +2,8 @@
 //! [`crate::h1`]) and HTTP/2 (hyper), idle-connection closing, and a
 //! graceful drain on shutdown.
 use bytes::{Buf, Bytes};
-use http::{Request, Response};
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
@@ -26,6 +27,8 @@ use crate::body::{Body, RequestBody};
 use crate::config::Limits;
 use crate::h1;
 use crate::ip::IpText;
+use crate::proxy::headers::X_REQUEST_ID;
+use crate::ratelimit::Decision;
 
 /// What the pipeline knows about the connection a request came on.
 #[derive(Debug, Clone)]
@@ -61,7 +64,106 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Response<Body>> + Send;
+    ) -> impl Future<Output = Reply> + Send;
+}
+
+/// A handler's answer: the response, and the fields stamped on it as it is
+/// written.
+#[derive(Debug)]
+pub struct Reply {
+    /// The response.
+    pub res: Response<Body>,
+    /// Fields that go on it last, over any of the same name.
+    pub stamp: Stamp,
+}
+
+impl From<Response<Body>> for Reply {
+    fn from(res: Response<Body>) -> Self {
+        Reply {
+            res,
+            stamp: Stamp::default(),
+        }
+    }
+}
+
+impl Reply {
+    /// The response with the stamped fields in its header map (what
+    /// reads a response's headers rather than writing it: hyper's HTTP/2
+    /// server, tests). The target's relayed fields go in after them and
+    /// never over them.
+    pub fn into_response(self) -> Response<Body> {
+        let mut res = self.res;
+        self.stamp.add_to(res.headers_mut());
+        crate::proxy::relayed::into_header_map(res)
+    }
+}
+
+/// `X-Request-Id` as a `'static` name (the constant is not promotable).
+static REQUEST_ID: HeaderName = X_REQUEST_ID;
+
+/// The fields the gateway stamps on a response as it is written (DESIGN.md
+/// §4): `X-Request-Id`, and a rate-limited route's fields. They replace any
+/// field of the same name the response has (the target's, the key
+/// service's). The HTTP/1.1 writer writes them as lines beside the header
+/// map ([`Stamp::write_to`]) instead of inserting them into it, which hashed
+/// each name; hyper's HTTP/2 server gets them in the map ([`Stamp::add_to`]).
+#[derive(Debug, Default)]
+pub struct Stamp {
+    /// `X-Request-Id`.
+    pub request_id: Option<HeaderValue>,
+    /// The route's rate-limit decision.
+    pub decision: Option<Decision>,
+    /// With the IETF draft fields (`rate_limit.ietf_headers`).
+    pub ietf: bool,
+}
+
+impl Stamp {
+    /// The names of the fields stamped.
+    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
+        let rate = self.decision.iter().flat_map(|d| d.names(self.ietf));
+        rate.chain(self.request_id.is_some().then_some(&REQUEST_ID))
+    }
+
+    /// How many fields are stamped.
+    pub(crate) fn len(&self) -> usize {
+        self.names().count()
+    }
+
+    /// Bit `n`: a stamped name is `n` bytes long (63: that or longer). Most
+    /// other fields are told apart from the stamped ones by length.
+    pub(crate) fn lengths(&self) -> u64 {
+        self.names()
+            .fold(0, |bits, n| bits | 1 << n.as_str().len().min(63))
+    }
+
+    /// Whether a field named `name` (any case) is stamped, and so not
+    /// written from elsewhere.
+    pub(crate) fn sets(&self, name: &[u8]) -> bool {
+        self.names()
+            .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// Appends the fields as `name: value` lines.
+    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+        if let Some(d) = &self.decision {
+            d.write_lines(out, self.ietf);
+        }
+        if let Some(id) = &self.request_id {
+            out.extend_from_slice(b"x-request-id: ");
+            out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Sets the fields in `headers`, replacing any of the same name.
+    pub fn add_to(self, headers: &mut HeaderMap) {
+        if let Some(d) = &self.decision {
+            d.write_headers(headers, self.ietf);
+        }
+        if let Some(id) = self.request_id {
+            headers.insert(X_REQUEST_ID, id);
+        }
+    }
 }
 
 /// Connection-level limits of one listener.
@@ -425,9 +527,10 @@ async fn serve_h2<S, H>(
             // Boxed per request: hyper keeps a slot for this future in every
             // stream, and the whole pipeline's state machine inline would make
             // each one that much bigger.
-            let res = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
-            // hyper writes the header map only: a target's relayed fields go in.
-            let res = crate::proxy::relayed::into_header_map(res);
+            let reply = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
+            // hyper writes the header map only: the stamped fields and a
+            // target's relayed fields go in.
+            let res = reply.into_response();
             // hyper takes any body type: wrapped, not boxed again.
             Ok::<_, Infallible>(res.map(|inner| Tracked {
                 inner,

@@ -1,7 +1,6 @@
 //! Request bodies: decoded off the connection's buffer (`Content-Length` or
 //! `chunked`) and fed to the handler as it reads them.
 use bytes::{Buf, Bytes, BytesMut};
-use http::Response;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -13,7 +12,8 @@ use tokio::sync::{mpsc, Notify};
 use super::head::Framing;
 use super::read_more;
 use super::response::send;
-use crate::body::{Body, BoxError};
+use crate::body::BoxError;
+use crate::server::Reply;
 
 /// A chunk-size line (with its extensions) longer than this is refused.
 const MAX_CHUNK_LINE: usize = 4096;
@@ -148,10 +148,10 @@ enum BodyError {
 pub(super) async fn drive<S>(
     io: &mut S,
     rbuf: &mut BytesMut,
-    mut handler: Pin<Box<impl Future<Output = Response<Body>>>>,
+    mut handler: Pin<Box<impl Future<Output = Reply>>>,
     mut feed: Feed,
     send_timeout: Duration,
-) -> io::Result<(Response<Body>, bool)>
+) -> io::Result<(Reply, bool)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {

@@ -280,7 +280,7 @@ async fn refuse<S: AsyncWrite + Unpin>(
     };
     write_response(
         io,
-        err.into_response(),
+        err.into_response().into(),
         false,
         false,
         false,

@@ -4,7 +4,7 @@
 use bytes::{Buf, Bytes};
 use futures_util::FutureExt;
 use http::header;
-use http::{Response, StatusCode};
+use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use std::cell::RefCell;
@@ -15,26 +15,27 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
-use crate::body::Body;
 use crate::proxy::relayed::RelayedFields;
+use crate::server::Reply;
 
-/// Writes `res` (its head and body in one write when the body is ready);
+/// Writes `reply` (its head and body in one write when the body is ready);
 /// returns whether the connection can carry another request.
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     io: &mut S,
-    res: Response<Body>,
+    reply: Reply,
     head_request: bool,
     http10: bool,
     mut keep_alive: bool,
     send_timeout: Duration,
 ) -> io::Result<bool> {
+    let Reply { res, stamp } = reply;
     let (parts, mut body) = res.into_parts();
     let status = parts.status;
     let no_length = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodyless = head_request || no_length || status == StatusCode::NOT_MODIFIED;
     let relayed = body.take_relayed();
     let relayed = relayed.as_ref();
-    let fields = parts.headers.len() + relayed.map_or(0, RelayedFields::len);
+    let fields = parts.headers.len() + relayed.map_or(0, RelayedFields::len) + stamp.len();
     let mut head = Vec::with_capacity(160 + fields * 40);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());
@@ -42,8 +43,10 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
     // A target's fields as they came (the client left out its hop-by-hop
-    // and framing ones), then the map's.
-    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &mut head));
+    // and framing ones), then the map's, then the stamped ones; a stamped
+    // name is written only from the stamp.
+    let stamped = stamp.lengths();
+    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &stamp, &mut head));
     // The framing fields are read in the same walk that writes the others.
     let mut close = false;
     let mut length_field = None;
@@ -59,12 +62,17 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         if name == header::TRANSFER_ENCODING || name.as_str() == "keep-alive" {
             continue;
         }
+        let n = name.as_str().as_bytes();
+        if stamped & 1 << n.len().min(63) != 0 && stamp.sets(n) {
+            continue;
+        }
         has_date |= name == header::DATE;
         head.extend_from_slice(name.as_str().as_bytes());
         head.extend_from_slice(b": ");
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
+    stamp.write_to(&mut head);
     if close {
         keep_alive = false;
     }
@@ -220,4 +228,67 @@ fn write_date(head: &mut Vec<u8>) {
         }
         head.extend_from_slice(&cached.1);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratelimit::Decision;
+    use crate::server::Stamp;
+    use http::{HeaderValue, Response};
+
+    #[tokio::test]
+    async fn stamped_fields_are_written_once_over_the_maps() {
+        let mut res = Response::new(crate::body::full("{}"));
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("9"));
+        h.insert("x-request-id", HeaderValue::from_static("theirs"));
+        let stamp = Stamp {
+            request_id: Some(HeaderValue::from_static("ours")),
+            decision: Some(Decision {
+                allowed: false,
+                limit: 10,
+                remaining: 0,
+                reset_unix: 1_700_000_000,
+                retry_after_secs: Some(3),
+                reset_after_secs: 4,
+                window_secs: 60,
+            }),
+            ietf: true,
+        };
+        let mut out = Vec::new();
+        let reply = Reply { res, stamp };
+        let keep = write_response(&mut out, reply, false, false, true, Duration::from_secs(1));
+        assert!(keep.await.unwrap());
+        let text = String::from_utf8(out).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let lines: Vec<&str> = head.lines().collect();
+        assert_eq!(lines[0], "HTTP/1.1 429 Too Many Requests");
+        for want in [
+            "content-type: application/json",
+            "x-ratelimit-limit: 10",
+            "x-ratelimit-remaining: 0",
+            "x-ratelimit-reset: 1700000000",
+            "retry-after: 3",
+            "ratelimit-policy: \"10-per-60s\";q=10;w=60",
+            "ratelimit: \"10-per-60s\";r=0;t=4",
+            "x-request-id: ours",
+            "content-length: 2",
+        ] {
+            assert_eq!(
+                lines.iter().filter(|l| **l == want).count(),
+                1,
+                "{want} in {head}"
+            );
+        }
+        let named = |n: &str| lines.iter().filter(|l| l.starts_with(n)).count();
+        assert_eq!(named("retry-after:"), 1);
+        assert_eq!(named("x-request-id:"), 1);
+        assert_eq!(body, "{}");
+    }
 }

@@ -27,7 +27,7 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity, X_R
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
-use crate::server::ConnInfo;
+use crate::server::{ConnInfo, Reply, Stamp};
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
 
 /// What the wrapper needs to know about a request after the stages ran.
@@ -66,7 +66,7 @@ impl Gateway {
         self: Arc<Self>,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+    ) -> impl Future<Output = Reply> + Send + 'static {
         // Split here, so the block captures the head and the body, and the
         // stages borrow the head: the request's future holds it once.
         let (mut head, body) = req.into_parts();
@@ -83,14 +83,10 @@ impl Gateway {
             };
             let bytes_in = body.size_hint().exact();
             let stages = this.stages(&mut head, body, &conn, &request_id, &mut out);
-            let mut res = match stages.await {
+            let res = match stages.await {
                 Ok(res) => res,
                 Err(err) => this.rescue(err, &request_id),
             };
-            let headers = res.headers_mut();
-            if let Some(d) = &out.decision {
-                d.write_headers(headers, this.settings.rate_limit.ietf_headers);
-            }
             let route = out
                 .route
                 .map(|i| this.routes[i].route.path.as_str())
@@ -127,8 +123,12 @@ impl Gateway {
                 "request"
             );
             // Moved in last, not cloned: a clone of these bytes allocates.
-            res.headers_mut().insert(X_REQUEST_ID, request_id);
-            res
+            let stamp = Stamp {
+                request_id: Some(request_id),
+                decision: out.decision,
+                ietf: this.settings.rate_limit.ietf_headers,
+            };
+            Reply { res, stamp }
         }
     }
 }

@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 
 use crate::body::Body;
 use crate::h1::field_name;
+use crate::server::Stamp;
 
 /// Where a relayed field's name and value lie in the head: name start and
 /// end, value start and end.
@@ -68,17 +69,19 @@ impl RelayedFields {
         })
     }
 
-    /// Writes the fields not set in `map` as `name: value` lines; returns
-    /// whether one of them is `Date`.
-    pub(crate) fn write_to(&self, map: &HeaderMap, out: &mut Vec<u8>) -> bool {
+    /// Writes the fields neither set in `map` nor stamped as `name: value`
+    /// lines; returns whether one of them is `Date`.
+    pub(crate) fn write_to(&self, map: &HeaderMap, stamp: &Stamp, out: &mut Vec<u8>) -> bool {
         // Bit `n`: the map has a name `n` bytes long (63: that long or
         // longer). Most fields are told apart from the map's by length.
         let lengths = map
             .keys()
             .fold(0u64, |bits, k| bits | 1 << k.as_str().len().min(63));
+        let stamped = stamp.lengths();
         let mut has_date = false;
         for (name, value) in self.fields() {
-            if lengths & (1 << name.len().min(63)) != 0 && in_map(map, name) {
+            let bit = 1 << name.len().min(63);
+            if lengths & bit != 0 && in_map(map, name) || stamped & bit != 0 && stamp.sets(name) {
                 continue;
             }
             has_date |= name.eq_ignore_ascii_case(b"date");
@@ -144,23 +147,46 @@ mod tests {
 
     #[test]
     fn the_gateways_own_fields_win_and_repeated_names_are_kept() {
-        let r = relayed("Server: up\r\nX-Request-Id: theirs\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nDate: Tue\r\n");
+        let head = "Server: up\r\nX-Request-Id: theirs\r\nContent-Type: text/x\r\nSet-Cookie: a=1\r\nX-RateLimit-Limit: 5\r\nSet-Cookie: b=2\r\nDate: Tue\r\n";
+        // The key service's own field in the map; the request id and the
+        // rate-limit fields stamped.
         let mut map = HeaderMap::new();
-        map.insert("x-request-id", HeaderValue::from_static("ours"));
+        map.insert("content-type", HeaderValue::from_static("application/json"));
+        let stamp = || Stamp {
+            request_id: Some(HeaderValue::from_static("ours")),
+            decision: Some(crate::ratelimit::Decision {
+                allowed: true,
+                limit: 100,
+                remaining: 99,
+                reset_unix: 7,
+                retry_after_secs: None,
+                reset_after_secs: 1,
+                window_secs: 1,
+            }),
+            ietf: false,
+        };
 
         let mut out = Vec::new();
-        assert!(r.write_to(&map, &mut out));
+        assert!(relayed(head).write_to(&map, &stamp(), &mut out));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "Server: up\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nDate: Tue\r\n"
         );
 
-        let mut res = Response::new(crate::body::empty().relaying(Some(r)));
+        let mut res = Response::new(crate::body::empty().relaying(Some(relayed(head))));
         *res.headers_mut() = map;
-        let mut res = into_header_map(res);
+        let reply = crate::server::Reply {
+            res,
+            stamp: stamp(),
+        };
+        let mut res = reply.into_response();
         let h = res.headers();
         assert_eq!(h["x-request-id"], "ours");
         assert_eq!(h.get_all("x-request-id").iter().count(), 1);
+        assert_eq!(h["x-ratelimit-limit"], "100");
+        assert_eq!(h.get_all("x-ratelimit-limit").iter().count(), 1);
+        assert_eq!(h["content-type"], "application/json");
+        assert_eq!(h.get_all("content-type").iter().count(), 1);
         assert_eq!(h["server"], "up");
         let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
         assert_eq!(cookies, ["a=1", "b=2"]);
@@ -170,6 +196,7 @@ mod tests {
     #[test]
     fn no_date_among_them_is_reported() {
         let mut out = Vec::new();
-        assert!(!relayed("Server: up\r\n").write_to(&HeaderMap::new(), &mut out));
+        let none = Stamp::default();
+        assert!(!relayed("Server: up\r\n").write_to(&HeaderMap::new(), &none, &mut out));
     }
 }

@@ -31,46 +31,104 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
+/// A value of one of the fields, as [`Decision::each`] gives it.
+enum Value<'a> {
+    /// A number, with its slot in [`LAST`] (`None`: not cached).
+    Number(Option<usize>, u64),
+    /// Text formatted on the stack.
+    Text(&'a [u8]),
+}
+
 impl Decision {
-    /// X-RateLimit-Limit/-Remaining/-Reset always; Retry-After when refused; the IETF
-    /// `RateLimit` and `RateLimit-Policy` fields when `ietf`. Replaces any earlier values.
-    ///
-    /// Integers go through `HeaderValue::from` (itoa formatting, no `String`), and a
-    /// value equal to the thread's last one for the field is shared ([`number`]); the IETF
-    /// fields are formatted into a stack buffer.
-    pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(0, self.limit.into()));
-        headers.insert(
-            X_RATELIMIT_REMAINING.clone(),
-            number(1, self.remaining.into()),
+    /// The field names [`Decision::each`] gives, for `ietf` (Retry-After
+    /// only on refusal).
+    pub(crate) fn names(&self, ietf: bool) -> impl Iterator<Item = &'static HeaderName> {
+        let refused = !self.allowed && self.retry_after_secs.is_some();
+        [
+            Some(&X_RATELIMIT_LIMIT),
+            Some(&X_RATELIMIT_REMAINING),
+            Some(&X_RATELIMIT_RESET),
+            refused.then_some(&RETRY_AFTER),
+            ietf.then_some(&RATELIMIT_POLICY),
+            ietf.then_some(&RATELIMIT),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Each field in the order sent: X-RateLimit-Limit/-Remaining/-Reset
+    /// always; Retry-After when refused; the IETF `RateLimit-Policy` and
+    /// `RateLimit` fields when `ietf` (formatted into a stack buffer).
+    fn each(&self, ietf: bool, mut field: impl FnMut(&'static HeaderName, Value<'_>)) {
+        field(
+            &X_RATELIMIT_LIMIT,
+            Value::Number(Some(0), self.limit.into()),
         );
-        headers.insert(X_RATELIMIT_RESET.clone(), number(2, self.reset_unix));
+        field(
+            &X_RATELIMIT_REMAINING,
+            Value::Number(Some(1), self.remaining.into()),
+        );
+        field(&X_RATELIMIT_RESET, Value::Number(Some(2), self.reset_unix));
         // An allowed request leaves Retry-After alone: an upstream's 409 or 429
         // passes through with its own (DESIGN.md §5).
         if let (false, Some(secs)) = (self.allowed, self.retry_after_secs) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            field(&RETRY_AFTER, Value::Number(None, secs.max(1)));
         }
         if ietf {
             let mut buf = [0u8; 128];
-            if let Some(value) = format_into(&mut buf, |w| {
+            if let Some(n) = format_into(&mut buf, |w| {
                 write!(
                     w,
                     "\"{}-per-{}s\";q={};w={}",
                     self.limit, self.window_secs, self.limit, self.window_secs
                 )
             }) {
-                headers.insert(RATELIMIT_POLICY.clone(), value);
+                field(&RATELIMIT_POLICY, Value::Text(&buf[..n]));
             }
-            if let Some(value) = format_into(&mut buf, |w| {
+            if let Some(n) = format_into(&mut buf, |w| {
                 write!(
                     w,
                     "\"{}-per-{}s\";r={};t={}",
                     self.limit, self.window_secs, self.remaining, self.reset_after_secs
                 )
             }) {
-                headers.insert(RATELIMIT.clone(), value);
+                field(&RATELIMIT, Value::Text(&buf[..n]));
             }
         }
+    }
+
+    /// Sets the fields in `headers`, replacing any earlier values (hyper's
+    /// HTTP/2 server writes the map).
+    ///
+    /// Integers go through `HeaderValue::from` (itoa formatting, no `String`), and a
+    /// value equal to the thread's last one for the field is shared ([`number`]).
+    pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
+        self.each(ietf, |name, value| {
+            let value = match value {
+                Value::Number(Some(slot), n) => number(slot, n),
+                Value::Number(None, n) => HeaderValue::from(n),
+                Value::Text(text) => match HeaderValue::from_bytes(text) {
+                    Ok(v) => v,
+                    Err(_) => return,
+                },
+            };
+            headers.insert(name.clone(), value);
+        });
+    }
+
+    /// Appends the fields as `name: value` lines (the HTTP/1.1 writer).
+    pub(crate) fn write_lines(&self, out: &mut Vec<u8>, ietf: bool) {
+        self.each(ietf, |name, value| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            match value {
+                Value::Number(_, n) => {
+                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes())
+                }
+                Value::Text(text) => out.extend_from_slice(text),
+            }
+            out.extend_from_slice(b"\r\n");
+        });
     }
 }
 
@@ -97,17 +155,19 @@ fn number(slot: usize, n: u64) -> HeaderValue {
     })
 }
 
-/// Runs `write` into `buf` and makes a header value of what it wrote. `None` only if the
-/// buffer were too small, which the widest values (five 20-digit numbers) cannot reach.
+/// Runs `write` into `buf`; the length written, if it is a valid header
+/// value. `None` only if the buffer were too small, which the widest values
+/// (five 20-digit numbers) cannot reach.
 fn format_into(
     buf: &mut [u8],
     write: impl FnOnce(&mut &mut [u8]) -> std::io::Result<()>,
-) -> Option<HeaderValue> {
+) -> Option<usize> {
     let capacity = buf.len();
     let mut cursor: &mut [u8] = buf;
     write(&mut cursor).ok()?;
     let written = capacity - cursor.len();
-    HeaderValue::from_bytes(&buf[..written]).ok()
+    HeaderValue::from_bytes(&buf[..written]).ok()?;
+    Some(written)
 }
 
 #[cfg(test)]
@@ -170,6 +230,24 @@ mod tests {
                 seen.last().unwrap(),
                 &(limit.to_string(), remaining.to_string(), reset.to_string())
             );
+        }
+    }
+
+    #[test]
+    fn the_written_lines_are_the_fields_set_in_a_map() {
+        for (allowed, ietf) in [(true, false), (true, true), (false, false), (false, true)] {
+            let d = decision(allowed);
+            let mut lines = Vec::new();
+            d.write_lines(&mut lines, ietf);
+            let mut map = HeaderMap::new();
+            d.write_headers(&mut map, ietf);
+            let from_map: String = map
+                .iter()
+                .map(|(n, v)| format!("{}: {}\r\n", n, v.to_str().unwrap()))
+                .collect();
+            assert_eq!(String::from_utf8(lines).unwrap(), from_map);
+            let names: Vec<_> = d.names(ietf).collect();
+            assert_eq!(names, map.keys().collect::<Vec<_>>());
         }
     }
 
