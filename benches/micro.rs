@@ -339,7 +339,7 @@ fn header_rewrite(c: &mut Criterion) {
     let added = Added {
         identity: Some(id),
         forwarded: fwd,
-        request_id: &request_id,
+        request_id: request_id.as_bytes(),
     };
     let mut g = c.benchmark_group("headers");
     g.throughput(Throughput::Elements(1));

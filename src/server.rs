@@ -98,6 +98,42 @@ impl Reply {
     }
 }
 
+/// A request's id (`X-Request-Id`): the client's when it is sane, else 32
+/// hex digits the gateway made, held inline (no allocation per request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestId {
+    /// Made by the gateway: lowercase hex digits.
+    Made([u8; 32]),
+    /// The client's (checked: `[A-Za-z0-9._:-]`, 1–128 bytes).
+    Client(HeaderValue),
+}
+
+impl RequestId {
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made(hex) => hex,
+            RequestId::Client(v) => v.as_bytes(),
+        }
+    }
+
+    /// The id as text (for logs; `-` if it were not ASCII, which neither
+    /// kind can be).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or("-")
+    }
+
+    /// The id as a header value (the client's is moved, not copied).
+    pub fn into_header_value(self) -> HeaderValue {
+        match self {
+            RequestId::Made(hex) => {
+                HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
+            }
+            RequestId::Client(v) => v,
+        }
+    }
+}
+
 /// `X-Request-Id` as a `'static` name (the constant is not promotable).
 static REQUEST_ID: HeaderName = X_REQUEST_ID;
 
@@ -110,7 +146,7 @@ static REQUEST_ID: HeaderName = X_REQUEST_ID;
 #[derive(Debug, Default)]
 pub struct Stamp {
     /// `X-Request-Id`.
-    pub request_id: Option<HeaderValue>,
+    pub request_id: Option<RequestId>,
     /// The route's rate-limit decision.
     pub decision: Option<Decision>,
     /// With the IETF draft fields (`rate_limit.ietf_headers`).
@@ -161,7 +197,7 @@ impl Stamp {
             d.write_headers(headers, self.ietf);
         }
         if let Some(id) = self.request_id {
-            headers.insert(X_REQUEST_ID, id);
+            headers.insert(X_REQUEST_ID, id.into_header_value());
         }
     }
 }

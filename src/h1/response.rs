@@ -7,7 +7,7 @@ use http::header;
 use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
@@ -18,6 +18,16 @@ use super::head::{has_token, parse_length};
 use crate::proxy::relayed::RelayedFields;
 use crate::server::Reply;
 
+thread_local! {
+    /// A spare buffer for response heads, so that writing one allocates
+    /// nothing. Taken while a head is written (a connection whose write
+    /// waits keeps it; another then makes its own) and given back after.
+    static SPARE_HEAD: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// A spare head buffer bigger than this is not kept.
+const SPARE_HEAD_MAX: usize = 16 * 1024;
+
 /// Writes `reply` (its head and body in one write when the body is ready);
 /// returns whether the connection can carry another request.
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
@@ -25,8 +35,36 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     reply: Reply,
     head_request: bool,
     http10: bool,
+    keep_alive: bool,
+    send_timeout: Duration,
+) -> io::Result<bool> {
+    let mut head = SPARE_HEAD.take();
+    let written = write_with(
+        io,
+        reply,
+        head_request,
+        http10,
+        keep_alive,
+        send_timeout,
+        &mut head,
+    )
+    .await;
+    if head.capacity() <= SPARE_HEAD_MAX {
+        head.clear();
+        SPARE_HEAD.set(head);
+    }
+    written
+}
+
+/// [`write_response`], the head written into `head` (empty).
+async fn write_with<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    reply: Reply,
+    head_request: bool,
+    http10: bool,
     mut keep_alive: bool,
     send_timeout: Duration,
+    head: &mut Vec<u8>,
 ) -> io::Result<bool> {
     let Reply { res, stamp } = reply;
     let (parts, mut body) = res.into_parts();
@@ -36,7 +74,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     let relayed = body.take_relayed();
     let relayed = relayed.as_ref();
     let fields = parts.headers.len() + relayed.map_or(0, RelayedFields::len) + stamp.len();
-    let mut head = Vec::with_capacity(160 + fields * 40);
+    head.reserve(160 + fields * 40);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());
     head.push(b' ');
@@ -46,7 +84,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     // and framing ones), then the map's, then the stamped ones; a stamped
     // name is written only from the stamp.
     let stamped = stamp.lengths();
-    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &stamp, &mut head));
+    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &stamp, head));
     // The framing fields are read in the same walk that writes the others.
     let mut close = false;
     let mut length_field = None;
@@ -72,7 +110,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
-    stamp.write_to(&mut head);
+    stamp.write_to(head);
     if close {
         keep_alive = false;
     }
@@ -99,7 +137,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         head.extend_from_slice(b"connection: keep-alive\r\n");
     }
     if !has_date {
-        write_date(&mut head);
+        write_date(head);
     }
     head.extend_from_slice(b"\r\n");
 
@@ -108,7 +146,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         send(io, &mut &head[..], send_timeout).await?;
         return Ok(keep_alive);
     }
-    let mut pending = Some(Bytes::from(head));
+    let mut pending = Some(&head[..]);
     let mut written = 0u64;
     loop {
         let next = if pending.is_some() {
@@ -249,7 +287,9 @@ mod tests {
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("9"));
         h.insert("x-request-id", HeaderValue::from_static("theirs"));
         let stamp = Stamp {
-            request_id: Some(HeaderValue::from_static("ours")),
+            request_id: Some(crate::server::RequestId::Client(HeaderValue::from_static(
+                "ours",
+            ))),
             decision: Some(Decision {
                 allowed: false,
                 limit: 10,

@@ -27,7 +27,7 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity, X_R
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
-use crate::server::{ConnInfo, Reply, Stamp};
+use crate::server::{ConnInfo, Reply, RequestId, Stamp};
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
 
 /// What the wrapper needs to know about a request after the stages ran.
@@ -104,7 +104,7 @@ impl Gateway {
                 .record(started.elapsed().as_secs_f64());
             tracing::info!(
                 target: "access",
-                request_id = request_id.to_str().unwrap_or("-"),
+                request_id = request_id.as_str(),
                 method = %method,
                 route,
                 status,
@@ -146,7 +146,7 @@ impl Gateway {
         head: &'a mut request::Parts,
         body: RequestBody,
         conn: &'a ConnInfo,
-        request_id: &'a HeaderValue,
+        request_id: &'a RequestId,
         out: &'a mut Outcome,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
@@ -444,7 +444,7 @@ impl Gateway {
         grant: Option<Grant<'a>>,
         validated: Validated,
         conn: &'a ConnInfo,
-        request_id: &'a HeaderValue,
+        request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
@@ -500,7 +500,7 @@ impl Gateway {
                     proto: if conn.tls { "https" } else { "http" },
                     host,
                 },
-                request_id,
+                request_id: request_id.as_bytes(),
             };
             // Whatever form and version the client used, the transports send
             // the URI's path and query (origin form) over their own version.
@@ -534,13 +534,13 @@ impl Gateway {
     }
 
     /// The one place a refusal becomes a response; internals go to the log.
-    fn rescue(&self, err: GatewayError, request_id: &HeaderValue) -> Response<Body> {
+    fn rescue(&self, err: GatewayError, request_id: &RequestId) -> Response<Body> {
         match &err {
             GatewayError::Internal(source) | GatewayError::BadGateway(source) => {
-                tracing::warn!(request_id = request_id.to_str().unwrap_or("-"), error = %source, status = err.status().as_u16(), "request failed");
+                tracing::warn!(request_id = request_id.as_str(), error = %source, status = err.status().as_u16(), "request failed");
             }
             GatewayError::ServiceUnavailable { what, .. } => {
-                tracing::warn!(request_id = request_id.to_str().unwrap_or("-"), %what, "dependency unavailable");
+                tracing::warn!(request_id = request_id.as_str(), %what, "dependency unavailable");
             }
             _ => {}
         }
@@ -593,7 +593,7 @@ fn store_unavailable(e: StoreError) -> GatewayError {
 
 /// The client's `X-Request-Id` when it is sane (1–128 of `[A-Za-z0-9._:-]`,
 /// not an `mpg_`/`mps_` secret), else a new one.
-fn request_id(headers: &http::HeaderMap) -> HeaderValue {
+fn request_id(headers: &http::HeaderMap) -> RequestId {
     if let Some(v) = headers.get(X_REQUEST_ID) {
         let b = v.as_bytes();
         // A client that sends its key as a request id must not get it logged and forwarded.
@@ -602,7 +602,7 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
                 .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
             && !looks_like_secret(b.iter().copied())
         {
-            return v.clone();
+            return RequestId::Client(v.clone());
         }
     }
     // 32 lowercase hex digits, written by hand: `format!` through
@@ -612,7 +612,7 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
     for (i, digit) in hex.iter_mut().enumerate() {
         *digit = b"0123456789abcdef"[(id >> (124 - 4 * i) & 0xf) as usize];
     }
-    HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    RequestId::Made(hex)
 }
 
 /// Methods as bounded metric labels (anything unusual is `OTHER`).
@@ -679,7 +679,7 @@ mod tests {
         let a = request_id(&none);
         let b = request_id(&none);
         for id in [&a, &b] {
-            let s = id.to_str().unwrap();
+            let s = id.as_str();
             assert_eq!(s.len(), 32, "{s}");
             assert!(
                 s.bytes()

@@ -247,7 +247,7 @@ pub struct Added<'a> {
     /// The client's connection.
     pub forwarded: ForwardedFor<'a>,
     /// `X-Request-Id`.
-    pub request_id: &'a HeaderValue,
+    pub request_id: &'a [u8],
 }
 
 /// A field the gateway adds: its name, and the start of its line on the
@@ -318,7 +318,7 @@ impl Added<'_> {
                 None => put(&F_SCOPES, id.scopes.to_string().as_bytes()),
             }
         }
-        put(&F_REQUEST_ID, self.request_id.as_bytes());
+        put(&F_REQUEST_ID, self.request_id);
         put(&F_FORWARDED_FOR, self.forwarded.client_ip.as_bytes());
         put(&F_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
         if let Some(host) = self.forwarded.host {
@@ -389,7 +389,7 @@ mod tests {
         Added {
             identity,
             forwarded,
-            request_id,
+            request_id: request_id.as_bytes(),
         }
     }
 

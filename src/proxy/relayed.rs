@@ -153,7 +153,9 @@ mod tests {
         let mut map = HeaderMap::new();
         map.insert("content-type", HeaderValue::from_static("application/json"));
         let stamp = || Stamp {
-            request_id: Some(HeaderValue::from_static("ours")),
+            request_id: Some(crate::server::RequestId::Client(HeaderValue::from_static(
+                "ours",
+            ))),
             decision: Some(crate::ratelimit::Decision {
                 allowed: true,
                 limit: 100,
