@@ -25,10 +25,6 @@ const MAX_HEADERS: usize = 128;
 const FEW_HEADERS: usize = 24;
 /// What [`parse_one`] says of a head with more fields than its table.
 const TOO_MANY_FIELDS: &str = "too many header fields";
-/// Room in a response's header map for its `Content-Length` and what the
-/// gateway adds (request id, rate-limit fields), so adding them does not
-/// grow the map.
-const MAP_FIELDS: usize = 6;
 
 /// A complete response head at the front of the buffer.
 struct Head {
@@ -84,9 +80,9 @@ fn with_final_head<R>(
 }
 
 /// The response whose head `h` (fields at `at`) is at the front of `buf`:
-/// its `Content-Length` in the header map, its other end-to-end fields
-/// relayed as they are (hop-by-hop ones and those `Connection` names left
-/// out).
+/// its end-to-end fields relayed as they are (hop-by-hop ones and those
+/// `Connection` names left out), but `Content-Length`, which is the body's
+/// size or in the header map.
 fn response(
     buf: &mut BytesMut,
     h: Head,
@@ -99,10 +95,20 @@ fn response(
     let fields = &at[..h.fields];
     let facts = Facts::read(&head, fields);
     let (framing, keep_alive) = framing(&facts, status, h.version, head_request)?;
-    let mut headers = HeaderMap::with_capacity(MAP_FIELDS);
-    // Beside a transfer coding a length is not the body's (RFC 9112 §6.3):
-    // not passed on, since the body is decoded and framed anew.
-    if let Some([vs, ve]) = facts.length_at.filter(|_| facts.last_coding.is_none()) {
+    // A body read to its length says that length itself (its exact size
+    // hint, which both servers write as `Content-Length`): the map then
+    // stays empty, which allocates nothing. A length without such a body
+    // (a `HEAD` answer, 304, a length of 0, which hyper's HTTP/2 server
+    // would not write for an ended body) is passed on as it came. Beside a
+    // transfer coding a length is not the body's (RFC 9112 §6.3): not
+    // passed on, since the body is decoded and framed anew.
+    let said_by_body =
+        matches!(framing, BodyFraming::Known(Framing::Length(n)) if facts.length == Some(n));
+    let mut headers = HeaderMap::new();
+    if let Some([vs, ve]) = facts
+        .length_at
+        .filter(|_| facts.last_coding.is_none() && !said_by_body)
+    {
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| ClientError::Invalid("invalid Content-Length"))?;
         headers.insert(CONTENT_LENGTH, value);
@@ -561,9 +567,23 @@ mod tests {
         assert!(!res.headers().contains_key("content-length"));
         assert!(!res.headers().contains_key("transfer-encoding"));
         assert_eq!(res.headers()["x-a"], "b");
-        // A HEAD answer has no body, whatever its length says.
-        let (_, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
+        // A HEAD answer has no body, whatever its length says; the length
+        // is passed on in the map. A body's own length is its size.
+        let (res, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
         assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+        assert_eq!(res.headers()["content-length"], "5");
+        let (res, f, _) = response(
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+        assert_eq!(res.headers()["content-length"], "7");
+        let (res, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", false).unwrap();
+        assert!(matches!(f, BodyFraming::Known(Framing::Length(5))));
+        assert!(res.headers().is_empty());
+        let (res, _, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false).unwrap();
+        assert_eq!(res.headers()["content-length"], "0");
     }
 
     #[test]
@@ -597,6 +617,7 @@ mod tests {
             assert!(final_head_ready(&mut head(n)).unwrap(), "{n} fields");
             let (res, _, _) = take_response(&mut head(n), false).unwrap().unwrap();
             let res = with_relayed_in_map(res);
+            // A length of 0 stays in the map.
             assert_eq!(res.headers().len(), n + 1, "{n} fields");
             assert_eq!(
                 res.headers()[format!("x-f{}", n - 1)],
