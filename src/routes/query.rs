@@ -1,7 +1,6 @@
 //! The strict query parser of DESIGN.md §3 stage 4: names and values
 //! percent-decoded, and every name at most once ("never first wins").
 use crate::auth::token::{looks_like_secret, SECRET_MIN_LEN};
-use smallvec::SmallVec;
 use std::borrow::Cow;
 
 /// Most parameters a query may carry.
@@ -24,13 +23,10 @@ pub enum QueryError {
     Empty(String),
 }
 
-/// Parameters most queries stay within, held inline (no allocation).
-const INLINE_PARAMS: usize = 4;
-
 /// A parsed query string.
 #[derive(Debug, Default)]
 pub struct Query<'a> {
-    params: SmallVec<[(Cow<'a, str>, Cow<'a, str>); INLINE_PARAMS]>,
+    params: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -142,7 +138,7 @@ pub fn find_secret_param(raw: &str) -> Option<String> {
 impl<'a> Query<'a> {
     /// Parses `raw` (the part after `?`), refusing repeats and bad escapes.
     pub fn parse(raw: Option<&'a str>) -> Result<Self, QueryError> {
-        let mut params = SmallVec::new();
+        let mut params: Vec<(Cow<'a, str>, Cow<'a, str>)> = Vec::new();
         let Some(raw) = raw else {
             return Ok(Query { params });
         };
