@@ -25,8 +25,28 @@ thread_local! {
     static SPARE_HEAD: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
-/// A spare head buffer bigger than this is not kept.
-const SPARE_HEAD_MAX: usize = 16 * 1024;
+/// This thread's spare head buffer while it is in use; given back (empty)
+/// when dropped, however the write ends.
+struct SpareHead(Vec<u8>);
+
+impl SpareHead {
+    /// A spare head buffer bigger than this is not kept.
+    const MAX: usize = 16 * 1024;
+
+    fn take() -> Self {
+        SpareHead(SPARE_HEAD.take())
+    }
+}
+
+impl Drop for SpareHead {
+    fn drop(&mut self) {
+        if self.0.capacity() <= Self::MAX {
+            let mut head = std::mem::take(&mut self.0);
+            head.clear();
+            SPARE_HEAD.set(head);
+        }
+    }
+}
 
 /// Writes `reply` (its head and body in one write when the body is ready);
 /// returns whether the connection can carry another request.
@@ -35,37 +55,11 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     reply: Reply,
     head_request: bool,
     http10: bool,
-    keep_alive: bool,
-    send_timeout: Duration,
-) -> io::Result<bool> {
-    let mut head = SPARE_HEAD.take();
-    let written = write_with(
-        io,
-        reply,
-        head_request,
-        http10,
-        keep_alive,
-        send_timeout,
-        &mut head,
-    )
-    .await;
-    if head.capacity() <= SPARE_HEAD_MAX {
-        head.clear();
-        SPARE_HEAD.set(head);
-    }
-    written
-}
-
-/// [`write_response`], the head written into `head` (empty).
-async fn write_with<S: AsyncWrite + Unpin>(
-    io: &mut S,
-    reply: Reply,
-    head_request: bool,
-    http10: bool,
     mut keep_alive: bool,
     send_timeout: Duration,
-    head: &mut Vec<u8>,
 ) -> io::Result<bool> {
+    let mut spare = SpareHead::take();
+    let head = &mut spare.0;
     let Reply { res, stamp } = reply;
     let (parts, mut body) = res.into_parts();
     let status = parts.status;
