@@ -252,19 +252,21 @@ pub struct Added<'a> {
 
 /// A field the gateway adds: its name, and the start of its line on the
 /// wire (`name: `), written as one piece.
-struct Field {
-    name: HeaderName,
-    line: &'static [u8],
+pub(crate) struct Field {
+    pub(crate) name: HeaderName,
+    pub(crate) line: &'static [u8],
 }
 
+/// A `static` [`Field`] named `$field` for the constant name `$name`.
 macro_rules! field {
     ($field:ident, $name:ident, $line:literal) => {
-        static $field: Field = Field {
+        static $field: $crate::proxy::headers::Field = $crate::proxy::headers::Field {
             name: $name,
             line: $line,
         };
     };
 }
+pub(crate) use field;
 field!(
     F_ORGANIZATION_ID,
     X_MPG_ORGANIZATION_ID,

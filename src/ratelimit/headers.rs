@@ -24,12 +24,24 @@ use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
 use super::Decision;
+use crate::proxy::headers::{field, Field};
 
-static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+field!(F_LIMIT, X_RATELIMIT_LIMIT, b"x-ratelimit-limit: ");
+field!(
+    F_REMAINING,
+    X_RATELIMIT_REMAINING,
+    b"x-ratelimit-remaining: "
+);
+field!(F_RESET, X_RATELIMIT_RESET, b"x-ratelimit-reset: ");
+field!(F_RETRY_AFTER, RETRY_AFTER, b"retry-after: ");
+field!(F_POLICY, RATELIMIT_POLICY, b"ratelimit-policy: ");
+field!(F_RATELIMIT, RATELIMIT, b"ratelimit: ");
 
 /// A value of one of the fields, as [`Decision::each`] gives it.
 enum Value<'a> {
@@ -45,34 +57,29 @@ impl Decision {
     pub(crate) fn names(&self, ietf: bool) -> impl Iterator<Item = &'static HeaderName> {
         let refused = !self.allowed && self.retry_after_secs.is_some();
         [
-            Some(&X_RATELIMIT_LIMIT),
-            Some(&X_RATELIMIT_REMAINING),
-            Some(&X_RATELIMIT_RESET),
-            refused.then_some(&RETRY_AFTER),
-            ietf.then_some(&RATELIMIT_POLICY),
-            ietf.then_some(&RATELIMIT),
+            Some(&F_LIMIT),
+            Some(&F_REMAINING),
+            Some(&F_RESET),
+            refused.then_some(&F_RETRY_AFTER),
+            ietf.then_some(&F_POLICY),
+            ietf.then_some(&F_RATELIMIT),
         ]
         .into_iter()
         .flatten()
+        .map(|f| &f.name)
     }
 
     /// Each field in the order sent: X-RateLimit-Limit/-Remaining/-Reset
     /// always; Retry-After when refused; the IETF `RateLimit-Policy` and
     /// `RateLimit` fields when `ietf` (formatted into a stack buffer).
-    fn each(&self, ietf: bool, mut field: impl FnMut(&'static HeaderName, Value<'_>)) {
-        field(
-            &X_RATELIMIT_LIMIT,
-            Value::Number(Some(0), self.limit.into()),
-        );
-        field(
-            &X_RATELIMIT_REMAINING,
-            Value::Number(Some(1), self.remaining.into()),
-        );
-        field(&X_RATELIMIT_RESET, Value::Number(Some(2), self.reset_unix));
+    fn each(&self, ietf: bool, mut field: impl FnMut(&'static Field, Value<'_>)) {
+        field(&F_LIMIT, Value::Number(Some(0), self.limit.into()));
+        field(&F_REMAINING, Value::Number(Some(1), self.remaining.into()));
+        field(&F_RESET, Value::Number(Some(2), self.reset_unix));
         // An allowed request leaves Retry-After alone: an upstream's 409 or 429
         // passes through with its own (DESIGN.md §5).
         if let (false, Some(secs)) = (self.allowed, self.retry_after_secs) {
-            field(&RETRY_AFTER, Value::Number(None, secs.max(1)));
+            field(&F_RETRY_AFTER, Value::Number(None, secs.max(1)));
         }
         if ietf {
             let mut buf = [0u8; 128];
@@ -83,7 +90,7 @@ impl Decision {
                     self.limit, self.window_secs, self.limit, self.window_secs
                 )
             }) {
-                field(&RATELIMIT_POLICY, Value::Text(&buf[..n]));
+                field(&F_POLICY, Value::Text(&buf[..n]));
             }
             if let Some(n) = format_into(&mut buf, |w| {
                 write!(
@@ -92,7 +99,7 @@ impl Decision {
                     self.limit, self.window_secs, self.remaining, self.reset_after_secs
                 )
             }) {
-                field(&RATELIMIT, Value::Text(&buf[..n]));
+                field(&F_RATELIMIT, Value::Text(&buf[..n]));
             }
         }
     }
@@ -103,7 +110,7 @@ impl Decision {
     /// Integers go through `HeaderValue::from` (itoa formatting, no `String`), and a
     /// value equal to the thread's last one for the field is shared ([`number`]).
     pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
-        self.each(ietf, |name, value| {
+        self.each(ietf, |f, value| {
             let value = match value {
                 Value::Number(Some(slot), n) => number(slot, n),
                 Value::Number(None, n) => HeaderValue::from(n),
@@ -112,15 +119,14 @@ impl Decision {
                     Err(_) => return,
                 },
             };
-            headers.insert(name.clone(), value);
+            headers.insert(f.name.clone(), value);
         });
     }
 
     /// Appends the fields as `name: value` lines (the HTTP/1.1 writer).
     pub(crate) fn write_lines(&self, out: &mut Vec<u8>, ietf: bool) {
-        self.each(ietf, |name, value| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
+        self.each(ietf, |f, value| {
+            out.extend_from_slice(f.line);
             match value {
                 Value::Number(_, n) => {
                     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes())
