@@ -284,28 +284,16 @@ field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
 
 /// Whether `value` is a valid header value: visible ASCII, space and tab.
 fn valid_value(value: &[u8]) -> bool {
-    // Eight bytes at a time (the last word padded with `a`); a tab (rare)
-    // takes the second look.
-    let mut words = value.chunks(8).map(|chunk| {
-        let mut word = [b'a'; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        u64::from_le_bytes(word)
-    });
-    words.all(visible_ascii_or_space)
+    // Counted without an early exit; a tab (rare) takes the second look.
+    // (Checking 16-byte blocks, or eight bytes to a word, measured slower
+    // on these short values.)
+    let plain = value
+        .iter()
+        .fold(true, |ok, &b| ok & (b.wrapping_sub(0x20) < 0x5f));
+    plain
         || value
             .iter()
             .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t')
-}
-
-/// Whether every byte of `word` is in 0x20..=0x7e ("Bit Twiddling Hacks":
-/// `hasless(x, 0x20)` and `hasmore(x, 0x7e)`, both exact for these bounds).
-fn visible_ascii_or_space(word: u64) -> bool {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES * 0x80;
-    let below = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-    // `hasmore` adds 127 - 0x7e = 1 to each byte.
-    let above = (word.wrapping_add(ONES) | word) & HIGH;
-    below | above == 0
 }
 
 impl Added<'_> {
