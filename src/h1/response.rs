@@ -8,13 +8,14 @@ use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use std::cell::{Cell, RefCell};
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
+use crate::body::Body;
 use crate::proxy::relayed::RelayedFields;
 use crate::server::Reply;
 
@@ -50,16 +51,40 @@ impl Drop for SpareHead {
 
 /// Writes `reply` (its head and body in one write when the body is ready);
 /// returns whether the connection can carry another request.
-pub(super) async fn write_response<S: AsyncWrite + Unpin>(
-    io: &mut S,
+///
+/// The head is made before the returned future starts, so that the future
+/// holds only the head's bytes and the body, not the response and its
+/// stamp: it is part of every connection's task, idle or not.
+pub(super) fn write_response<'a, S: AsyncWrite + Unpin>(
+    io: &'a mut S,
+    reply: Reply,
+    head_request: bool,
+    http10: bool,
+    keep_alive: bool,
+    send_timeout: Duration,
+) -> impl Future<Output = io::Result<bool>> + 'a {
+    let mut spare = SpareHead::take();
+    let framed = frame(reply, head_request, http10, keep_alive, &mut spare.0);
+    send_framed(io, spare, framed, send_timeout)
+}
+
+/// A response whose head is written: what sending it needs.
+struct Framed {
+    /// `None`: no body is sent (HEAD, 204, 304, 1xx).
+    body: Option<Body>,
+    declared: Option<u64>,
+    chunked: bool,
+    keep_alive: bool,
+}
+
+/// Writes the head of `reply` into `head`; the rest for [`send_framed`].
+fn frame(
     reply: Reply,
     head_request: bool,
     http10: bool,
     mut keep_alive: bool,
-    send_timeout: Duration,
-) -> io::Result<bool> {
-    let mut spare = SpareHead::take();
-    let head = &mut spare.0;
+    head: &mut Vec<u8>,
+) -> Framed {
     let Reply { res, stamp } = reply;
     let (parts, mut body) = res.into_parts();
     let status = parts.status;
@@ -134,13 +159,33 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         write_date(head);
     }
     head.extend_from_slice(b"\r\n");
+    Framed {
+        body: (!bodyless).then_some(body),
+        declared,
+        chunked,
+        keep_alive,
+    }
+}
 
-    if bodyless {
-        drop(body);
+/// Sends the head in `spare` and the body of `framed`.
+async fn send_framed<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    spare: SpareHead,
+    framed: Framed,
+    send_timeout: Duration,
+) -> io::Result<bool> {
+    let Framed {
+        body,
+        declared,
+        chunked,
+        keep_alive,
+    } = framed;
+    let head = &spare.0[..];
+    let Some(mut body) = body else {
         send(io, &mut &head[..], send_timeout).await?;
         return Ok(keep_alive);
-    }
-    let mut pending = Some(&head[..]);
+    };
+    let mut pending = Some(head);
     let mut written = 0u64;
     loop {
         let next = if pending.is_some() {
