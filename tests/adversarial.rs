@@ -283,6 +283,12 @@ async fn absolute_form_and_host_confusion_are_refused() {
         format!("GET {CLUSTERS} HTTP/1.1\r\nHost: a.example, b.example\r\n{key}Connection: close\r\n\r\n"),
         format!("GET {CLUSTERS} HTTP/1.1\r\nHost: evil.example/x?\r\n{key}Connection: close\r\n\r\n"),
         format!("GET {CLUSTERS} HTTP/1.1\r\nHost: user@evil.example\r\n{key}Connection: close\r\n\r\n"),
+        // Not `host[:port]`: a second colon, a port that is not digits, an
+        // escape, a literal after a name.
+        format!("GET {CLUSTERS} HTTP/1.1\r\nHost: good.example:1:2\r\n{key}Connection: close\r\n\r\n"),
+        format!("GET {CLUSTERS} HTTP/1.1\r\nHost: good.example:http\r\n{key}Connection: close\r\n\r\n"),
+        format!("GET {CLUSTERS} HTTP/1.1\r\nHost: good%2eexample\r\n{key}Connection: close\r\n\r\n"),
+        format!("GET {CLUSTERS} HTTP/1.1\r\nHost: good[::1]\r\n{key}Connection: close\r\n\r\n"),
     ] {
         let res = raw(w.gw.addr, req.as_bytes()).await;
         assert_eq!(res.status, 400, "{req:?}: {}", res.body);
