@@ -27,7 +27,7 @@ use crate::body::{Body, RequestBody};
 use crate::config::Limits;
 use crate::h1;
 use crate::ip::IpText;
-use crate::proxy::headers::X_REQUEST_ID;
+use crate::proxy::headers::{F_REQUEST_ID, X_REQUEST_ID};
 use crate::ratelimit::Decision;
 
 /// What the pipeline knows about the connection a request came on.
@@ -134,9 +134,6 @@ impl RequestId {
     }
 }
 
-/// `X-Request-Id` as a `'static` name (the constant is not promotable).
-static REQUEST_ID: HeaderName = X_REQUEST_ID;
-
 /// The fields the gateway stamps on a response as it is written (DESIGN.md
 /// §4): `X-Request-Id`, and a rate-limited route's fields. They replace any
 /// field of the same name the response has (the target's, the key
@@ -157,7 +154,8 @@ impl Stamp {
     /// The names of the fields stamped.
     fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
         let rate = self.decision.iter().flat_map(|d| d.names(self.ietf));
-        rate.chain(self.request_id.is_some().then_some(&REQUEST_ID))
+        let id = self.request_id.is_some().then_some(&F_REQUEST_ID.name);
+        rate.chain(id)
     }
 
     /// How many fields are stamped.
@@ -185,7 +183,7 @@ impl Stamp {
             d.write_lines(out, self.ietf);
         }
         if let Some(id) = &self.request_id {
-            out.extend_from_slice(b"x-request-id: ");
+            out.extend_from_slice(F_REQUEST_ID.line);
             out.extend_from_slice(id.as_bytes());
             out.extend_from_slice(b"\r\n");
         }

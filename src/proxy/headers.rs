@@ -259,8 +259,8 @@ pub(crate) struct Field {
 
 /// A `static` [`Field`] named `$field` for the constant name `$name`.
 macro_rules! field {
-    ($field:ident, $name:ident, $line:literal) => {
-        static $field: $crate::proxy::headers::Field = $crate::proxy::headers::Field {
+    ($vis:vis $field:ident, $name:ident, $line:literal) => {
+        $vis static $field: $crate::proxy::headers::Field = $crate::proxy::headers::Field {
             name: $name,
             line: $line,
         };
@@ -277,7 +277,7 @@ field!(F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
 field!(F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
 field!(F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
 field!(F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
-field!(F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
+field!(pub(crate) F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
 field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
 field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
 field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
