@@ -9,7 +9,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A streamed or full body, boxed once so every path returns the same type;
 /// a target's response also carries its relayed fields
-/// ([`crate::proxy::relayed`]) here, which the HTTP/1.1 writer writes as
+/// (`proxy::relayed`) here, which the HTTP/1.1 writer writes as
 /// they arrived.
 pub struct Body {
     inner: BoxBody<Bytes, BoxError>,

@@ -1,8 +1,9 @@
 //! The request's life, DESIGN.md §3, stage by stage and in that order:
 //! route → authenticate → rate limit → validate → authorize → forward.
 //! Each stage returns `Result<_, GatewayError>`; the first refusal answers.
-//! [`Gateway::handle`] wraps them: it turns errors into responses, adds the
-//! rate-limit headers and `X-Request-Id`, and writes the access-log line.
+//! [`Gateway::handle`] wraps them: it turns errors into responses, writes
+//! the access-log line, and stamps the rate-limit headers and `X-Request-Id`
+//! on the reply (written as the head is: [`crate::server::Stamp`]).
 mod principal;
 
 pub use principal::{Principal, Scopes};
@@ -122,7 +123,8 @@ impl Gateway {
                 bytes_out = res.body().size_hint().exact(),
                 "request"
             );
-            // Moved in last, not cloned: a clone of these bytes allocates.
+            // The request id moved into the stamp, not cloned: a clone of a
+            // client's id allocates.
             let stamp = Stamp {
                 request_id: Some(request_id),
                 decision: out.decision,

@@ -86,7 +86,7 @@ impl Principal {
 
 /// A caller's effective permissions: a key's scopes that its role grants,
 /// or a session's role's permissions (`*` for all). Written out
-/// space-separated where the header is written ([`Scopes::write_to`]).
+/// space-separated where the header is written ([`Scopes::fill`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Scopes<'a> {
     items: &'a [String],
