@@ -158,23 +158,19 @@ impl Stamp {
         rate.chain(id)
     }
 
-    /// How many fields are stamped.
-    pub(crate) fn len(&self) -> usize {
-        self.names().count()
-    }
-
-    /// Bit `n`: a stamped name is `n` bytes long (63: that or longer). Most
-    /// other fields are told apart from the stamped ones by length.
-    pub(crate) fn lengths(&self) -> u64 {
-        self.names()
-            .fold(0, |bits, n| bits | 1 << n.as_str().len().min(63))
-    }
-
     /// Whether a field named `name` (any case) is stamped, and so not
-    /// written from elsewhere.
-    pub(crate) fn sets(&self, name: &[u8]) -> bool {
-        self.names()
-            .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    /// written from elsewhere: a test made once per response, which tells
+    /// most names apart by their length alone.
+    pub(crate) fn sets(&self) -> impl Fn(&[u8]) -> bool + '_ {
+        let lengths = self
+            .names()
+            .fold(0u64, |bits, n| bits | 1 << n.as_str().len().min(63));
+        move |name: &[u8]| {
+            lengths & 1 << name.len().min(63) != 0
+                && self
+                    .names()
+                    .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+        }
     }
 
     /// Appends the fields as `name: value` lines.
