@@ -118,31 +118,35 @@ impl<'a> Scopes<'a> {
         )
     }
 
+    /// The permissions space-separated, as pieces in order.
+    fn pieces(&self, mut put: impl FnMut(&[u8])) {
+        for (i, s) in self.iter().enumerate() {
+            if i > 0 {
+                put(b" ");
+            }
+            put(s.as_bytes());
+        }
+    }
+
     /// Writes the permissions, space-separated, at the start of `buf`;
     /// their length, or `None` if they do not fit.
     pub fn fill(&self, buf: &mut [u8]) -> Option<usize> {
-        let mut n = 0;
-        for (i, s) in self.iter().enumerate() {
-            let sep = usize::from(i > 0);
-            let end = n + sep + s.len();
-            let to = buf.get_mut(n..end)?;
-            to[..sep].copy_from_slice(&b" "[..sep]);
-            to[sep..].copy_from_slice(s.as_bytes());
-            n = end;
-        }
-        Some(n)
+        let mut n = Some(0);
+        self.pieces(|piece| {
+            n = n.and_then(|at| {
+                let end = at + piece.len();
+                buf.get_mut(at..end)?.copy_from_slice(piece);
+                Some(end)
+            });
+        });
+        n
     }
-}
 
-impl std::fmt::Display for Scopes<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, s) in self.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            f.write_str(s)?;
-        }
-        Ok(())
+    /// The permissions, space-separated.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.pieces(|piece| out.extend_from_slice(piece));
+        out
     }
 }
 
@@ -171,7 +175,7 @@ mod tests {
             (star, "*"),
             (Scopes::listed(&[]), ""),
         ] {
-            assert_eq!(scopes.to_string(), want);
+            assert_eq!(scopes.to_vec(), want.as_bytes());
             let n = scopes.fill(&mut buf).unwrap();
             assert_eq!(&buf[..n], want.as_bytes());
         }

@@ -318,7 +318,7 @@ impl Added<'_> {
             let mut stack = [0u8; 256];
             match id.scopes.fill(&mut stack) {
                 Some(n) => put(&F_SCOPES, &stack[..n]),
-                None => put(&F_SCOPES, id.scopes.to_string().as_bytes()),
+                None => put(&F_SCOPES, &id.scopes.to_vec()),
             }
         }
         put(&F_REQUEST_ID, self.request_id);
@@ -449,7 +449,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn the_word_check_is_the_byte_check(value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+        fn the_value_check_is_its_bytewise_definition(value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
             let bytewise = value.iter().all(|&b| (0x20..0x7f).contains(&b) || b == b'\t');
             proptest::prop_assert_eq!(valid_value(&value), bytewise);
         }
@@ -470,7 +470,7 @@ mod tests {
         ] {
             assert!(!valid_value(bad), "{bad:?}");
         }
-        // One bad byte anywhere, in a block or in the remainder.
+        // One bad byte anywhere in a longer value.
         for at in 0..40 {
             for b in [b'\r', 0x7f, 0x80, 0xff, 0] {
                 let mut v = [b'x'; 40];
