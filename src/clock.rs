@@ -9,35 +9,71 @@
 //! clock and the rest of that poll gets the same instant. A poll runs for
 //! microseconds (nothing on the request path blocks), so a reading is never
 //! older than that; the next poll reads afresh. Outside it (tests, other
-//! tasks, HTTP/2 streams that hyper spawns) [`now`] is `Instant::now()`.
+//! tasks, HTTP/2 streams that hyper spawns) [`now`] is a fresh reading.
 //!
-//! Durations that must be exact, such as a request's latency, end with
-//! `Instant::elapsed`, which always reads the clock.
+//! A duration ended with [`now`] (a request's latency, say) is exact to
+//! within the poll that ends it: microseconds.
+//!
+//! The wall clock ([`unix_now`], whole seconds, for key expiry and the
+//! store's timestamps) is this monotonic reading plus an anchor read off the
+//! system clock at most a second earlier, so a request reads no second
+//! clock; a step of the system clock is followed within a second.
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 thread_local! {
     /// `Some(reading)` once this poll has read the clock, `None` before.
     static READING: Cell<Option<Instant>> = const { Cell::new(None) };
     /// Whether a poll of a [`reading_once_per_poll`] future is running.
     static IN_POLL: Cell<bool> = const { Cell::new(false) };
+    /// A monotonic reading and the system clock's time since the epoch at
+    /// it: what [`unix_now`] counts from.
+    static ANCHOR: Cell<Option<(Instant, Duration)>> = const { Cell::new(None) };
+}
+
+/// How long an [`ANCHOR`] is used before the system clock is read again.
+const ANCHOR_FOR: Duration = Duration::from_secs(1);
+
+/// Seconds since the Unix epoch (0 for a clock set before it), from [`now`]
+/// and an anchor at most [`ANCHOR_FOR`] old.
+pub(crate) fn unix_now() -> i64 {
+    let at = now();
+    let since_epoch = match ANCHOR.get() {
+        Some((anchored, epoch)) if at >= anchored && at - anchored < ANCHOR_FOR => {
+            epoch + (at - anchored)
+        }
+        _ => {
+            let epoch = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO);
+            ANCHOR.set(Some((at, epoch)));
+            epoch
+        }
+    };
+    i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX)
 }
 
 /// Now: this poll's reading inside [`reading_once_per_poll`], else the clock.
 pub(crate) fn now() -> Instant {
     if !IN_POLL.get() {
-        return Instant::now();
+        return read();
     }
     match READING.get() {
         Some(reading) => reading,
         None => {
-            let reading = Instant::now();
+            let reading = read();
             READING.set(Some(reading));
             reading
         }
     }
+}
+
+/// The monotonic clock, through tokio's: the same `Instant::now()` in the
+/// gateway, and the paused, advanced clock of the tests that pause time.
+fn read() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// Runs `fut` with [`now`] read once per poll of it.
@@ -76,6 +112,29 @@ impl Drop for Poll {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn system_secs() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    #[test]
+    fn unix_now_follows_the_system_clock() {
+        for _ in 0..3 {
+            let (before, ours, after) = (system_secs(), unix_now(), system_secs());
+            assert!(before <= ours && ours <= after, "{before} {ours} {after}");
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        // An anchor a second old is replaced: the system clock is read again.
+        let stale = Instant::now() - ANCHOR_FOR - Duration::from_millis(1);
+        ANCHOR.set(Some((stale, Duration::from_secs(7))));
+        assert!(unix_now() >= system_secs() - 1);
+        // And one from a reading later than now (another poll's) is too.
+        ANCHOR.set(Some((Instant::now() + ANCHOR_FOR, Duration::from_secs(7))));
+        assert!(unix_now() >= system_secs() - 1);
+    }
 
     #[test]
     fn outside_a_poll_every_reading_is_fresh() {

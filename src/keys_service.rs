@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 use crate::body::{self, Body};
+use crate::clock::unix_now;
 use crate::config::Settings;
 use crate::error::GatewayError;
-use crate::pipeline::{unix_now, Principal};
+use crate::pipeline::Principal;
 use crate::store::cache::CachedKeyStore;
 use crate::store::sql::{NewApiKey, SqlStore};
 use crate::store::{ApiKeyRecord, Change, StoreError};

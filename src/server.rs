@@ -267,7 +267,9 @@ impl Activity {
     }
 
     fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        crate::clock::now()
+            .saturating_duration_since(self.started)
+            .as_millis() as u64
     }
 
     fn request_started(&self) {

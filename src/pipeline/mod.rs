@@ -100,9 +100,11 @@ impl Gateway {
             request_metrics
                 .requests
                 .increment((method_label(&method), status_label(status)));
-            request_metrics
-                .latency
-                .record(started.elapsed().as_secs_f64());
+            request_metrics.latency.record(
+                crate::clock::now()
+                    .saturating_duration_since(started)
+                    .as_secs_f64(),
+            );
             tracing::info!(
                 target: "access",
                 request_id = request_id.as_str(),
@@ -276,7 +278,7 @@ impl Gateway {
                 CredentialError::Malformed => AuthReason::Malformed,
             })
         })?;
-        let now = unix_now();
+        let now = crate::clock::unix_now();
         match (credential, entry.route.auth) {
             (Credential::ApiKey(secret), AuthMode::ApiKey) => {
                 let found = self
@@ -661,14 +663,6 @@ fn status_label(status: u16) -> &'static str {
         400..=499 => "4xx",
         _ => "5xx",
     }
-}
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 //! was unreachable) it also clears the whole cache, since a late commit may
 //! have slipped past.
 use super::schema::NOTIFY_CHANNEL;
-use super::sql::unix_now;
 use super::{CachedKeyStore, Change, SqlStore, StoreError};
+use crate::clock::unix_now;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

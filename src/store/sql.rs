@@ -6,13 +6,14 @@
 use super::schema::{Dialect, LEDGER, MIGRATIONS, NOTIFY_CHANNEL};
 use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreConfig, StoreError};
 use crate::auth::SecretHash;
+use crate::clock::unix_now;
 use sqlx::any::AnyPoolOptions;
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Executor, Row, Transaction};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 pub use super::sql_keys::NewApiKey;
 
@@ -38,13 +39,6 @@ impl fmt::Debug for SqlStore {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
-}
-
-/// Current unix time in seconds.
-pub(super) fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Any driver/database failure: the store is unusable for this request.

@@ -1,8 +1,9 @@
 //! The accounts half of [`SqlStore`]: organizations, users, memberships and
 //! sessions (creation, role changes, session removal and the session lookup).
-use super::sql::{check_id, unix_now, Db, SqlStore};
+use super::sql::{check_id, Db, SqlStore};
 use super::{Change, SessionAuth, SessionRecord, StoreError};
 use crate::auth::{generate_id, generate_session_token, hash_secret, SecretHash};
+use crate::clock::unix_now;
 use serde_json::{json, Value};
 use sqlx::{AnyConnection, Row};
 use std::time::Duration;

@@ -1,9 +1,10 @@
 //! The API key half of [`SqlStore`]: create, list (keyset pagination with an
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
-use super::sql::{unix_now, Db, SqlStore};
+use super::sql::{Db, SqlStore};
 use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
 use crate::auth::token::hex;
 use crate::auth::{generate_api_key, generate_key_id, hash_secret, SecretHash};
+use crate::clock::unix_now;
 use sqlx::any::AnyRow;
 use sqlx::Row;
 

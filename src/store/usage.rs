@@ -1,8 +1,8 @@
 //! [`UsageRecorder`]: batched `last_used_at` stamps. The hot path only notes
 //! a key in memory ([`UsageRecorder::touch`], no await, no I/O); a background
 //! task writes each noted key at most once per flush interval.
-use super::sql::unix_now;
 use super::SqlStore;
+use crate::clock::unix_now;
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;

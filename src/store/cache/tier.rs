@@ -141,7 +141,7 @@ impl<T: Cached> Tier<T> {
         self: &Arc<Self>,
         hash: &SecretHash,
     ) -> Result<Option<Arc<T>>, StoreError> {
-        let now = Instant::now();
+        let now = Instant::from_std(crate::clock::now());
         let cached = self.entries.get(hash);
         if let Some(slot) = &cached {
             if slot.is_fresh(now, &self.cfg) {
@@ -159,7 +159,9 @@ impl<T: Cached> Tier<T> {
         match self.load(*hash).await {
             Ok(slot) => Ok(slot.value),
             Err(e) if e.is_unavailable() => match cached {
-                Some(slot) if slot.can_serve_stale(Instant::now(), &self.cfg) => {
+                Some(slot)
+                    if slot.can_serve_stale(Instant::from_std(crate::clock::now()), &self.cfg) =>
+                {
                     tracing::warn!(error = %e, "key store down; serving stale cache entry");
                     Ok(slot.value)
                 }
