@@ -336,8 +336,12 @@ pub async fn start(
     config_path: Option<std::path::PathBuf>,
 ) -> Result<Running, StartError> {
     // The recorder first: handles made while building (route, upstream and
-    // target metrics) are no-ops if made before it exists.
-    crate::admin::metrics_handle();
+    // target metrics) are no-ops if made before it exists. With the admin
+    // listener off (a restart-only setting) nothing can ever read a metric,
+    // so none is recorded: every handle stays a no-op.
+    if settings.admin.listen.is_some() {
+        crate::admin::metrics_handle();
+    }
     let (tls, resolver) = match &settings.server.tls {
         Some(t) => {
             if *t == crate::config::TlsSettings::SelfSigned {
