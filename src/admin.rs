@@ -55,9 +55,11 @@ pub fn metrics_handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
+                // Fine below a millisecond, where a gateway's own time and a
+                // cached store lookup fall.
                 .set_buckets(&[
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                    10.0,
+                    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ])
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             match builder.install_recorder() {

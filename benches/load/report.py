@@ -94,7 +94,9 @@ def fmt(s, digits=2):
 def build(raw, meta, resources, note):
     groups = {}
     for r in raw:
-        groups.setdefault((r["scenario"], r["target"]), []).append(r)
+        if r["scenario"] != "own_time":
+            groups.setdefault((r["scenario"], r["target"]), []).append(r)
+    own = [r for r in raw if r["scenario"] == "own_time"]
     summary = {k: summarize(v) for k, v in groups.items()}
     direct = med(summary.get(("saturation", "direct")), "rps")
     nginx = med(summary.get(("saturation", "nginx")), "rps")
@@ -122,6 +124,16 @@ def build(raw, meta, resources, note):
             if base and target != "direct" and med(s, "p99_ms") is not None and med(base, "p99_ms") is not None:
                 added = round(med(s, "p99_ms") - med(base, "p99_ms"), 3)
             fixed.append({"scenario": scenario, "target": target, **s, "p99_added_ms": added})
+    own_time = None
+    if own:
+        client = summary.get(("own_time_half", "gateway"))
+        own_time = {
+            "offered_rps": client and client["offered_rps"],
+            "requests": sum(r["requests"] for r in own),
+            "within_1ms": stat([r["within_1ms"] for r in own]),
+            "own_p99_ms": stat([r["own_p99_us"] / 1000 for r in own]),
+            "client_p99_ms": client and client["p99_ms"],
+        }
     gw = summary.get(("saturation", "gateway"))
     res = dict(resources)
     res["rss_under_load_mib"] = gw and gw["rss_mib"]
@@ -154,6 +166,7 @@ def build(raw, meta, resources, note):
         "meta": meta,
         "scenarios": scenarios,
         "fixed_load": fixed,
+        "own_time_half": own_time,
         "resources": res,
         "paired_ratios": pairs,
         "targets": targets,
@@ -197,6 +210,16 @@ def markdown(rep):
                 f"| {fmt(f['p50_ms'], 3)} | {fmt(f['p99_ms'], 3)} | {fmt(f['p999_ms'], 3)} "
                 f"| {f['p99_added_ms'] if f['p99_added_ms'] is not None else '–'} | {fmt(f['server_cpu_us_per_req'], 1)} |"
             )
+    o = rep.get("own_time_half")
+    if o:
+        out.append(f"\nThe gateway's own time at half of peak ({o['offered_rps']:,} req/s offered, {o['requests']:,} requests; "
+                   "its `mpg_request_duration_seconds` histogram, admin listener on: from the request head read to the "
+                   "response head ready, the upstream's answer included), beside what the client saw in the same runs:\n")
+        out.append("| share within 1 ms | p99 ms (read off the buckets) | client's p99 ms, same runs |")
+        out.append("| -: | -: | -: |")
+        share = o["within_1ms"]
+        out.append(f"| {share['median'] * 100:.2f}% ({share['min'] * 100:.2f}–{share['max'] * 100:.2f}%) "
+                   f"| {fmt(o['own_p99_ms'], 3)} | {fmt(o['client_p99_ms'], 3)} |")
     r = rep["resources"]
     out.append("\n| resource (gateway) | value |")
     out.append("| - | -: |")

@@ -91,7 +91,7 @@ cpu_ticks() {
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
-UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port)
+UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port); ADM_PORT=$(free_port)
 NGX_PORT=$(free_port); HAP_PORT=$(free_port)
 BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 PATH_Q="/api/v1/clusters?organization_id=acme"
@@ -184,6 +184,8 @@ server_section() { # listen-port tls?
   printf '[server.limits]\nmax_connections = 20000\nidle_timeout = "300s"\n\n'
 }
 { server_section "$GW_PORT" plain; cat "$WORK/gw-base.toml"; } >"$WORK/gw-plain.toml"
+# With the admin listener on, so that the request-duration histogram is recorded.
+sed "s|^enabled = false\$|listen = \"127.0.0.1:$ADM_PORT\"|" "$WORK/gw-plain.toml" >"$WORK/gw-admin.toml"
 { server_section "$GWS_PORT" tls; cat "$WORK/gw-base.toml"; } >"$WORK/gw-tls.toml"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
   -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
@@ -540,6 +542,23 @@ stop "$HOLD_PID"
 log "  idle RSS ${RSS_IDLE} KiB; ${HELD} connections held: ${RSS_10K} KiB"
 echo "{\"rss_idle_kib\":$RSS_IDLE,\"rss_10k_idle_conns_kib\":$RSS_10K,\"idle_conns_held\":$HELD,\"rss_after_100k_keys_kib\":$RSS_AFTER}" >"$WORK/resources.json"
 stop "$GW_PID"
+
+# The gateway's own time at half of peak, from its request-duration histogram
+# (admin listener on), beside the client's p99 of the same runs: from the
+# request head read to the response head ready, the upstream's answer
+# included; the client's own scheduling and the sockets' queues not.
+if [ -n "$OHA" ]; then
+  log "the gateway's own time at half of peak (its request-duration histogram)"
+  start_gateway "$WORK/gw-admin.toml" "$GW_PORT"
+  taskset -c 1 "$OHA" --no-tui -z 2s -q "$HALF" -c "$CONNS" -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null 2>&1
+  for r in $(seq "$RUNS"); do
+    curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
+    oha_once own_time_half gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$HALF" "$r"
+    curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
+    python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" "$r" >>"$RAW"
+  done
+  stop "$GW_PID"
+fi
 
 # (3), (4), (5): the gateway over TLS
 log "gateway, TLS"
