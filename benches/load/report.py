@@ -43,6 +43,7 @@ def stat(values):
 def summarize(rows):
     rps = [r["requests"] / r["duration_us"] * 1e6 if r["duration_us"] else None for r in rows]
     cpu = [r["cpu_s"] / r["requests"] * 1e6 if r["requests"] else None for r in rows]
+    sys_ = [r["sys_s"] / r["requests"] * 1e6 if r["requests"] and "sys_s" in r else None for r in rows]
     return {
         "tool": rows[0]["tool"],
         "rps": stat(rps),
@@ -51,6 +52,7 @@ def summarize(rows):
         "p999_ms": stat([r.get("p999_us") and r["p999_us"] / 1000 for r in rows]),
         "mean_ms": stat([r.get("mean_us") and r["mean_us"] / 1000 for r in rows]),
         "server_cpu_us_per_req": stat(cpu),
+        "server_sys_us_per_req": stat(sys_),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
         "errors": sum(r.get("errors", 0) for r in rows),
@@ -184,13 +186,13 @@ def markdown(rep):
         "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
         "Figures: median (min–max) of the runs.\n"
     )
-    out.append("| scenario | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | × direct | × nginx | × HAProxy | non-2xx |")
-    out.append("| - | -: | -: | -: | -: | -: | -: | -: | -: | -: |")
+    out.append("| scenario | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | of it in the kernel | × direct | × nginx | × HAProxy | non-2xx |")
+    out.append("| - | -: | -: | -: | -: | -: | -: | -: | -: | -: | -: |")
     for s in rep["scenarios"]:
         p50 = fmt(s["p50_ms"]) if s["p50_ms"] else (f"mean {fmt(s['mean_ms'])}" if s["mean_ms"] else "–")
         out.append(
             f"| {s['label']} | {fmt(s['rps'], 0)} | {p50} | {fmt(s['p99_ms'])} | {fmt(s['p999_ms'])} "
-            f"| {fmt(s['server_cpu_us_per_req'], 1)} | {s['ratio_to_direct'] or '–'} | {s['ratio_to_nginx'] or '–'} "
+            f"| {fmt(s['server_cpu_us_per_req'], 1)} | {fmt(s['server_sys_us_per_req'], 1)} | {s['ratio_to_direct'] or '–'} | {s['ratio_to_nginx'] or '–'} "
             f"| {s['ratio_to_haproxy'] or '–'} | {s['non_2xx']:,} |"
         )
     if rep.get("paired_ratios"):

@@ -88,6 +88,15 @@ cpu_ticks() {
   done
   echo "$total"
 }
+# sys_ticks PID...: the kernel's share of cpu_ticks (stime).
+sys_ticks() {
+  local total=0 p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] || continue
+    total=$((total + $(awk '{print $15}' "/proc/$p/stat")))
+  done
+  echo "$total"
+}
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
@@ -360,17 +369,17 @@ record() { echo "{\"scenario\":\"$1\",\"target\":\"$2\",\"run\":$3,$4}" >>"$RAW"
 # wrk_once SCENARIO TARGET URL SERVER_PID RUN [wrk args...]: one saturation run, CPU and RSS
 wrk_once() {
   local scenario=$1 target=$2 url=$3 pid=$4 r=$5; shift 5
-  local pids t0 t1 out rss
+  local pids t0 t1 s0 s1 out rss
   pids=$(tree_pids "$pid")
-  t0=$(cpu_ticks $pids)
+  t0=$(cpu_ticks $pids); s0=$(sys_ticks $pids)
   taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s "$@" "$url" >"$WORK/wrk.out" 2>&1 &
   local wpid=$!
   sleep "$(python3 -c "print($DURATION/2)")"
   rss=0; for p in $pids; do rss=$((rss + $(rss_kib "$p"))); done
   wait "$wpid" || { cat "$WORK/wrk.out" >&2; exit 1; }
-  t1=$(cpu_ticks $pids)
+  t1=$(cpu_ticks $pids); s1=$(sys_ticks $pids)
   out=$(grep '^WRKJSON ' "$WORK/wrk.out" | sed 's/^WRKJSON {//; s/}$//')
-  record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
+  record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"sys_s\":$(python3 -c "print(($s1-$s0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
   log "  $scenario/$target run $r: $(python3 -c "import json;d=json.loads('{'+'''$out'''+'}');print(round(d['requests']/d['duration_us']*1e6), 'req/s, p99', d['p99_us'], 'us')")"
 }
 
