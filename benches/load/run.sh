@@ -79,24 +79,20 @@ wait_port() { # host port: until it accepts, at most 20 s
   for _ in $(seq 200); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.1; done
   echo "run.sh: nothing listens on $1:$2" >&2; exit 1
 }
+# stat_ticks FIELDS PID...: an awk sum of /proc/PID/stat fields (14 utime,
+# 15 stime), over the processes given.
+stat_ticks() {
+  local fields=$1 total=0 p; shift
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] || continue
+    total=$((total + $(awk "{print $fields}" "/proc/$p/stat")))
+  done
+  echo "$total"
+}
 # CPU ticks (user+system) of a process and its children's threads, summed.
-cpu_ticks() {
-  local total=0 p
-  for p in "$@"; do
-    [ -r "/proc/$p/stat" ] || continue
-    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
-  done
-  echo "$total"
-}
-# sys_ticks PID...: the kernel's share of cpu_ticks (stime).
-sys_ticks() {
-  local total=0 p
-  for p in "$@"; do
-    [ -r "/proc/$p/stat" ] || continue
-    total=$((total + $(awk '{print $15}' "/proc/$p/stat")))
-  done
-  echo "$total"
-}
+cpu_ticks() { stat_ticks '$14 + $15' "$@"; }
+# The kernel's share of cpu_ticks (stime).
+sys_ticks() { stat_ticks '$15' "$@"; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
@@ -195,6 +191,8 @@ server_section() { # listen-port tls?
 { server_section "$GW_PORT" plain; cat "$WORK/gw-base.toml"; } >"$WORK/gw-plain.toml"
 # With the admin listener on, so that the request-duration histogram is recorded.
 sed "s|^enabled = false\$|listen = \"127.0.0.1:$ADM_PORT\"|" "$WORK/gw-plain.toml" >"$WORK/gw-admin.toml"
+grep -q "^listen = \"127.0.0.1:$ADM_PORT\"" "$WORK/gw-admin.toml" ||
+  { echo "run.sh: gw-base.toml no longer has the [admin] enabled = false line gw-admin.toml replaces" >&2; exit 1; }
 { server_section "$GWS_PORT" tls; cat "$WORK/gw-base.toml"; } >"$WORK/gw-tls.toml"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
   -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
