@@ -10,7 +10,7 @@
 # Layout (2 cores): the server under test alone on core 0 (gateway `workers = 1`, nginx
 # `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
 # The upstream is a second nginx serving a small JSON. Figures: wrk (HTTP/1.1, plain and
-# TLS), h2load (HTTP/2), oha (fixed offered loads, `-q`), CPU time from /proc, RSS from
+# TLS), h2load (HTTP/2; paced fixed loads, `--rps`), oha (fixed offered loads, `-q`), CPU time from /proc, RSS from
 # /proc. The report (JSON, Markdown, PNG) goes to benches/load/results/ unless --out.
 set -euo pipefail
 
@@ -447,6 +447,39 @@ EOF
   log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
 }
 
+# paced_once SCENARIO TARGET URL SERVER_PID RATE RUN: latency at a fixed offered
+# load with paced arrivals. oha's `-q` releases its requests on tokio's 1 ms
+# timer ticks (at 40 000 req/s, 40 at once) and itself takes about 40% of
+# core 1 beside the upstream; h2load's `--rps` paces each connection on its
+# own timer and costs core 1 less. Its per-request log gives the percentiles
+# (its summary has none).
+paced_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r=$6
+  local pids t0 t1 per_conn
+  pids=$(tree_pids "$pid")
+  per_conn=$(python3 -c "print(round($rate / $CONNS, 3))")
+  rm -f "$WORK/paced.log"
+  t0=$(cpu_ticks $pids)
+  taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$per_conn" -D "$DURATION" -H "$AUTH" \
+    --log-file "$WORK/paced.log" "$url" >"$WORK/paced.out" 2>&1 || { cat "$WORK/paced.out" >&2; exit 1; }
+  t1=$(cpu_ticks $pids)
+  local fields
+  fields=$(python3 - "$WORK/paced.log" "$rate" "$DURATION" <<'EOF'
+import sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+ok = sorted(int(x[2]) for x in rows if x[1] != "-1")
+failed = sum(1 for x in rows if x[1] == "-1")
+non_2xx = sum(1 for x in rows if x[1] != "-1" and not x[1].startswith("2"))
+pct = lambda q: ok[min(len(ok) - 1, int(len(ok) * q))] if ok else None
+print(f'"tool":"h2load","offered_rps":{sys.argv[2]},"requests":{len(rows)},'
+      f'"duration_us":{int(float(sys.argv[3]) * 1e6)},"errors":{failed},"non_2xx":{non_2xx},'
+      f'"p50_us":{pct(0.5)},"p99_us":{pct(0.99)},"p999_us":{pct(0.999)}')
+EOF
+)
+  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+  log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
+}
+
 median_rps() { # SCENARIO TARGET
   python3 - "$RAW" "$1" "$2" <<'EOF'
 import json, statistics, sys
@@ -512,6 +545,7 @@ for r in $(seq "$RUNS"); do
     read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % 4))]}"
     oha_once fixed_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
     oha_once fixed_quarter "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$QUARTER" "$r"
+    paced_once paced_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
   done
 done
 
