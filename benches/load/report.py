@@ -24,6 +24,7 @@ SCENARIOS = [
     ("keys_100k", "gateway", "gateway, 100 000 distinct keys (wrk Lua)"),
     ("saturation", "nginx", "nginx, same job"),
     ("saturation", "haproxy", "HAProxy, same job"),
+    ("saturation", "relay", "bare TCP relay (HAProxy mode tcp: no HTTP, no auth), a proxy's ceiling here"),
 ]
 FIXED = ["fixed_quarter", "fixed_half", "paced_half"]
 # How each fixed load is named in the Markdown.
@@ -75,7 +76,7 @@ def paired(raw, scenario, a, b):
 
 
 PAIRS = [("gateway", "nginx"), ("gateway", "haproxy"), ("gateway", "direct"),
-         ("nginx", "direct"), ("haproxy", "direct")]
+         ("nginx", "direct"), ("haproxy", "direct"), ("relay", "direct"), ("gateway", "relay")]
 
 
 def med(s, key):
@@ -206,7 +207,8 @@ def markdown(rep):
         )
     if rep.get("paired_ratios"):
         out.append("\nSaturation req/s compared within each round (direct, gateway, nginx and HAProxy run one after "
-                   "another in every round), median (min–max) over the rounds; the targets below use these:\n")
+                   "another in every round, and the bare TCP relay with them), median (min–max) over the rounds; the targets below "
+                   "use these:\n")
         out.append("| pair | ratio of req/s |")
         out.append("| - | -: |")
         for p in rep["paired_ratios"]:
@@ -263,7 +265,8 @@ def chart(rep, path):
         return False
     rows = [s for s in rep["scenarios"] if s["rps"]]
     labels = [s["label"].replace(", ", "\n", 1) for s in rows]
-    colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621"}
+    colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621",
+              "relay": "#bbbbbb"}
     fig, (a, b) = plt.subplots(1, 2, figsize=(15, 7))
     y = range(len(rows))
     a.barh(y, [s["rps"]["median"] for s in rows], color=[colors[s["target"]] for s in rows],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The load suite: the gateway side by side with a direct upstream, nginx and HAProxy
 # doing the same job (API-key check through a map of the same keys, a rate limit that
-# never fires, proxy with keep-alive to the same upstream). Everything on 127.0.0.1.
+# never fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
+# `mode tcp`) as the ceiling of any proxy in this layout. Everything on 127.0.0.1.
 #
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes)
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
@@ -10,8 +11,9 @@
 # Layout (2 cores): the server under test alone on core 0 (gateway `workers = 1`, nginx
 # `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
 # The upstream is a second nginx serving a small JSON. Figures: wrk (HTTP/1.1, plain and
-# TLS), h2load (HTTP/2; paced fixed loads, `--rps`), oha (fixed offered loads, `-q`), CPU time from /proc, RSS from
-# /proc. The report (JSON, Markdown, PNG) goes to benches/load/results/ unless --out.
+# TLS), h2load (HTTP/2; paced fixed loads, `--rps`), oha (fixed offered loads, `-q`), CPU
+# time and RSS from /proc. The report (JSON, Markdown, PNG) goes to benches/load/results/
+# unless --out.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -97,7 +99,7 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
 UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port); ADM_PORT=$(free_port)
-NGX_PORT=$(free_port); HAP_PORT=$(free_port)
+NGX_PORT=$(free_port); HAP_PORT=$(free_port); RELAY_PORT=$(free_port)
 BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 PATH_Q="/api/v1/clusters?organization_id=acme"
 
@@ -325,6 +327,26 @@ backend clusters
   server up 127.0.0.1:$UP_PORT maxconn 1000
 EOF
 haproxy -c -f "$WORK/haproxy.cfg" >/dev/null
+# A bare TCP relay to the same upstream (HAProxy `mode tcp`: no HTTP, no key
+# check, one upstream connection per client connection): the same socket work
+# as a proxy's (two reads, two writes per request) and nothing else, so its
+# figure is the most any proxy on core 0 can reach in this layout, on this host.
+cat >"$WORK/relay.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 9000
+defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 120s
+  timeout server 120s
+frontend relay
+  bind 127.0.0.1:$RELAY_PORT
+  default_backend up
+backend up
+  server up 127.0.0.1:$UP_PORT
+EOF
+haproxy -c -f "$WORK/relay.cfg" >/dev/null
 nginx -t -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" 2>/dev/null
 
 # ---------------------------------------------------------------- measuring
@@ -515,6 +537,10 @@ HAP_PID=$!; PIDS+=("$HAP_PID")
 wait_port 127.0.0.1 "$HAP_PORT"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 200 ] || { echo "run.sh: HAProxy did not answer 200" >&2; exit 1; }
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 401 ] || { echo "run.sh: HAProxy let an unknown key through" >&2; exit 1; }
+taskset -c 0 haproxy -db -f "$WORK/relay.cfg" &
+RELAY_PID=$!; PIDS+=("$RELAY_PID")
+wait_port 127.0.0.1 "$RELAY_PORT"
+curl -sf -o /dev/null "http://127.0.0.1:$RELAY_PORT$PATH_Q" || { echo "run.sh: the TCP relay did not answer 200" >&2; exit 1; }
 
 # (1), (2), (9): direct, gateway, nginx and HAProxy at saturation, one of each
 # per round, so that a machine whose speed drifts over minutes (shared hosts
@@ -522,11 +548,13 @@ wait_port 127.0.0.1 "$HAP_PORT"
 # runs of one round.
 # The order rotates from round to round, so no target always runs first (or
 # right after the same one).
-log "saturation, interleaved: direct, gateway, nginx, HAProxy in each round, order rotating"
+# The bare TCP relay runs in the same rounds (saturation only).
+log "saturation, interleaved: direct, gateway, nginx, HAProxy, TCP relay in each round, order rotating"
 SAT_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID" "haproxy $HAP_PORT $HAP_PID")
+ROUND_TARGETS=("${SAT_TARGETS[@]}" "relay $RELAY_PORT $RELAY_PID")
 for r in $(seq "$RUNS"); do
-  for k in 0 1 2 3; do
-    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % 4))]}"
+  for k in "${!ROUND_TARGETS[@]}"; do
+    read -r name port pid <<<"${ROUND_TARGETS[$(((k + r - 1) % ${#ROUND_TARGETS[@]}))]}"
     wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "$AUTH" -s "$WORK/report.lua"
   done
 done
@@ -611,6 +639,7 @@ stop "$GW_PID"
 
 stop "$NGX_PID"
 stop "$HAP_PID"
+stop "$RELAY_PID"
 
 # ---------------------------------------------------------------- report
 mkdir -p "$OUT"
