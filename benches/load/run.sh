@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --conns) CONNS="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
