@@ -441,6 +441,14 @@ EOF
   done
 }
 
+# record_fixed SCENARIO TARGET RATE RUN TICKS0 TICKS1 FIELDS: one fixed-load run's
+# raw line (the server's CPU from its ticks before and after) and its log line.
+record_fixed() {
+  local scenario=$1 target=$2 rate=$3 r=$4 t0=$5 t1=$6 fields=$7
+  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+  log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
+}
+
 # oha_once SCENARIO TARGET URL SERVER_PID RATE RUN: latency at a fixed offered load
 oha_once() {
   local scenario=$1 target=$2 url=$3 pid=$4 rate=$5 r=$6
@@ -465,8 +473,7 @@ print(f'"tool":"oha","offered_rps":{sys.argv[2]},"requests":{n},"duration_us":{r
       f'"p50_us":{us(p["p50"])},"p99_us":{us(p["p99"])},"p999_us":{us(p["p99.9"])}')
 EOF
 )
-  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
-  log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
+  record_fixed "$scenario" "$target" "$rate" "$r" "$t0" "$t1" "$fields"
 }
 
 # paced_once SCENARIO TARGET URL SERVER_PID RATE RUN: latency at a fixed offered
@@ -498,8 +505,7 @@ print(f'"tool":"h2load","offered_rps":{sys.argv[2]},"requests":{len(rows)},'
       f'"p50_us":{pct(0.5)},"p99_us":{pct(0.99)},"p999_us":{pct(0.999)}')
 EOF
 )
-  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
-  log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
+  record_fixed "$scenario" "$target" "$rate" "$r" "$t0" "$t1" "$fields"
 }
 
 median_rps() { # SCENARIO TARGET
