@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The load suite: the gateway side by side with a direct upstream, nginx and HAProxy
-# doing the same job (API-key check through a map of the same keys, a rate limit that
-# never fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
+# The load suite: the gateway side by side with a direct upstream, nginx, HAProxy and
+# Envoy doing the same job (API-key check against the same keys, a rate limit that never
+# fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
 # `mode tcp`) as the ceiling of any proxy in this layout. Everything on 127.0.0.1.
 #
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes)
