@@ -211,9 +211,11 @@ def markdown(rep):
             f"| {s['ratio_to_haproxy'] or '–'} | {s['non_2xx']:,} |"
         )
     if rep.get("paired_ratios"):
+        others = " and ".join(name for target, name in [("relay", "the bare TCP relay"), ("envoy", "Envoy")]
+                              if any(s["target"] == target for s in rep["scenarios"]))
         out.append("\nSaturation req/s compared within each round (direct, gateway, nginx and HAProxy run one after "
-                   "another in every round, and the bare TCP relay and Envoy with them), median (min–max) over the rounds; "
-                   "the targets below use these:\n")
+                   f"another in every round{', and ' + others + ' with them' if others else ''}), median (min–max) "
+                   "over the rounds; the targets below use these:\n")
         out.append("| pair | ratio of req/s |")
         out.append("| - | -: |")
         for p in rep["paired_ratios"]:

