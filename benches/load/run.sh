@@ -623,6 +623,15 @@ start_gateway() { # CONFIG PORT -> GW_PID
   wait_port 127.0.0.1 "$2"
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+# same_job NAME PORT: a peer must pass the bench key and refuse an unknown one,
+# or its figures would not be of the same job.
+same_job() {
+  local code
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$2$PATH_Q")
+  [ "$code" = 200 ] || { echo "run.sh: $1 answered $code to the bench key, not 200" >&2; exit 1; }
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$2$PATH_Q")
+  [ "$code" = 401 ] || { echo "run.sh: $1 answered $code to an unknown key, not 401" >&2; exit 1; }
+}
 
 log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
 log "$RUNS run(s) x ${DURATION}s, $CONNS connections"
@@ -635,13 +644,11 @@ curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null || { echo "run
 taskset -c 0 nginx -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" -g 'daemon off;' 2>/dev/null &
 NGX_PID=$!; PIDS+=("$NGX_PID")
 wait_port 127.0.0.1 "$NGX_PORT"
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 200 ] || { echo "run.sh: nginx did not answer 200" >&2; exit 1; }
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$NGX_PORT$PATH_Q")" = 401 ] || { echo "run.sh: nginx let an unknown key through" >&2; exit 1; }
+same_job nginx "$NGX_PORT"
 taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" &
 HAP_PID=$!; PIDS+=("$HAP_PID")
 wait_port 127.0.0.1 "$HAP_PORT"
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 200 ] || { echo "run.sh: HAProxy did not answer 200" >&2; exit 1; }
-[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$HAP_PORT$PATH_Q")" = 401 ] || { echo "run.sh: HAProxy let an unknown key through" >&2; exit 1; }
+same_job HAProxy "$HAP_PORT"
 taskset -c 0 haproxy -db -f "$WORK/relay.cfg" &
 RELAY_PID=$!; PIDS+=("$RELAY_PID")
 wait_port 127.0.0.1 "$RELAY_PORT"
@@ -653,8 +660,7 @@ if [ -n "$ENVOY" ]; then
     --log-path "$WORK/envoy.log" &
   ENVOY_PID=$!; PIDS+=("$ENVOY_PID")
   wait_port 127.0.0.1 "$ENVOY_PORT"
-  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$ENVOY_PORT$PATH_Q")" = 200 ] || { echo "run.sh: Envoy did not answer 200" >&2; exit 1; }
-  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$ENVOY_PORT$PATH_Q")" = 401 ] || { echo "run.sh: Envoy let an unknown key through" >&2; exit 1; }
+  same_job Envoy "$ENVOY_PORT"
   PEERS="nginx, HAProxy, Envoy"
 fi
 
@@ -687,8 +693,8 @@ GW_PEAK=$(median_rps saturation gateway)
 HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
 log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy in each round"
 for r in $(seq "$RUNS"); do
-  for k in 0 1 2 3; do
-    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % 4))]}"
+  for k in "${!SAT_TARGETS[@]}"; do
+    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % ${#SAT_TARGETS[@]}))]}"
     oha_once fixed_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
     oha_once fixed_quarter "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$QUARTER" "$r"
     paced_once paced_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
