@@ -46,6 +46,24 @@ def stat(values):
     }
 
 
+def others_on_core0(r):
+    """How much of core 0 was busy beyond the server's own CPU during a run,
+    in percent of the core (run.sh's core0_s: every busy tick of core 0 in
+    /proc/stat; cpu_s: the server's own), or None for a run without it or
+    whose server is not on core 0 (direct). Interrupts and kernel work charged
+    to no process make a floor of a few percent, and 100 Hz tick sampling
+    moves it by a few more either way."""
+    if "core0_s" not in r or not r["duration_us"] or r["target"] == "direct":
+        return None
+    return max(0.0, (r["core0_s"] - r["cpu_s"]) / (r["duration_us"] / 1e6) * 100)
+
+
+# A run with more than this share of core 0 going to others did not measure
+# the server alone (another process spinning there shows as tens of percent):
+# the report names it.
+OTHERS_ON_CORE0_PCT = 15
+
+
 def summarize(rows):
     rps = [r["requests"] / r["duration_us"] * 1e6 if r["duration_us"] else None for r in rows]
     cpu = [r["cpu_s"] / r["requests"] * 1e6 if r["requests"] else None for r in rows]
@@ -60,6 +78,7 @@ def summarize(rows):
         "server_cpu_us_per_req": stat(cpu),
         "server_sys_us_per_req": stat(sys_),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
+        "core0_others_pct": stat([others_on_core0(r) for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
         "errors": sum(r.get("errors", 0) for r in rows),
         "requests": sum(r["requests"] for r in rows),
@@ -177,6 +196,14 @@ def build(raw, meta, resources, note):
          "met": None if value is None else bool(compare[op](value, bound))}
         for name, op, bound, value in goals
     ]
+    shares = [(others_on_core0(r), r) for r in raw]
+    shares = [(v, r) for v, r in shares if v is not None]
+    core0 = shares and {
+        **stat([v for v, _ in shares]),
+        "limit_pct": OTHERS_ON_CORE0_PCT,
+        "runs_over_limit": [{"scenario": r["scenario"], "target": r["target"], "run": r["run"], "pct": round(v, 1)}
+                            for v, r in shares if v > OTHERS_ON_CORE0_PCT],
+    }
     return {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "note": note,
@@ -187,6 +214,7 @@ def build(raw, meta, resources, note):
         "resources": res,
         "paired_ratios": pairs,
         "targets": targets,
+        "core0_others_pct": core0 or None,
     }
 
 
@@ -201,6 +229,17 @@ def markdown(rep):
         "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
         "Figures: median (min–max) of the runs.\n"
     )
+    c = rep.get("core0_others_pct")
+    if c:
+        over = c["runs_over_limit"]
+        out.append(
+            f"Core 0 beside the server under test (its busy time in /proc/stat less the server's own CPU: "
+            f"interrupts and kernel work charged to no process, plus anything else that ran there): "
+            f"median {c['median']:.1f}%, at most {c['max']:.1f}% of the core over {c['runs']} runs; "
+            + (f"**{len(over)} run(s) over {c['limit_pct']}%**, which measured the server sharing its core: "
+               + ", ".join(f"{o['scenario']}/{o['target']} run {o['run']} ({o['pct']}%)" for o in over)
+               if over else f"none over {c['limit_pct']}%.") + "\n"
+        )
     out.append("| scenario | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | of it in the kernel | × direct | × nginx | × HAProxy | non-2xx |")
     out.append("| - | -: | -: | -: | -: | -: | -: | -: | -: | -: | -: |")
     for s in rep["scenarios"]:

@@ -117,6 +117,18 @@ stat_ticks() {
 cpu_ticks() { stat_ticks '$14 + $15' "$@"; }
 # The kernel's share of cpu_ticks (stime).
 sys_ticks() { stat_ticks '$15' "$@"; }
+# ticks PID...: "CPU SYS CORE0" now: the processes' CPU ticks, the kernel's share
+# of them, and all the busy ticks of core 0 (user, nice, system, irq, softirq
+# from /proc/stat: the server's own work and anything else that ran there).
+ticks() { echo "$(cpu_ticks "$@") $(sys_ticks "$@") $(awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)"; }
+# tick_fields BEFORE AFTER: a run's cpu_s, sys_s and core0_s, as raw-line fields.
+tick_fields() {
+  python3 - "$1" "$2" "$CLK_TCK" <<'EOF'
+import sys
+d = [(int(b) - int(a)) / int(sys.argv[3]) for a, b in zip(sys.argv[1].split(), sys.argv[2].split())]
+print(f'"cpu_s":{d[0]},"sys_s":{d[1]},"core0_s":{d[2]}')
+EOF
+}
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
@@ -488,17 +500,17 @@ record() { echo "{\"scenario\":\"$1\",\"target\":\"$2\",\"run\":$3,$4}" >>"$RAW"
 # wrk_once SCENARIO TARGET URL SERVER_PID RUN [wrk args...]: one saturation run, CPU and RSS
 wrk_once() {
   local scenario=$1 target=$2 url=$3 pid=$4 r=$5; shift 5
-  local pids t0 t1 s0 s1 out rss
+  local pids t0 t1 out rss
   pids=$(tree_pids "$pid")
-  t0=$(cpu_ticks $pids); s0=$(sys_ticks $pids)
+  t0=$(ticks $pids)
   taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s "$@" "$url" >"$WORK/wrk.out" 2>&1 &
   local wpid=$!
   sleep "$(python3 -c "print($DURATION/2)")"
   rss=0; for p in $pids; do rss=$((rss + $(rss_kib "$p"))); done
   wait "$wpid" || { cat "$WORK/wrk.out" >&2; exit 1; }
-  t1=$(cpu_ticks $pids); s1=$(sys_ticks $pids)
+  t1=$(ticks $pids)
   out=$(grep '^WRKJSON ' "$WORK/wrk.out" | sed 's/^WRKJSON {//; s/}$//')
-  record "$scenario" "$target" "$r" "\"tool\":\"wrk\",\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),\"sys_s\":$(python3 -c "print(($s1-$s0)/$CLK_TCK)"),\"rss_kib\":$rss,$out"
+  record "$scenario" "$target" "$r" "\"tool\":\"wrk\",$(tick_fields "$t0" "$t1"),\"rss_kib\":$rss,$out"
   log "  $scenario/$target run $r: $(python3 -c "import json;d=json.loads('{'+'''$out'''+'}');print(round(d['requests']/d['duration_us']*1e6), 'req/s, p99', d['p99_us'], 'us')")"
 }
 
@@ -516,9 +528,9 @@ h2load_run() {
   local scenario=$1 target=$2 url=$3 pid=$4 r
   for r in $(seq "$RUNS"); do
     local t0 t1
-    t0=$(cpu_ticks "$pid")
+    t0=$(ticks "$pid")
     taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
-    t1=$(cpu_ticks "$pid")
+    t1=$(ticks "$pid")
     local fields
     fields=$(python3 - "$WORK/h2.out" <<'EOF'
 import re, sys
@@ -535,16 +547,16 @@ print(f'"tool":"h2load","requests":{done},"duration_us":{int(dur_us)},"errors":{
       f'"non_2xx":{done - int(st.group(1))},"mean_us":{mean}')
 EOF
 )
-    record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+    record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
     log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
   done
 }
 
 # record_fixed SCENARIO TARGET RATE RUN TICKS0 TICKS1 FIELDS: one fixed-load run's
-# raw line (the server's CPU from its ticks before and after) and its log line.
+# raw line (CPU from `ticks` before and after) and its log line.
 record_fixed() {
   local scenario=$1 target=$2 rate=$3 r=$4 t0=$5 t1=$6 fields=$7
-  record "$scenario" "$target" "$r" "\"cpu_s\":$(python3 -c "print(($t1-$t0)/$CLK_TCK)"),$fields"
+  record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
   log "  $scenario/$target @${rate}/s run $r: p99 $(sed 's/.*"p99_us":\([0-9]*\).*/\1/' <<<"$fields") us"
 }
 
@@ -554,10 +566,10 @@ oha_once() {
   [ -n "$OHA" ] || return 0
   local pids t0 t1
   pids=$(tree_pids "$pid")
-  t0=$(cpu_ticks $pids)
+  t0=$(ticks $pids)
   taskset -c 1 "$OHA" --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$rate" -c "$CONNS" \
     -H "$AUTH" "$url" >"$WORK/oha.json" 2>"$WORK/oha.err" || { cat "$WORK/oha.err" >&2; exit 1; }
-  t1=$(cpu_ticks $pids)
+  t1=$(ticks $pids)
   local fields
   fields=$(python3 - "$WORK/oha.json" "$rate" <<'EOF'
 import json, sys
@@ -587,10 +599,10 @@ paced_once() {
   pids=$(tree_pids "$pid")
   per_conn=$(python3 -c "print(round($rate / $CONNS, 3))")
   rm -f "$WORK/paced.log"
-  t0=$(cpu_ticks $pids)
+  t0=$(ticks $pids)
   taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$per_conn" -D "$DURATION" -H "$AUTH" \
     --log-file "$WORK/paced.log" "$url" >"$WORK/paced.out" 2>&1 || { cat "$WORK/paced.out" >&2; exit 1; }
-  t1=$(cpu_ticks $pids)
+  t1=$(ticks $pids)
   local fields
   fields=$(python3 - "$WORK/paced.log" "$rate" "$DURATION" <<'EOF'
 import sys
