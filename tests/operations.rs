@@ -6,7 +6,6 @@ use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -170,68 +169,6 @@ async fn a_bad_reload_changes_nothing_and_names_the_problem() {
     assert_eq!(res.headers()["x-ratelimit-limit"], "50");
 }
 
-/// Accepts any server certificate and remembers the last one seen.
-#[derive(Debug)]
-struct Remember(Arc<Mutex<Vec<u8>>>);
-
-impl rustls::client::danger::ServerCertVerifier for Remember {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        *self.0.lock().unwrap() = end_entity.to_vec();
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-async fn tls_connect(
-    addr: std::net::SocketAddr,
-) -> (tokio_rustls::client::TlsStream<TcpStream>, Vec<u8>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Remember(seen.clone())))
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let stream = connector
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
-    let cert = seen.lock().unwrap().clone();
-    (stream, cert)
-}
-
 #[tokio::test]
 async fn a_renewed_certificate_is_served_to_new_connections_without_dropping_old_ones() {
     let up = MockUpstream::start().await;
@@ -250,7 +187,7 @@ async fn a_renewed_certificate_is_served_to_new_connections_without_dropping_old
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let gw = Gateway::start(&path);
 
-    let (stream, first_cert) = tls_connect(gw.addr).await;
+    let (stream, first_cert) = tls_connect(gw.addr, rustls::crypto::ring::default_provider()).await;
     let mut old = OneConnection::open(stream).await;
     assert_eq!(
         old.get("/api/v1/clusters?organization_id=acme", &seed.key)
@@ -265,7 +202,7 @@ async fn a_renewed_certificate_is_served_to_new_connections_without_dropping_old
     hup(&gw);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (_, cert) = tls_connect(gw.addr).await;
+        let (_, cert) = tls_connect(gw.addr, rustls::crypto::ring::default_provider()).await;
         if cert != first_cert {
             break;
         }

@@ -153,6 +153,38 @@ async fn tls_1_2_clients_offering_only_weak_suites_get_a_handshake_failure() {
 }
 
 #[tokio::test]
+async fn the_server_picks_aes_128_gcm_over_a_client_that_lists_aes_256_gcm_first() {
+    use rustls::crypto::ring::default_provider;
+    use rustls::CipherSuite as S;
+    let (_up, _cfg, gw) = tls_gateway().await;
+    let suite = |stream: &tokio_rustls::client::TlsStream<TcpStream>| {
+        stream
+            .get_ref()
+            .1
+            .negotiated_cipher_suite()
+            .map(|s| s.suite())
+    };
+    // TLS 1.3, with ring's client order (OpenSSL's is the same): AES-256-GCM
+    // first; its SHA-384 key schedule is the slow one.
+    let client = default_provider();
+    assert_eq!(client.cipher_suites[0].suite(), S::TLS13_AES_256_GCM_SHA384);
+    let (stream, _) = tls_connect(gw.addr, client).await;
+    assert_eq!(suite(&stream), Some(S::TLS13_AES_128_GCM_SHA256));
+    // A client that offers only ChaCha20 (no AES hardware) still gets it.
+    let mut chacha = default_provider();
+    chacha
+        .cipher_suites
+        .retain(|s| s.suite() == S::TLS13_CHACHA20_POLY1305_SHA256);
+    let (stream, _) = tls_connect(gw.addr, chacha).await;
+    assert_eq!(suite(&stream), Some(S::TLS13_CHACHA20_POLY1305_SHA256));
+    // TLS 1.2: ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 offered before _AES_128_.
+    let got = first_bytes(gw.addr, &client_hello([3, 3], &[0xc02c, 0xc02b]), 80).await;
+    assert_eq!(got.get(5), Some(&0x02), "not a ServerHello: {got:02x?}");
+    let suite_at = 5 + 4 + 2 + 32 + 1 + usize::from(got[5 + 4 + 2 + 32]);
+    assert_eq!(&got[suite_at..suite_at + 2], &[0xc0, 0x2b]);
+}
+
+#[tokio::test]
 async fn real_clients_get_in_on_tls_1_2_and_1_3() {
     let (_up, _cfg, gw) = tls_gateway().await;
     for version in [

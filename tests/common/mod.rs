@@ -470,3 +470,67 @@ pub async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
     let gw = Gateway::start(&path);
     World { up, cfg, gw, seed }
 }
+
+/// Accepts any server certificate and remembers the last one seen.
+#[derive(Debug)]
+pub struct Remember(Arc<Mutex<Vec<u8>>>);
+
+impl rustls::client::danger::ServerCertVerifier for Remember {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        *self.0.lock().unwrap() = end_entity.to_vec();
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS connection to `addr` offering `provider`'s suites in its order and
+/// ALPN `http/1.1`, trusting any certificate: the stream, and the certificate
+/// the server showed.
+pub async fn tls_connect(
+    addr: SocketAddr,
+    provider: rustls::crypto::CryptoProvider,
+) -> (tokio_rustls::client::TlsStream<TcpStream>, Vec<u8>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Remember(seen.clone())))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let stream = connector
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let cert = seen.lock().unwrap().clone();
+    (stream, cert)
+}
