@@ -77,6 +77,8 @@ def summarize(rows):
         "mean_ms": stat([r.get("mean_us") and r["mean_us"] / 1000 for r in rows]),
         "server_cpu_us_per_req": stat(cpu),
         "server_sys_us_per_req": stat(sys_),
+        # The share of its core the server kept busy (1.0: CPU-bound).
+        "server_busy": stat([r["cpu_s"] / (r["duration_us"] / 1e6) if r["duration_us"] else None for r in rows]),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
         "core0_others_pct": stat([others_on_core0(r) for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
@@ -196,6 +198,20 @@ def build(raw, meta, resources, note):
          "met": None if value is None else bool(compare[op](value, bound))}
         for name, op, bound, value in goals
     ]
+    # Where the throughput ratios come from: at saturation a proxy that keeps
+    # core 0 busy serves about 1 / (its CPU per request).
+    budget = None
+    if gw and med(gw, "server_cpu_us_per_req"):
+        def cpu(target, key="server_cpu_us_per_req"):
+            return med(summary.get(("saturation", target)), key)
+        budget = {
+            "gateway_cpu_us": cpu("gateway"),
+            "gateway_kernel_us": cpu("gateway", "server_sys_us_per_req"),
+            "relay_kernel_us": cpu("relay", "server_sys_us_per_req"),
+            "busy": {t: med(summary.get(("saturation", t)), "server_busy")
+                     for t in ("gateway", "nginx", "haproxy") if summary.get(("saturation", t))},
+            "cpu_ratio_to_gateway": {t: ratio(cpu(t), cpu("gateway")) for t in ("nginx", "haproxy") if cpu(t)},
+        }
     shares = [(others_on_core0(r), r) for r in raw]
     shares = [(v, r) for v, r in shares if v is not None]
     core0 = shares and {
@@ -215,6 +231,7 @@ def build(raw, meta, resources, note):
         "paired_ratios": pairs,
         "targets": targets,
         "core0_others_pct": core0 or None,
+        "cpu_budget": budget,
     }
 
 
@@ -298,6 +315,23 @@ def markdown(rep):
     for t in rep["targets"]:
         met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
         out.append(f"| {t['name']} | {t['goal']} | {t['value'] if t['value'] is not None else '–'} | {met} |")
+    b = rep.get("cpu_budget")
+    if b and b["cpu_ratio_to_gateway"]:
+        names = {"gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy"}
+        busy = ", ".join(f"{names[t]} {v * 100:.0f}%" for t, v in b["busy"].items() if v is not None)
+        ratios = ", ".join(f"{names[t]} {v}" for t, v in b["cpu_ratio_to_gateway"].items())
+        relay = f"; the bare relay's kernel time for the same socket work: {b['relay_kernel_us']:.1f} µs" \
+            if b["relay_kernel_us"] else ""
+        bound = all(v is not None and v >= 0.9 for v in b["busy"].values())
+        out.append(
+            f"\nAt saturation, the share of the time each proxy kept core 0 busy: {busy}; "
+            + ("so their req/s there is set by their CPU per request. " if bound else
+               "so at least one was held back by something other than its own CPU (the core 0 line above, "
+               "or the load generator's core). ")
+            + f"CPU per request, as a ratio to the gateway's (medians of the runs; the targets use the paired "
+            f"req/s above): {ratios}. The gateway took {b['gateway_cpu_us']:.1f} µs per request, "
+            f"{b['gateway_kernel_us']:.1f} of them in the kernel{relay}."
+        )
     return "\n".join(out) + "\n"
 
 
