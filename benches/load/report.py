@@ -80,7 +80,6 @@ def summarize(rows):
         # The share of its core the server kept busy (1.0: CPU-bound).
         "server_busy": stat([r["cpu_s"] / (r["duration_us"] / 1e6) if r["duration_us"] else None for r in rows]),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
-        "core0_others_pct": stat([others_on_core0(r) for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
         "errors": sum(r.get("errors", 0) for r in rows),
         "requests": sum(r["requests"] for r in rows),
@@ -202,15 +201,15 @@ def build(raw, meta, resources, note):
     # core 0 busy serves about 1 / (its CPU per request).
     budget = None
     if gw and med(gw, "server_cpu_us_per_req"):
-        def cpu(target, key="server_cpu_us_per_req"):
+        def sat(target, key="server_cpu_us_per_req"):
             return med(summary.get(("saturation", target)), key)
         budget = {
-            "gateway_cpu_us": cpu("gateway"),
-            "gateway_kernel_us": cpu("gateway", "server_sys_us_per_req"),
-            "relay_kernel_us": cpu("relay", "server_sys_us_per_req"),
-            "busy": {t: med(summary.get(("saturation", t)), "server_busy")
-                     for t in ("gateway", "nginx", "haproxy") if summary.get(("saturation", t))},
-            "cpu_ratio_to_gateway": {t: ratio(cpu(t), cpu("gateway")) for t in ("nginx", "haproxy") if cpu(t)},
+            "gateway_cpu_us": sat("gateway"),
+            "gateway_kernel_us": sat("gateway", "server_sys_us_per_req"),
+            "relay_kernel_us": sat("relay", "server_sys_us_per_req"),
+            "busy": {t: sat(t, "server_busy") for t in ("gateway", "nginx", "haproxy")
+                     if sat(t, "server_busy") is not None},
+            "cpu_ratio_to_gateway": {t: ratio(sat(t), sat("gateway")) for t in ("nginx", "haproxy") if sat(t)},
         }
     shares = [(others_on_core0(r), r) for r in raw]
     shares = [(v, r) for v, r in shares if v is not None]
@@ -318,11 +317,11 @@ def markdown(rep):
     b = rep.get("cpu_budget")
     if b and b["cpu_ratio_to_gateway"]:
         names = {"gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy"}
-        busy = ", ".join(f"{names[t]} {v * 100:.0f}%" for t, v in b["busy"].items() if v is not None)
+        busy = ", ".join(f"{names[t]} {v * 100:.0f}%" for t, v in b["busy"].items())
         ratios = ", ".join(f"{names[t]} {v}" for t, v in b["cpu_ratio_to_gateway"].items())
         relay = f"; the bare relay's kernel time for the same socket work: {b['relay_kernel_us']:.1f} µs" \
             if b["relay_kernel_us"] else ""
-        bound = all(v is not None and v >= 0.9 for v in b["busy"].values())
+        bound = all(v >= 0.9 for v in b["busy"].values())
         out.append(
             f"\nAt saturation, the share of the time each proxy kept core 0 busy: {busy}; "
             + ("so their req/s there is set by their CPU per request. " if bound else

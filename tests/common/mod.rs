@@ -473,7 +473,7 @@ pub async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
 
 /// Accepts any server certificate and remembers the last one seen.
 #[derive(Debug)]
-pub struct Remember(Arc<Mutex<Vec<u8>>>);
+struct Remember(Arc<Mutex<Vec<u8>>>);
 
 impl rustls::client::danger::ServerCertVerifier for Remember {
     fn verify_server_cert(
