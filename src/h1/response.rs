@@ -1,6 +1,7 @@
 //! Responses: the head written by hand, the body framed by length or
-//! chunked (close-delimited for HTTP/1.0), head and body in one `writev`
-//! when the body is ready, every write under the send timeout.
+//! chunked (close-delimited for HTTP/1.0), head and body in one write when
+//! the body is ready (a small body copied behind the head, a larger one
+//! beside it in a `writev`), every write under the send timeout.
 use bytes::{Buf, Bytes};
 use futures_util::FutureExt;
 use http::header;
@@ -10,14 +11,20 @@ use http_body_util::BodyExt;
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::io;
-use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
+use super::poll_write_buf;
 use crate::body::Body;
 use crate::proxy::relayed::RelayedFields;
 use crate::server::Reply;
+
+/// A first body piece up to this size, ready when the head is, is copied
+/// behind the head so that both go out in one plain write (see
+/// [`poll_write_buf`]); the copy costs less than a second I/O vector does
+/// the kernel. Head and piece stay within what the spare buffer keeps.
+const COALESCE: usize = 8 * 1024;
 
 thread_local! {
     /// A spare buffer for response heads, so that writing one allocates
@@ -181,22 +188,23 @@ async fn send_framed<S: AsyncWrite + Unpin>(
         chunked,
         keep_alive,
     } = framed;
-    let head = &spare.0[..];
+    let mut spare = spare;
     let Some(mut body) = body else {
-        send(io, &mut &head[..], send_timeout).await?;
+        send(io, &mut &spare.0[..], send_timeout).await?;
         return Ok(keep_alive);
     };
-    let mut pending = Some(head);
+    // Whether the head is still to be written (with the first piece of the
+    // body when that is ready now).
+    let mut pending = true;
     let mut written = 0u64;
     loop {
-        let next = if pending.is_some() {
+        let next = if pending {
             // Head and body go out together when the body is ready now.
             match body.frame().now_or_never() {
                 Some(next) => next,
                 None => {
-                    if let Some(mut head) = pending.take() {
-                        send(io, &mut head, send_timeout).await?;
-                    }
+                    pending = false;
+                    send(io, &mut &spare.0[..], send_timeout).await?;
                     continue;
                 }
             }
@@ -229,20 +237,27 @@ async fn send_framed<S: AsyncWrite + Unpin>(
             (true, true, false) => b"\r\n0\r\n\r\n",
             (true, false, _) => b"\r\n",
         };
-        let mut out = pending
-            .take()
-            .unwrap_or_default()
-            .chain(size_line)
-            .chain(data)
-            .chain(tail);
-        send(io, &mut out, send_timeout).await?;
+        let with_head = std::mem::take(&mut pending);
+        if with_head && data.len() <= COALESCE {
+            // A small piece is copied behind the head: one buffer, one `send`.
+            let head = &mut spare.0;
+            head.reserve(size_line.len() + data.len() + tail.len());
+            head.extend_from_slice(&size_line);
+            head.extend_from_slice(&data);
+            head.extend_from_slice(tail);
+            send(io, &mut &head[..], send_timeout).await?;
+        } else {
+            let head: &[u8] = if with_head { &spare.0 } else { &[] };
+            let mut out = head.chain(size_line).chain(data).chain(tail);
+            send(io, &mut out, send_timeout).await?;
+        }
         if end {
             return Ok(keep_alive);
         }
     }
 }
 
-/// Writes all of `buf` (vectored) and flushes; fails when the client takes
+/// Writes all of `buf` ([`poll_write_buf`]) and flushes; fails when the client takes
 /// nothing for `limit` (a reader stalled, or gone without closing: nginx's
 /// `send_timeout`), so that a client cannot hold its connection, and the
 /// upstream response behind it, forever.
@@ -258,11 +273,7 @@ pub(super) async fn send<S: AsyncWrite + Unpin, B: Buf>(
         )
     };
     while buf.has_remaining() {
-        let mut write = std::pin::pin!(poll_fn(|cx| {
-            let mut slices = [io::IoSlice::new(&[]); 8];
-            let n = buf.chunks_vectored(&mut slices);
-            Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n])
-        }));
+        let mut write = std::pin::pin!(poll_fn(|cx| poll_write_buf(&mut *io, cx, &*buf)));
         // Nearly every write completes at once: the timer (a clock read and
         // a timer entry) is armed only for one that has to wait.
         let written = match write.as_mut().now_or_never() {
@@ -314,6 +325,123 @@ mod tests {
     use crate::ratelimit::Decision;
     use crate::server::Stamp;
     use http::{HeaderValue, Response};
+
+    /// Records each write it is given: whether it came as one buffer or as
+    /// I/O vectors (and how many), and its bytes.
+    #[derive(Default)]
+    struct Writes(Vec<(usize, Vec<u8>)>);
+
+    impl AsyncWrite for Writes {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            self.0.push((1, buf.to_vec()));
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let bytes: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            let n = bytes.len();
+            self.0.push((bufs.len(), bytes));
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The writes that sending `body` as a 200 makes.
+    async fn writes_of(body: Body, head_request: bool) -> Vec<(usize, Vec<u8>)> {
+        let reply = Reply {
+            res: Response::new(body),
+            stamp: Stamp {
+                request_id: None,
+                decision: None,
+                ietf: false,
+            },
+        };
+        let mut io = Writes::default();
+        let keep = write_response(
+            &mut io,
+            reply,
+            head_request,
+            false,
+            true,
+            Duration::from_secs(1),
+        );
+        assert!(keep.await.unwrap());
+        io.0
+    }
+
+    #[tokio::test]
+    async fn a_small_ready_body_goes_out_behind_the_head_in_one_plain_write() {
+        let writes = writes_of(crate::body::full("{\"ok\":true}"), false).await;
+        assert_eq!(writes.len(), 1, "one write");
+        let (pieces, bytes) = &writes[0];
+        assert_eq!(*pieces, 1, "one buffer, not I/O vectors");
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("\r\ncontent-length: 11\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n{\"ok\":true}"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_large_ready_body_goes_out_beside_the_head_uncopied() {
+        let big = vec![b'x'; COALESCE + 1];
+        let writes = writes_of(crate::body::full(big.clone()), false).await;
+        assert_eq!(writes.len(), 1, "one write");
+        let (pieces, bytes) = &writes[0];
+        assert_eq!(*pieces, 2, "head and body as two I/O vectors");
+        assert!(bytes.ends_with(&big));
+        assert!(bytes.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    }
+
+    #[tokio::test]
+    async fn a_chunked_first_piece_is_copied_with_its_framing() {
+        let stream = futures_util::stream::iter([Ok::<_, crate::body::BoxError>(
+            http_body::Frame::data(Bytes::from_static(b"hello")),
+        )]);
+        let body = Body::new(http_body_util::StreamBody::new(stream));
+        let writes = writes_of(body, false).await;
+        let all: Vec<u8> = writes.iter().flat_map(|(_, b)| b.clone()).collect();
+        let text = String::from_utf8(all).unwrap();
+        assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), "{text}");
+        assert_eq!(writes[0].0, 1, "the head and the first piece in one buffer");
+        assert!(String::from_utf8_lossy(&writes[0].1).ends_with("5\r\nhello\r\n"));
+    }
+
+    #[tokio::test]
+    async fn a_head_answer_is_the_head_alone() {
+        let writes = writes_of(crate::body::full("{}"), true).await;
+        assert_eq!(writes.len(), 1);
+        let (pieces, bytes) = &writes[0];
+        assert_eq!(*pieces, 1);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.contains("\r\ncontent-length: 2\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n"), "no body: {text}");
+    }
 
     #[tokio::test]
     async fn stamped_fields_are_written_once_over_the_maps() {

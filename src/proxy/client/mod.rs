@@ -1,5 +1,5 @@
 //! HTTP/1.1 to a target, driven by the task of the request it carries: the
-//! request head (and a body that is ready) goes out in one `writev`, the
+//! request head (and a body that is ready) goes out in one write, the
 //! response head is parsed with `httparse` into a header map that shares the
 //! bytes read, and the response body is decoded as the client reads it. A
 //! response that arrived whole with its head gives its connection back at
@@ -30,18 +30,18 @@ use http_body::Body as HttpBody;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
 use std::future::{poll_fn, Future};
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use super::headers::Added;
 use crate::body::{Body, BoxError};
-use crate::h1::{after_queued_tasks, poll_read_more, Framing};
+use crate::h1::{after_queued_tasks, poll_read_more, poll_write_buf, Framing};
 pub(crate) use response::Incoming;
 use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
 
@@ -355,9 +355,7 @@ async fn stream_body(
         }
         if line_at < line.len() || !data.is_empty() || !tail.is_empty() {
             let out = (&line[line_at..]).chain(&data[..]).chain(tail);
-            let mut slices = [IoSlice::new(&[]); 3];
-            let k = out.chunks_vectored(&mut slices);
-            let n = match Pin::new(&mut inner.io).poll_write_vectored(cx, &slices[..k]) {
+            let n = match poll_write_buf(&mut inner.io, cx, &out) {
                 Poll::Ready(Ok(n)) if n > 0 => n,
                 Poll::Ready(result) => {
                     // A target that answered and closed without reading the
@@ -414,20 +412,16 @@ async fn stream_body(
     .await
 }
 
-/// Writes some of `buf` (vectored) by `deadline`: how many bytes went.
+/// Writes some of `buf` ([`poll_write_buf`]) by `deadline`: how many bytes went.
 async fn write_some<B: Buf>(
     io: &mut Io,
     timer: &mut Option<Pin<Box<Sleep>>>,
     buf: &mut B,
     deadline: Instant,
 ) -> Result<usize, ClientError> {
-    let n = poll_fn(|cx| {
-        let mut slices = [IoSlice::new(&[]); 4];
-        let k = buf.chunks_vectored(&mut slices);
-        match Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k]) {
-            Poll::Pending => poll_expired(timer, deadline, cx),
-            done => done.map_err(ClientError::from),
-        }
+    let n = poll_fn(|cx| match poll_write_buf(&mut *io, cx, &*buf) {
+        Poll::Pending => poll_expired(timer, deadline, cx),
+        done => done.map_err(ClientError::from),
     })
     .await?;
     if n == 0 {
