@@ -324,8 +324,8 @@ impl Running {
     }
 }
 
-/// Resolves once `stop` was requested.
-async fn stopped(mut rx: watch::Receiver<bool>) {
+/// Resolves once `stop` was requested (or its sender is gone).
+pub(crate) async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 

@@ -511,7 +511,7 @@ async fn serve_connection<S, H>(
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Handler,
@@ -522,7 +522,7 @@ async fn serve_connection<S, H>(
         max_head_bytes: head_backstop(limits),
         max_header_bytes: limits.max_header_bytes,
     };
-    match h1::serve(&mut stream, &handler, &conn, h1_limits, &mut stop).await {
+    match h1::serve(&mut stream, &handler, &conn, h1_limits, &stop).await {
         Ok(h1::Ended::Closed) => {}
         Ok(h1::Ended::H2(read)) => {
             let io = Rewind {
