@@ -50,6 +50,10 @@ pub(super) fn take_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
+    if buf.is_empty() {
+        // Before the first read of every exchange: no table to zero, no parse.
+        return Ok(None);
+    }
     with_final_head(buf, |buf, head| {
         head.map(|(h, at)| response(buf, h, at, head_request))
             .transpose()
