@@ -178,7 +178,7 @@ fn frame(
 /// Sends the head in `spare` and the body of `framed`.
 async fn send_framed<S: AsyncWrite + Unpin>(
     io: &mut S,
-    spare: SpareHead,
+    mut spare: SpareHead,
     framed: Framed,
     send_timeout: Duration,
 ) -> io::Result<bool> {
@@ -188,7 +188,6 @@ async fn send_framed<S: AsyncWrite + Unpin>(
         chunked,
         keep_alive,
     } = framed;
-    let mut spare = spare;
     let Some(mut body) = body else {
         send(io, &mut &spare.0[..], send_timeout).await?;
         return Ok(keep_alive);
@@ -257,10 +256,10 @@ async fn send_framed<S: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes all of `buf` ([`poll_write_buf`]) and flushes; fails when the client takes
-/// nothing for `limit` (a reader stalled, or gone without closing: nginx's
-/// `send_timeout`), so that a client cannot hold its connection, and the
-/// upstream response behind it, forever.
+/// Writes all of `buf` ([`poll_write_buf`]) and flushes; fails when the
+/// client takes nothing for `limit` (a reader stalled, or gone without
+/// closing: nginx's `send_timeout`), so that a client cannot hold its
+/// connection, and the upstream response behind it, forever.
 pub(super) async fn send<S: AsyncWrite + Unpin, B: Buf>(
     io: &mut S,
     buf: &mut B,
