@@ -116,7 +116,7 @@ async fn connect(
     let io = tower_service::Service::call(&mut connector.clone(), uri)
         .await
         .map_err(UpstreamError::Connect)?;
-    Ok(Conn::new(hyper_util::rt::TokioIo::new(io)))
+    Ok(Conn::new(io.into()))
 }
 
 /// A request that went (at least partly) out failed.

@@ -22,13 +22,12 @@
 //! answers early (a `413` half-way through an upload) has its answer relayed,
 //! and the connection is not reused.
 mod response;
+mod socket;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Response};
 use http_body::Body as HttpBody;
-use hyper_rustls::MaybeHttpsStream;
-use hyper_util::rt::TokioIo;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::mem::MaybeUninit;
@@ -36,7 +35,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use super::headers::Added;
@@ -44,9 +42,7 @@ use crate::body::{Body, BoxError};
 use crate::h1::{after_queued_tasks, poll_read_more, poll_write_buf, Framing};
 pub(crate) use response::Incoming;
 use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
-
-/// The stream to a target: TCP, or TLS over TCP for `https://` targets.
-pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+pub(crate) use socket::Io;
 
 /// A response head (status line and header fields) longer than this is refused.
 const MAX_HEAD: usize = 256 * 1024;
