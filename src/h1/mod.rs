@@ -268,6 +268,50 @@ pub(crate) fn poll_write_buf<S: AsyncWrite + Unpin, B: Buf>(
     Pin::new(io).poll_write_vectored(cx, &slices[..n])
 }
 
+/// The size line of a chunk of `n` bytes (`1a2b\r\n`), written on the
+/// stack: the server's chunked responses and the upstream client's chunked
+/// requests both frame with it.
+pub(crate) struct ChunkSize {
+    buf: [u8; 18],
+    start: usize,
+}
+
+impl ChunkSize {
+    pub(crate) fn new(n: usize) -> Self {
+        let mut buf = [0u8; 18];
+        buf[16..].copy_from_slice(b"\r\n");
+        let mut start = 16;
+        let mut v = n;
+        loop {
+            start -= 1;
+            buf[start] = b"0123456789abcdef"[v & 15];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        ChunkSize { buf, start }
+    }
+}
+
+impl std::ops::Deref for ChunkSize {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// What follows a piece of chunked data (`empty`: none) on the wire: the
+/// end of its chunk, and the last chunk when the body ends with it.
+pub(crate) fn chunk_tail(empty: bool, end: bool) -> &'static [u8] {
+    match (empty, end) {
+        (true, true) => b"0\r\n\r\n",
+        (true, false) => b"",
+        (false, true) => b"\r\n0\r\n\r\n",
+        (false, false) => b"\r\n",
+    }
+}
+
 /// Returns once the tasks already queued to run have run: the caller goes
 /// to the back of the scheduler's queue (no system call, unlike
 /// `tokio::task::yield_now`, which waits for the I/O driver to be polled).
@@ -319,6 +363,18 @@ async fn refuse<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex_from_zero_to_the_widest() {
+        for (n, want) in [
+            (0, &b"0\r\n"[..]),
+            (1, b"1\r\n"),
+            (0x1a2b, b"1a2b\r\n"),
+            (usize::MAX, b"ffffffffffffffff\r\n"),
+        ] {
+            assert_eq!(&*super::ChunkSize::new(n), want, "{n}");
+        }
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn after_queued_tasks_lets_the_tasks_already_queued_run_first() {

@@ -2,7 +2,7 @@
 //! chunked (close-delimited for HTTP/1.0), head and body in one write when
 //! the body is ready (a small body copied behind the head, a larger one
 //! beside it in a `writev`), every write under the send timeout.
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use futures_util::FutureExt;
 use http::header;
 use http::StatusCode;
@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
-use super::poll_write_buf;
+use super::{chunk_tail, poll_write_buf, ChunkSize};
 use crate::body::Body;
 use crate::proxy::relayed::RelayedFields;
 use crate::server::Reply;
@@ -226,22 +226,21 @@ async fn send_framed<S: AsyncWrite + Unpin>(
                 "response body length differs from its Content-Length",
             ));
         }
-        let size_line = match chunked && !data.is_empty() {
-            true => Bytes::from(format!("{:x}\r\n", data.len())),
-            false => Bytes::new(),
+        let size_line = ChunkSize::new(data.len());
+        let size_line: &[u8] = match chunked && !data.is_empty() {
+            true => &size_line,
+            false => b"",
         };
-        let tail: &'static [u8] = match (chunked, end, data.is_empty()) {
-            (false, _, _) => b"",
-            (true, true, true) => b"0\r\n\r\n",
-            (true, true, false) => b"\r\n0\r\n\r\n",
-            (true, false, _) => b"\r\n",
+        let tail = match chunked {
+            true => chunk_tail(data.is_empty(), end),
+            false => b"",
         };
         let with_head = std::mem::take(&mut pending);
         if with_head && data.len() <= COALESCE {
             // A small piece is copied behind the head: one buffer, one `send`.
             let head = &mut spare.0;
             head.reserve(size_line.len() + data.len() + tail.len());
-            head.extend_from_slice(&size_line);
+            head.extend_from_slice(size_line);
             head.extend_from_slice(&data);
             head.extend_from_slice(tail);
             send(io, &mut &head[..], send_timeout).await?;
@@ -323,6 +322,7 @@ mod tests {
     use super::*;
     use crate::ratelimit::Decision;
     use crate::server::Stamp;
+    use bytes::Bytes;
     use http::{HeaderValue, Response};
 
     /// Records each write it is given: whether it came as one buffer or as

@@ -39,7 +39,9 @@ use tokio::time::Sleep;
 
 use super::headers::Added;
 use crate::body::{Body, BoxError};
-use crate::h1::{after_queued_tasks, poll_read_more, poll_write_buf, Framing};
+use crate::h1::{
+    after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Framing,
+};
 pub(crate) use response::Incoming;
 use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
 pub(crate) use socket::Io;
@@ -283,31 +285,15 @@ impl BodyWriter {
     /// Appends what goes before `n` data bytes (a chunk-size line).
     fn frame(&self, out: &mut Vec<u8>, n: usize) {
         if self.length.is_none() && n > 0 {
-            let mut hex = [0u8; 16];
-            let mut i = hex.len();
-            let mut v = n;
-            loop {
-                i -= 1;
-                hex[i] = b"0123456789abcdef"[v & 15];
-                v >>= 4;
-                if v == 0 {
-                    break;
-                }
-            }
-            out.extend_from_slice(&hex[i..]);
-            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(&ChunkSize::new(n));
         }
     }
 
-    /// What follows a piece of data (`empty`: none) on the wire: the end of
-    /// its chunk, and the last chunk when the body ends with it.
+    /// What follows a piece of data (`empty`: none) on the wire.
     fn tail(&self, empty: bool, end: bool) -> &'static [u8] {
-        match (self.length, empty, end) {
-            (Some(_), _, _) => b"",
-            (None, true, true) => b"0\r\n\r\n",
-            (None, true, false) => b"",
-            (None, false, true) => b"\r\n0\r\n\r\n",
-            (None, false, false) => b"\r\n",
+        match self.length {
+            Some(_) => b"",
+            None => chunk_tail(empty, end),
         }
     }
 }
