@@ -7,13 +7,16 @@
 #
 #   benches/load/instructions.sh            # N=20000 WARM=2000
 #   N=5000 benches/load/instructions.sh     # quicker
+#   N=3000 RATE=300 benches/load/instructions.sh
+#       # counted requests paced at RATE per second (oha -q): each one finds the
+#       # gateway idle, so the count includes waking it and parking it again
 #
 # Prints the total and the per-request figure, and leaves the callgrind file
 # (for `callgrind_annotate`) in $OUT (default /tmp/mpg-instructions.out).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out}
+N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
 for tool in valgrind callgrind_control nginx; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: needs $tool" >&2; exit 1; }
 done
@@ -101,11 +104,11 @@ PIDS+=("$VG")
 wait_port "$GW_PORT"
 "$OHA" --no-tui -n "$WARM" -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
 callgrind_control -z "$VG" >/dev/null 2>&1
-"$OHA" --no-tui -n "$N" -c 50 -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1
+"$OHA" --no-tui -n "$N" -c 50 ${RATE:+-q "$RATE"} -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1
 grep -q 'Success rate:.*100.00%' "$WORK/oha.txt" || { echo "instructions.sh: requests failed" >&2; cat "$WORK/oha.txt" >&2; exit 1; }
 callgrind_control -d "$VG" >/dev/null 2>&1
 sleep 1
 # The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
-echo "$N requests: $total instructions in the gateway's user space, $((total / N)) per request"
+echo "$N requests${RATE:+ at $RATE/s}: $total instructions in the gateway's user space, $((total / N)) per request"
 echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"
