@@ -226,11 +226,9 @@ async fn send_framed<S: AsyncWrite + Unpin>(
                 "response body length differs from its Content-Length",
             ));
         }
-        let size_line = ChunkSize::new(data.len());
-        let size_line: &[u8] = match chunked && !data.is_empty() {
-            true => &size_line,
-            false => b"",
-        };
+        // Only a chunked piece has a size line (made on the stack).
+        let size_line = (chunked && !data.is_empty()).then(|| ChunkSize::new(data.len()));
+        let size_line = size_line.as_deref().unwrap_or_default();
         let tail = match chunked {
             true => chunk_tail(data.is_empty(), end),
             false => b"",

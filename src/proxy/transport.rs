@@ -9,7 +9,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::time::Instant;
 
-use super::client::{ClientError, Conn, Incoming, SendError};
+use super::client::{self, ClientError, Conn, Incoming, SendError};
 use super::headers::Added;
 use super::health::Targets;
 use super::tls_client::TimeoutConnector;
@@ -116,7 +116,7 @@ async fn connect(
     let io = tower_service::Service::call(&mut connector.clone(), uri)
         .await
         .map_err(UpstreamError::Connect)?;
-    Ok(Conn::new(io.into()))
+    Ok(Conn::new(client::io(io)))
 }
 
 /// A request that went (at least partly) out failed.

@@ -44,7 +44,7 @@ use crate::h1::{
 };
 pub(crate) use response::Incoming;
 use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
-pub(crate) use socket::Io;
+pub(crate) use socket::{io, Io};
 
 /// A response head (status line and header fields) longer than this is refused.
 const MAX_HEAD: usize = 256 * 1024;
