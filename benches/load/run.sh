@@ -676,6 +676,17 @@ if [ -n "$ENVOY" ]; then
   PEERS="nginx, HAProxy, Envoy"
 fi
 
+# Whether the cores themselves stop: a busy loop on each, both at once, counts
+# the gaps over 1 ms in its clock reads (another task, or the host taking the
+# vCPU). Every server is listening and idle.
+GAP_S=5; [ "$MODE" = quick ] && GAP_S=2
+log "checking the cores for stalls (${GAP_S} s, a busy loop on each)"
+taskset -c 0 python3 "$HERE/host_gaps.py" 0 "$GAP_S" >"$WORK/gaps0.json" &
+GAPS_PID=$!
+taskset -c 1 python3 "$HERE/host_gaps.py" 1 "$GAP_S" >"$WORK/gaps1.json"
+wait "$GAPS_PID"
+log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
+
 # (1), (2), (9): direct, gateway, nginx and HAProxy at saturation, one of each
 # per round, so that a machine whose speed drifts over minutes (shared hosts
 # do, by ±20%) moves all four alike: the report's paired ratios compare the
@@ -787,6 +798,7 @@ cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.starts
 print(json.dumps({'mode': '$MODE', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
   'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
   'load_before': open('/proc/loadavg').read().split()[:3],
+  'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
             'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
             'haproxy': subprocess.run(['haproxy','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
