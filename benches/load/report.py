@@ -79,6 +79,10 @@ def summarize(rows):
         "server_sys_us_per_req": stat(sys_),
         # The share of its core the server kept busy (1.0: CPU-bound).
         "server_busy": stat([r["cpu_s"] / (r["duration_us"] / 1e6) if r["duration_us"] else None for r in rows]),
+        # The share of core 1 (load generator and upstream) that was busy: near
+        # 1.0, the load generator's core held the server back.
+        "core1_busy": stat([r["core1_s"] / (r["duration_us"] / 1e6) if r["duration_us"] and "core1_s" in r else None
+                            for r in rows]),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
         "errors": sum(r.get("errors", 0) for r in rows),
@@ -209,6 +213,8 @@ def build(raw, meta, resources, note):
             "relay_kernel_us": sat("relay", "server_sys_us_per_req"),
             "busy": {t: sat(t, "server_busy") for t in ("gateway", "nginx", "haproxy", "relay")
                      if sat(t, "server_busy") is not None},
+            "core1_busy": {t: sat(t, "core1_busy") for t in ("direct", "gateway", "nginx", "haproxy", "relay")
+                           if sat(t, "core1_busy") is not None},
             "cpu_ratio_to_gateway": {t: ratio(sat(t), sat("gateway")) for t in ("nginx", "haproxy") if sat(t)},
         }
     shares = [(others_on_core0(r), r) for r in raw]
@@ -326,7 +332,8 @@ def markdown(rep):
         out.append(f"| {t['name']} | {t['goal']} | {t['value'] if t['value'] is not None else '–'} | {met} |")
     b = rep.get("cpu_budget")
     if b and b["cpu_ratio_to_gateway"]:
-        names = {"gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy", "relay": "the bare relay"}
+        names = {"direct": "direct", "gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy",
+                 "relay": "the bare relay"}
         proxies = {t: v for t, v in b["busy"].items() if t != "relay"}
         busy = ", ".join(f"{names[t]} {v * 100:.0f}%" for t, v in b["busy"].items())
         ratios = ", ".join(f"{names[t]} {v}" for t, v in b["cpu_ratio_to_gateway"].items())
@@ -342,6 +349,12 @@ def markdown(rep):
             f"req/s above): {ratios}. The gateway took {b['gateway_cpu_us']:.1f} µs per request, "
             f"{b['gateway_kernel_us']:.1f} of them in the kernel{relay}."
         )
+        if b.get("core1_busy"):
+            core1 = ", ".join(f"{names[t]} {v * 100:.0f}%" for t, v in b["core1_busy"].items())
+            out.append(
+                f"\nCore 1 (the load generator and the upstream) at saturation was busy: {core1}. Where it is "
+                "near 100% beside a proxy that left core 0 idle, the load generator's core held that proxy back."
+            )
     return "\n".join(out) + "\n"
 
 

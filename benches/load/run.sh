@@ -117,16 +117,19 @@ stat_ticks() {
 cpu_ticks() { stat_ticks '$14 + $15' "$@"; }
 # The kernel's share of cpu_ticks (stime).
 sys_ticks() { stat_ticks '$15' "$@"; }
-# ticks PID...: "CPU SYS CORE0" now: the processes' CPU ticks, the kernel's share
-# of them, and all the busy ticks of core 0 (user, nice, system, irq, softirq
-# from /proc/stat: the server's own work and anything else that ran there).
-ticks() { echo "$(cpu_ticks "$@") $(sys_ticks "$@") $(awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)"; }
-# tick_fields BEFORE AFTER: a run's cpu_s, sys_s and core0_s, as raw-line fields.
+# ticks PID...: "CPU SYS CORE0 CORE1" now: the processes' CPU ticks, the kernel's
+# share of them, and all the busy ticks of core 0 and of core 1 (user, nice,
+# system, irq, softirq from /proc/stat: on core 0 the server's own work and
+# anything else that ran there; on core 1 the load generator's and the upstream's).
+ticks() {
+  echo "$(cpu_ticks "$@") $(sys_ticks "$@") $(awk '$1 == "cpu0" || $1 == "cpu1" {printf "%d ", $2 + $3 + $4 + $7 + $8}' /proc/stat)"
+}
+# tick_fields BEFORE AFTER: a run's cpu_s, sys_s, core0_s and core1_s, as raw-line fields.
 tick_fields() {
   python3 - "$1" "$2" "$CLK_TCK" <<'EOF'
 import sys
 d = [(int(b) - int(a)) / int(sys.argv[3]) for a, b in zip(sys.argv[1].split(), sys.argv[2].split())]
-print(f'"cpu_s":{d[0]},"sys_s":{d[1]},"core0_s":{d[2]}')
+print(f'"cpu_s":{d[0]},"sys_s":{d[1]},"core0_s":{d[2]},"core1_s":{d[3]}')
 EOF
 }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
