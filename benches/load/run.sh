@@ -12,7 +12,8 @@
 # `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
 # The upstream is a second nginx serving a small JSON. Figures: wrk (HTTP/1.1, plain and
 # TLS), h2load (HTTP/2; paced fixed loads, `--rps`), oha (fixed offered loads, `-q`), CPU
-# time and RSS from /proc. The report (JSON, Markdown, PNG) goes to benches/load/results/
+# time and RSS from /proc, core 1's busy time, and a check of both cores for stalls before
+# the rounds (host_gaps.py). The report (JSON, Markdown, PNG) goes to benches/load/results/
 # unless --out.
 set -euo pipefail
 
