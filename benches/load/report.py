@@ -68,6 +68,10 @@ def summarize(rows):
     rps = [r["requests"] / r["duration_us"] * 1e6 if r["duration_us"] else None for r in rows]
     cpu = [r["cpu_s"] / r["requests"] * 1e6 if r["requests"] else None for r in rows]
     sys_ = [r["sys_s"] / r["requests"] * 1e6 if r["requests"] and "sys_s" in r else None for r in rows]
+
+    def busy(key):  # the share of a run's time that `key` (seconds of CPU) covers
+        return stat([r[key] / (r["duration_us"] / 1e6) if r["duration_us"] and key in r else None for r in rows])
+
     return {
         "tool": rows[0]["tool"],
         "rps": stat(rps),
@@ -78,11 +82,10 @@ def summarize(rows):
         "server_cpu_us_per_req": stat(cpu),
         "server_sys_us_per_req": stat(sys_),
         # The share of its core the server kept busy (1.0: CPU-bound).
-        "server_busy": stat([r["cpu_s"] / (r["duration_us"] / 1e6) if r["duration_us"] else None for r in rows]),
+        "server_busy": busy("cpu_s"),
         # The share of core 1 (load generator and upstream) that was busy: near
         # 1.0, the load generator's core held the server back.
-        "core1_busy": stat([r["core1_s"] / (r["duration_us"] / 1e6) if r["duration_us"] and "core1_s" in r else None
-                            for r in rows]),
+        "core1_busy": busy("core1_s"),
         "rss_mib": stat([r.get("rss_kib") and r["rss_kib"] / 1024 for r in rows]),
         "non_2xx": sum(r.get("non_2xx", 0) for r in rows),
         "errors": sum(r.get("errors", 0) for r in rows),
