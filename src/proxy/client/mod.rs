@@ -40,7 +40,7 @@ use tokio::time::Sleep;
 use super::headers::Added;
 use crate::body::{Body, BoxError};
 use crate::h1::{
-    chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Framing,
+    after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Framing,
 };
 pub(crate) use response::Incoming;
 use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
@@ -186,6 +186,8 @@ impl Conn {
         }
         let tail = writer.tail(first.is_empty(), body_done);
 
+        // Written after the other ready requests: see `after_queued_tasks`.
+        after_queued_tasks().await;
         let mut out = (&inner.out[..]).chain(first).chain(tail);
         let mut written = 0;
         while out.has_remaining() {
