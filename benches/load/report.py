@@ -251,6 +251,7 @@ def markdown(rep):
     out.append(
         f"{m['mode']} mode: {m['runs']} run(s) x {m['duration_s']} s per figure, {m['connections']} connections; "
         f"{m['cpu']}, {m['cores']} cores; load average before: {' '.join(m['load_before'])}. "
+        f"The gateway: {m.get('gateway_build', 'release')} build. "
         "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
         "Figures: median (min–max) of the runs.\n"
     )

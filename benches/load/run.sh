@@ -6,7 +6,14 @@
 #
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes)
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
-#   options: --runs N --duration S --out DIR --conns C --no-install
+#   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
+#   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo
+#
+# The gateway under test is a profile-guided (PGO) build in full mode (--no-pgo: the
+# plain `cargo build --release`; --quick measures the plain build unless --pgo): an
+# instrumented build runs the suite's own request paths for about 25 s, and the
+# release build is redone with that profile. It needs rustup's llvm-tools (added if
+# missing) and takes two more release builds.
 #
 # Layout (2 cores): the server under test alone on core 0 (gateway `workers = 1`, nginx
 # `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
@@ -19,7 +26,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full
+RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=1 DURATION=2 MODE=quick ;;
@@ -28,11 +35,16 @@ while [ $# -gt 0 ]; do
     --conns) CONNS="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --no-install) INSTALL=0 ;;
+    --pgo) PGO=1 ;;
+    --no-pgo) PGO=0 ;;
+    --pgo-only) PGO=1 PGO_ONLY=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+# Full mode measures the profile-guided build, quick mode the plain one, unless told.
+[ -n "$PGO" ] || { [ "$MODE" = full ] && PGO=1 || PGO=0; }
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -649,7 +661,71 @@ same_job() {
   [ "$code" = 401 ] || { echo "run.sh: $1 answered $code to an unknown key, not 401" >&2; exit 1; }
 }
 
+# ---------------------------------------------------------------- profile-guided build
+# The instrumented gateway runs the request paths the suite measures (the bench key,
+# 100 000 keys through the store, unknown keys, 429s, TLS with HTTP/1.1 and HTTP/2),
+# writes its profile when it exits, and the release build is redone with it. Paths
+# the training does not run (the key service's own endpoints, sessions) are built as
+# cold code: correct, but not tuned.
+pgo_build() {
+  # Fixed paths: RUSTFLAGS are part of cargo's fingerprint, so the instrumented build
+  # is reused from one run to the next; the profile-use flag names the profile by its
+  # content, so a new profile rebuilds everything with it and an unchanged one nothing.
+  local sysroot host profdata gen="$ROOT/target/pgo-gen" use="$ROOT/target/pgo" raw pid prof
+  raw="$gen/profraw"
+  sysroot="$(rustc --print sysroot)"
+  host="$(rustc -vV | sed -n 's/^host: //p')"
+  profdata="$sysroot/lib/rustlib/$host/bin/llvm-profdata"
+  if [ ! -x "$profdata" ] && [ "$INSTALL" = 1 ] && command -v rustup >/dev/null; then
+    log "installing rustup's llvm-tools (llvm-profdata, for the profile-guided build)"
+    rustup component add llvm-tools >/dev/null 2>&1 || true
+  fi
+  [ -x "$profdata" ] || { echo "run.sh: the profile-guided build needs $profdata (rustup component add llvm-tools), or --no-pgo" >&2; exit 1; }
+  log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
+  (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$raw" cargo build --release --locked --bin mpg-gateway \
+    --target-dir "$gen" >/dev/null 2>&1) \
+    || (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$raw" cargo build --release --bin mpg-gateway --target-dir "$gen")
+  log "profile-guided build 2/3: training on the suite's request paths (about 25 s)"
+  rm -rf "$raw"
+  local url="http://127.0.0.1:$GW_PORT$PATH_Q"
+  taskset -c 0 "$gen/release/mpg-gateway" run --config "$WORK/gw-plain.toml" 2>>"$WORK/gateway.log" &
+  pid=$!
+  wait_port 127.0.0.1 "$GW_PORT"
+  taskset -c 1 wrk -t1 -c"$CONNS" -d8s -H "$AUTH" "$url" >/dev/null
+  BENCH_KEYS="$WORK/keys100k.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d3s -s "$WORK/keys.lua" "$url" >/dev/null
+  BENCH_KEYS="$WORK/invalid.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d2s -s "$WORK/keys.lua" "$url" >/dev/null
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "http://127.0.0.1:$GW_PORT/api/v1/limited" >/dev/null
+  kill -TERM "$pid"; wait "$pid" || true
+  taskset -c 0 "$gen/release/mpg-gateway" run --config "$WORK/gw-tls.toml" 2>>"$WORK/gateway.log" &
+  pid=$!
+  wait_port 127.0.0.1 "$GWS_PORT"
+  taskset -c 1 wrk -t1 -c"$CONNS" -d3s -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
+  taskset -c 1 h2load -t1 -c 10 -m 32 -D 2 -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
+  kill -TERM "$pid"; wait "$pid" || true
+  ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "run.sh: the instrumented gateway wrote no profile to $raw" >&2; exit 1; }
+  mkdir -p "$use"
+  "$profdata" merge -o "$WORK/merged.profdata" "$raw"/*.profraw
+  prof="$use/mpg-gateway.$(sha256sum "$WORK/merged.profdata" | cut -c1-16).profdata"
+  [ -f "$prof" ] || { rm -f "$use"/mpg-gateway.*.profdata; cp "$WORK/merged.profdata" "$prof"; }
+  log "profile-guided build 3/3: release build with the profile (target/pgo)"
+  (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$prof" cargo build --release --locked \
+    --bin mpg-gateway --target-dir "$use" >/dev/null 2>&1) \
+    || (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$prof" cargo build --release \
+      --bin mpg-gateway --target-dir "$use")
+  GW="$use/release/mpg-gateway"
+}
+GW_BUILD="release"
+if [ "$PGO" = 1 ]; then
+  pgo_build
+  GW_BUILD="release, profile-guided"
+  if [ "$PGO_ONLY" = 1 ]; then
+    log "profile-guided build: $GW"
+    exit 0
+  fi
+fi
+
 log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
+log "gateway build: $GW_BUILD ($GW)"
 log "$RUNS run(s) x ${DURATION}s, $CONNS connections"
 
 # The gateway (plain HTTP), nginx and HAProxy all listen from here on, each on
@@ -799,7 +875,7 @@ cp "$RAW" "$OUT/raw.jsonl"
 META=$(python3 -c "
 import json, os, platform, subprocess
 cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
-print(json.dumps({'mode': '$MODE', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
+print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
   'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
   'load_before': open('/proc/loadavg').read().split()[:3],
   'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
