@@ -45,6 +45,7 @@ while [ $# -gt 0 ]; do
 done
 # Full mode measures the profile-guided build, quick mode the plain one, unless told.
 [ -n "$PGO" ] || { [ "$MODE" = full ] && PGO=1 || PGO=0; }
+[ "$PGO_ONLY$PGO" != 10 ] || { echo "run.sh: --pgo-only and --no-pgo contradict each other" >&2; exit 2; }
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
