@@ -4,7 +4,7 @@
 # fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
 # `mode tcp`) as the ceiling of any proxy in this layout. Everything on 127.0.0.1.
 #
-#   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes)
+#   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes + the builds)
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
 #   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo
@@ -94,8 +94,13 @@ ENVOY_VERSION=""
 [ -z "$ENVOY" ] || ENVOY_VERSION="$("$ENVOY" --version | sed -n 's|.*version: [^/]*/\([0-9.]*\)/.*|\1|p')"
 
 log "building the gateway (release)"
-(cd "$ROOT" && cargo build --release --locked --bin mpg-gateway >/dev/null 2>&1) \
-  || (cd "$ROOT" && cargo build --release --bin mpg-gateway)
+# build_gateway [CARGO ARGS...]: a release build of the gateway (RUSTFLAGS from the
+# caller's environment), quiet unless it fails; then again without --locked, to show why.
+build_gateway() {
+  (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway "$@" >/dev/null 2>&1) \
+    || (cd "$ROOT" && cargo build --release --bin mpg-gateway "$@")
+}
+build_gateway
 GW="$ROOT/target/release/mpg-gateway"
 
 # ---------------------------------------------------------------- workspace, cleanup
@@ -645,8 +650,8 @@ print(int(statistics.median(v)) if v else 0)
 EOF
 }
 
-start_gateway() { # CONFIG PORT -> GW_PID
-  taskset -c 0 "$GW" run --config "$1" 2>>"$WORK/gateway.log" &
+start_gateway() { # CONFIG PORT [BINARY, default $GW] -> GW_PID
+  taskset -c 0 "${3:-$GW}" run --config "$1" 2>>"$WORK/gateway.log" &
   GW_PID=$!
   PIDS+=("$GW_PID")
   wait_port 127.0.0.1 "$2"
@@ -672,7 +677,7 @@ pgo_build() {
   # Fixed paths: RUSTFLAGS are part of cargo's fingerprint, so the instrumented build
   # is reused from one run to the next; the profile-use flag names the profile by its
   # content, so a new profile rebuilds everything with it and an unchanged one nothing.
-  local sysroot host profdata gen="$ROOT/target/pgo-gen" use="$ROOT/target/pgo" raw pid prof
+  local sysroot host profdata gen="$ROOT/target/pgo-gen" use="$ROOT/target/pgo" raw prof
   raw="$gen/profraw"
   sysroot="$(rustc --print sysroot)"
   host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -683,36 +688,27 @@ pgo_build() {
   fi
   [ -x "$profdata" ] || { echo "run.sh: the profile-guided build needs $profdata (rustup component add llvm-tools), or --no-pgo" >&2; exit 1; }
   log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
-  (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$raw" cargo build --release --locked --bin mpg-gateway \
-    --target-dir "$gen" >/dev/null 2>&1) \
-    || (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$raw" cargo build --release --bin mpg-gateway --target-dir "$gen")
+  RUSTFLAGS="-Cprofile-generate=$raw" build_gateway --target-dir "$gen"
   log "profile-guided build 2/3: training on the suite's request paths (about 25 s)"
   rm -rf "$raw"
   local url="http://127.0.0.1:$GW_PORT$PATH_Q"
-  taskset -c 0 "$gen/release/mpg-gateway" run --config "$WORK/gw-plain.toml" 2>>"$WORK/gateway.log" &
-  pid=$!
-  wait_port 127.0.0.1 "$GW_PORT"
+  start_gateway "$WORK/gw-plain.toml" "$GW_PORT" "$gen/release/mpg-gateway"
   taskset -c 1 wrk -t1 -c"$CONNS" -d8s -H "$AUTH" "$url" >/dev/null
   BENCH_KEYS="$WORK/keys100k.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d3s -s "$WORK/keys.lua" "$url" >/dev/null
   BENCH_KEYS="$WORK/invalid.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d2s -s "$WORK/keys.lua" "$url" >/dev/null
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "http://127.0.0.1:$GW_PORT/api/v1/limited" >/dev/null
-  kill -TERM "$pid"; wait "$pid" || true
-  taskset -c 0 "$gen/release/mpg-gateway" run --config "$WORK/gw-tls.toml" 2>>"$WORK/gateway.log" &
-  pid=$!
-  wait_port 127.0.0.1 "$GWS_PORT"
+  stop "$GW_PID"
+  start_gateway "$WORK/gw-tls.toml" "$GWS_PORT" "$gen/release/mpg-gateway"
   taskset -c 1 wrk -t1 -c"$CONNS" -d3s -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
   taskset -c 1 h2load -t1 -c 10 -m 32 -D 2 -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
-  kill -TERM "$pid"; wait "$pid" || true
+  stop "$GW_PID" # the profile is written as it exits
   ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "run.sh: the instrumented gateway wrote no profile to $raw" >&2; exit 1; }
   mkdir -p "$use"
   "$profdata" merge -o "$WORK/merged.profdata" "$raw"/*.profraw
   prof="$use/mpg-gateway.$(sha256sum "$WORK/merged.profdata" | cut -c1-16).profdata"
   [ -f "$prof" ] || { rm -f "$use"/mpg-gateway.*.profdata; cp "$WORK/merged.profdata" "$prof"; }
   log "profile-guided build 3/3: release build with the profile (target/pgo)"
-  (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$prof" cargo build --release --locked \
-    --bin mpg-gateway --target-dir "$use" >/dev/null 2>&1) \
-    || (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$prof" cargo build --release \
-      --bin mpg-gateway --target-dir "$use")
+  RUSTFLAGS="-Cprofile-use=$prof" build_gateway --target-dir "$use"
   GW="$use/release/mpg-gateway"
 }
 GW_BUILD="release"
