@@ -243,6 +243,14 @@ def build(raw, meta, resources, note):
     }
 
 
+def host_kernel(m):
+    """", kernel K (TCP congestion control C)": the loopback's cost per request moves with both."""
+    if "kernel" not in m:
+        return ""
+    cc = m.get("tcp_congestion_control")
+    return f", kernel {m['kernel']}" + (f" (TCP congestion control {cc})" if cc else "")
+
+
 def markdown(rep):
     m = rep["meta"]
     out = []
@@ -250,7 +258,7 @@ def markdown(rep):
         out.append(f"> **{rep['note']}**\n")
     out.append(
         f"{m['mode']} mode: {m['runs']} run(s) x {m['duration_s']} s per figure, {m['connections']} connections; "
-        f"{m['cpu']}, {m['cores']} cores; load average before: {' '.join(m['load_before'])}. "
+        f"{m['cpu']}, {m['cores']} cores{host_kernel(m)}; load average before: {' '.join(m['load_before'])}. "
         f"The gateway: {m.get('gateway_build', 'release')} build. "
         "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
         "Figures: median (min–max) of the runs.\n"

@@ -874,6 +874,7 @@ import json, os, platform, subprocess
 cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
 print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
   'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
+  'tcp_congestion_control': open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip(),
   'load_before': open('/proc/loadavg').read().split()[:3],
   'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
