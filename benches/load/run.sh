@@ -872,9 +872,13 @@ cp "$RAW" "$OUT/raw.jsonl"
 META=$(python3 -c "
 import json, os, platform, subprocess
 cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
+try:
+    cc = open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()
+except OSError:  # no net sysctls here (some containers): the report leaves it out
+    cc = None
 print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
   'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
-  'tcp_congestion_control': open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip(),
+  'tcp_congestion_control': cc,
   'load_before': open('/proc/loadavg').read().split()[:3],
   'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
