@@ -13,7 +13,8 @@
 # plain `cargo build --release`; --quick measures the plain build unless --pgo): an
 # instrumented build runs the suite's own request paths for about 25 s, and the
 # release build is redone with that profile. It needs rustup's llvm-tools (added if
-# missing) and takes two more release builds.
+# missing) and takes two release builds (the instrumented one instead of the plain one,
+# then the profile-guided one).
 #
 # Layout (2 cores): the server under test alone on core 0 (gateway `workers = 1`, nginx
 # `worker_processes 1`, HAProxy `nbthread 1`); load generator and upstream on core 1.
@@ -93,15 +94,37 @@ fi
 ENVOY_VERSION=""
 [ -z "$ENVOY" ] || ENVOY_VERSION="$("$ENVOY" --version | sed -n 's|.*version: [^/]*/\([0-9.]*\)/.*|\1|p')"
 
-log "building the gateway (release)"
 # build_gateway [CARGO ARGS...]: a release build of the gateway (RUSTFLAGS from the
 # caller's environment), quiet unless it fails; then again without --locked, to show why.
 build_gateway() {
   (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway "$@" >/dev/null 2>&1) \
     || (cd "$ROOT" && cargo build --release --bin mpg-gateway "$@")
 }
-build_gateway
-GW="$ROOT/target/release/mpg-gateway"
+# The profile-guided build's fixed paths: RUSTFLAGS are part of cargo's fingerprint, so
+# the instrumented build is reused from one run to the next; the profile-use flag names
+# the profile by its content, so a new profile rebuilds everything with it and an
+# unchanged one nothing.
+PGO_GEN="$ROOT/target/pgo-gen" PGO_USE="$ROOT/target/pgo"
+PGO_RAW="$PGO_GEN/profraw"
+if [ "$PGO" = 1 ]; then
+  sysroot="$(rustc --print sysroot)"
+  host="$(rustc -vV | sed -n 's/^host: //p')"
+  PROFDATA="$sysroot/lib/rustlib/$host/bin/llvm-profdata"
+  if [ ! -x "$PROFDATA" ] && [ "$INSTALL" = 1 ] && command -v rustup >/dev/null; then
+    log "installing rustup's llvm-tools (llvm-profdata, for the profile-guided build)"
+    rustup component add llvm-tools >/dev/null 2>&1 || true
+  fi
+  [ -x "$PROFDATA" ] || { echo "run.sh: the profile-guided build needs $PROFDATA (rustup component add llvm-tools), or --no-pgo" >&2; exit 1; }
+  # The instrumented build is the only one made before the training: it also runs the
+  # setup commands below (their profile is dropped before the training starts).
+  log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
+  RUSTFLAGS="-Cprofile-generate=$PGO_RAW" build_gateway --target-dir "$PGO_GEN"
+  GW="$PGO_GEN/release/mpg-gateway"
+else
+  log "building the gateway (release)"
+  build_gateway
+  GW="$ROOT/target/release/mpg-gateway"
+fi
 
 # ---------------------------------------------------------------- workspace, cleanup
 WORK="$(mktemp -d /tmp/mpg-bench.XXXXXX)"
@@ -674,42 +697,27 @@ same_job() {
 # the training does not run (the key service's own endpoints, sessions) are built as
 # cold code: correct, but not tuned.
 pgo_build() {
-  # Fixed paths: RUSTFLAGS are part of cargo's fingerprint, so the instrumented build
-  # is reused from one run to the next; the profile-use flag names the profile by its
-  # content, so a new profile rebuilds everything with it and an unchanged one nothing.
-  local sysroot host profdata gen="$ROOT/target/pgo-gen" use="$ROOT/target/pgo" raw prof
-  raw="$gen/profraw"
-  sysroot="$(rustc --print sysroot)"
-  host="$(rustc -vV | sed -n 's/^host: //p')"
-  profdata="$sysroot/lib/rustlib/$host/bin/llvm-profdata"
-  if [ ! -x "$profdata" ] && [ "$INSTALL" = 1 ] && command -v rustup >/dev/null; then
-    log "installing rustup's llvm-tools (llvm-profdata, for the profile-guided build)"
-    rustup component add llvm-tools >/dev/null 2>&1 || true
-  fi
-  [ -x "$profdata" ] || { echo "run.sh: the profile-guided build needs $profdata (rustup component add llvm-tools), or --no-pgo" >&2; exit 1; }
-  log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
-  RUSTFLAGS="-Cprofile-generate=$raw" build_gateway --target-dir "$gen"
+  local prof url="http://127.0.0.1:$GW_PORT$PATH_Q"
   log "profile-guided build 2/3: training on the suite's request paths (about 25 s)"
-  rm -rf "$raw"
-  local url="http://127.0.0.1:$GW_PORT$PATH_Q"
-  start_gateway "$WORK/gw-plain.toml" "$GW_PORT" "$gen/release/mpg-gateway"
+  rm -rf "$PGO_RAW"
+  start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
   taskset -c 1 wrk -t1 -c"$CONNS" -d8s -H "$AUTH" "$url" >/dev/null
   BENCH_KEYS="$WORK/keys100k.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d3s -s "$WORK/keys.lua" "$url" >/dev/null
   BENCH_KEYS="$WORK/invalid.txt" taskset -c 1 wrk -t1 -c"$CONNS" -d2s -s "$WORK/keys.lua" "$url" >/dev/null
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "http://127.0.0.1:$GW_PORT/api/v1/limited" >/dev/null
   stop "$GW_PID"
-  start_gateway "$WORK/gw-tls.toml" "$GWS_PORT" "$gen/release/mpg-gateway"
+  start_gateway "$WORK/gw-tls.toml" "$GWS_PORT"
   taskset -c 1 wrk -t1 -c"$CONNS" -d3s -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
   taskset -c 1 h2load -t1 -c 10 -m 32 -D 2 -H "$AUTH" "https://127.0.0.1:$GWS_PORT$PATH_Q" >/dev/null
   stop "$GW_PID" # the profile is written as it exits
-  ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "run.sh: the instrumented gateway wrote no profile to $raw" >&2; exit 1; }
-  mkdir -p "$use"
-  "$profdata" merge -o "$WORK/merged.profdata" "$raw"/*.profraw
-  prof="$use/mpg-gateway.$(sha256sum "$WORK/merged.profdata" | cut -c1-16).profdata"
-  [ -f "$prof" ] || { rm -f "$use"/mpg-gateway.*.profdata; cp "$WORK/merged.profdata" "$prof"; }
+  ls "$PGO_RAW"/*.profraw >/dev/null 2>&1 || { echo "run.sh: the instrumented gateway wrote no profile to $PGO_RAW" >&2; exit 1; }
+  mkdir -p "$PGO_USE"
+  "$PROFDATA" merge -o "$WORK/merged.profdata" "$PGO_RAW"/*.profraw
+  prof="$PGO_USE/mpg-gateway.$(sha256sum "$WORK/merged.profdata" | cut -c1-16).profdata"
+  [ -f "$prof" ] || { rm -f "$PGO_USE"/mpg-gateway.*.profdata; cp "$WORK/merged.profdata" "$prof"; }
   log "profile-guided build 3/3: release build with the profile (target/pgo)"
-  RUSTFLAGS="-Cprofile-use=$prof" build_gateway --target-dir "$use"
-  GW="$use/release/mpg-gateway"
+  RUSTFLAGS="-Cprofile-use=$prof" build_gateway --target-dir "$PGO_USE"
+  GW="$PGO_USE/release/mpg-gateway"
 }
 GW_BUILD="release"
 if [ "$PGO" = 1 ]; then
