@@ -152,7 +152,7 @@ def build(raw, meta, resources, note):
     fixed = []
     for scenario in FIXED:
         base = summary.get((scenario, "direct"))
-        for target in ["direct", "gateway", "nginx", "haproxy"]:
+        for target in ["direct", "gateway", "nginx", "haproxy", "relay"]:
             s = summary.get((scenario, target))
             if not s:
                 continue
@@ -184,10 +184,15 @@ def build(raw, meta, resources, note):
         p = next((p for p in pairs if p["pair"] == f"{a} / {b}"), None)
         return round(p["median"], 3) if p else fallback
 
-    def gateway_at(scenario):
-        return next((f for f in fixed if f["scenario"] == scenario and f["target"] == "gateway"), None)
+    def at(scenario, target="gateway"):
+        return next((f for f in fixed if f["scenario"] == scenario and f["target"] == target), None)
 
-    half, paced = gateway_at("fixed_half"), gateway_at("paced_half")
+    half, paced = at("fixed_half"), at("paced_half")
+    # What the bare TCP relay (no HTTP, no auth) added at the same loads: the part
+    # of the p99 targets any proxy in this layout pays on this host.
+    relay_floor = {tool: f["p99_added_ms"] for tool, f in
+                   (("oha", at("fixed_half", "relay")), ("paced", at("paced_half", "relay")))
+                   if f and f["p99_added_ms"] is not None}
     # (name, comparison, bound, measured value): the goal shown and the check made are one.
     goals = [
         ("gateway / nginx req/s", ">=", 1.2, pair_or_ratio("gateway", "nginx", ratio(gw_rps, nginx))),
@@ -238,6 +243,7 @@ def build(raw, meta, resources, note):
         "resources": res,
         "paired_ratios": pairs,
         "targets": targets,
+        "relay_p99_added_half_ms": relay_floor or None,
         "core0_others_pct": core0 or None,
         "cpu_budget": budget,
     }
@@ -306,7 +312,7 @@ def markdown(rep):
     if rep["fixed_load"]:
         out.append("\nAt fixed offered loads, a quarter and half of the gateway's peak: oha `-q` (its requests "
                    "leave in bursts on its 1 ms timer ticks), and h2load `--rps` for paced arrivals (each "
-                   "connection on its own timer):\n")
+                   "connection on its own timer); relay is the bare TCP relay, a proxy's floor:\n")
         out.append("| load | target | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | p99 added vs direct ms | server CPU µs/req |")
         out.append("| - | - | -: | -: | -: | -: | -: | -: | -: |")
         for f in rep["fixed_load"]:
@@ -342,6 +348,13 @@ def markdown(rep):
     for t in rep["targets"]:
         met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
         out.append(f"| {t['name']} | {t['goal']} | {t['value'] if t['value'] is not None else '–'} | {met} |")
+    floor = rep.get("relay_p99_added_half_ms")
+    if floor:
+        said = {"oha": "with oha", "paced": "with paced arrivals (h2load)"}
+        out.append("\nAt the same half of peak, the bare TCP relay (no HTTP, no key check: a proxy that only "
+                   "moves the bytes) added "
+                   + " and ".join(f"{v} ms {said[k]}" for k, v in floor.items())
+                   + " to direct's p99: what this layout and this host add for any proxy, before any HTTP work.")
     b = rep.get("cpu_budget")
     if b and b["cpu_ratio_to_gateway"]:
         names = {"direct": "direct", "gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy",

@@ -799,10 +799,14 @@ done
 # that of the key cache filling.
 GW_PEAK=$(median_rps saturation gateway)
 HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
-log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy in each round"
+# The bare TCP relay runs in these rounds too: what a proxy that does nothing but
+# move the bytes adds to the client's p99 at the same loads, on the same host, is the
+# floor the p99 targets are read against.
+FIXED_TARGETS=("${SAT_TARGETS[@]}" "relay $RELAY_PORT $RELAY_PID")
+log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy, TCP relay in each round"
 for r in $(seq "$RUNS"); do
-  for k in "${!SAT_TARGETS[@]}"; do
-    read -r name port pid <<<"${SAT_TARGETS[$(((k + r - 1) % ${#SAT_TARGETS[@]}))]}"
+  for k in "${!FIXED_TARGETS[@]}"; do
+    read -r name port pid <<<"${FIXED_TARGETS[$(((k + r - 1) % ${#FIXED_TARGETS[@]}))]}"
     oha_once fixed_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
     oha_once fixed_quarter "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$QUARTER" "$r"
     paced_once paced_half "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$HALF" "$r"
