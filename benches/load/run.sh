@@ -4,7 +4,7 @@
 # fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
 # `mode tcp`) as the ceiling of any proxy in this layout. Everything on 127.0.0.1.
 #
-#   benches/load/run.sh            # 3 runs x 10 s per figure (about 15 minutes + the builds)
+#   benches/load/run.sh            # 3 runs x 10 s per figure (about 17 minutes + the builds)
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
 #   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo
