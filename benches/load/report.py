@@ -188,8 +188,8 @@ def build(raw, meta, resources, note):
         return next((f for f in fixed if f["scenario"] == scenario and f["target"] == target), None)
 
     half, paced = at("fixed_half"), at("paced_half")
-    # What the bare TCP relay (no HTTP, no auth) added at the same loads: the part
-    # of the p99 targets any proxy in this layout pays on this host.
+    # What the bare TCP relay (no HTTP, no auth) added at the same loads: what the
+    # layout and the host add for any proxy, before any HTTP work.
     relay_floor = {tool: f["p99_added_ms"] for tool, f in
                    (("oha", at("fixed_half", "relay")), ("paced", at("paced_half", "relay")))
                    if f and f["p99_added_ms"] is not None}

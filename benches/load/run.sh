@@ -781,8 +781,10 @@ log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
 # The bare TCP relay and Envoy run in the same rounds (saturation only: Envoy
 # cannot carry half of the gateway's peak on this core).
 log "saturation, interleaved: direct, gateway, $PEERS, TCP relay in each round, order rotating"
-SAT_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID" "haproxy $HAP_PORT $HAP_PID")
-ROUND_TARGETS=("${SAT_TARGETS[@]}" "relay $RELAY_PORT $RELAY_PID")
+# The same targets, the bare TCP relay included, run the fixed-load rounds below.
+FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID"
+  "haproxy $HAP_PORT $HAP_PID" "relay $RELAY_PORT $RELAY_PID")
+ROUND_TARGETS=("${FIXED_TARGETS[@]}")
 [ -n "$ENVOY" ] && ROUND_TARGETS+=("envoy $ENVOY_PORT $ENVOY_PID")
 for r in $(seq "$RUNS"); do
   for k in "${!ROUND_TARGETS[@]}"; do
@@ -802,7 +804,6 @@ HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
 # The bare TCP relay runs in these rounds too: what a proxy that does nothing but
 # move the bytes adds to the client's p99 at the same loads, on the same host, is the
 # floor the p99 targets are read against.
-FIXED_TARGETS=("${SAT_TARGETS[@]}" "relay $RELAY_PORT $RELAY_PID")
 log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy, TCP relay in each round"
 for r in $(seq "$RUNS"); do
   for k in "${!FIXED_TARGETS[@]}"; do
