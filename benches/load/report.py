@@ -257,6 +257,18 @@ def host_kernel(m):
     return f", kernel {m['kernel']}" + (f" (TCP congestion control {cc})" if cc else "")
 
 
+def core0_held(m):
+    """How core 0 was kept for the server under test (run.sh, core0.py)."""
+    if "core0_held" not in m:  # a report from before run.sh held core 0
+        return ""
+    h = m["core0_held"]
+    if not h:
+        return "; the machine's other tasks shared it (--share-core0)"
+    return (f"; the machine's other tasks held to core 1 for the rounds: {h['moved_threads']} threads of "
+            f"{h['moved_processes']} processes, {h['left_on_core0']} per-CPU kernel threads stay"
+            + (f", {h['not_permitted']} not permitted" if h["not_permitted"] else ""))
+
+
 def markdown(rep):
     m = rep["meta"]
     out = []
@@ -266,7 +278,7 @@ def markdown(rep):
         f"{m['mode']} mode: {m['runs']} run(s) x {m['duration_s']} s per figure, {m['connections']} connections; "
         f"{m['cpu']}, {m['cores']} cores{host_kernel(m)}; load average before: {' '.join(m['load_before'])}. "
         f"The gateway: {m.get('gateway_build', 'release')} build. "
-        "Server under test alone on core 0 (one worker/thread), load generator and upstream on core 1. "
+        f"Server under test alone on core 0 (one worker/thread{core0_held(m)}), load generator and upstream on core 1. "
         "Figures: median (min–max) of the runs.\n"
     )
     c = rep.get("core0_others_pct")

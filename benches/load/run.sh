@@ -7,7 +7,7 @@
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 17 minutes + the builds)
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
-#   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo
+#   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo --share-core0
 #
 # The gateway under test is a profile-guided (PGO) build in full mode (--no-pgo: the
 # plain `cargo build --release`; --quick measures the plain build unless --pgo): an
@@ -23,11 +23,16 @@
 # time and RSS from /proc, core 1's busy time, and a check of both cores for stalls before
 # the rounds (host_gaps.py). The report (JSON, Markdown, PNG) goes to benches/load/results/
 # unless --out.
+#
+# Core 0 is kept for the server under test: for the rounds, every other task of the
+# machine that may move (its services, this script, unbound kernel threads) is held to
+# the other core, and given back its CPU set when the suite exits (core0.py; needs root
+# for other users' processes). --share-core0 leaves them where they are.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0
+RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=1 DURATION=2 MODE=quick ;;
@@ -39,6 +44,7 @@ while [ $# -gt 0 ]; do
     --pgo) PGO=1 ;;
     --no-pgo) PGO=0 ;;
     --pgo-only) PGO=1 PGO_ONLY=1 ;;
+    --share-core0) HOLD_CORE0=0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -132,6 +138,8 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  # Give every task held off core 0 its CPU set back.
+  [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
@@ -729,6 +737,16 @@ if [ "$PGO" = 1 ]; then
   fi
 fi
 
+# The server under test alone on core 0: the machine's other tasks (its services,
+# this script and what it runs unpinned, unbound kernel threads) held to core 1 for
+# the rounds, as the load generator and the upstream are. A service waking on core 0
+# stops the proxy there, and such stops land in every proxy's p99 and not in
+# direct's, whose server is on core 1.
+CORE0_HELD=null
+if [ "$HOLD_CORE0" = 1 ]; then
+  CORE0_HELD=$(python3 "$HERE/core0.py" hold "$WORK/core0.json")
+  log "core 0 kept for the server under test: $CORE0_HELD"
+fi
 log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
 log "gateway build: $GW_BUILD ($GW)"
 log "$RUNS run(s) x ${DURATION}s, $CONNS connections"
@@ -894,6 +912,7 @@ print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 
   'tcp_congestion_control': cc,
   'load_before': open('/proc/loadavg').read().split()[:3],
   'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
+  'core0_held': json.loads('$CORE0_HELD'),
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
             'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
             'haproxy': subprocess.run(['haproxy','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
