@@ -13,20 +13,27 @@ thread that allows it (processes, their threads, unbound kernel threads such
 as `kdamond`) and out of the workqueue's unbound cpumask, and writes what it
 changed to SAVEFILE; `release` puts back exactly that, skipping a thread that
 has exited since (a reused thread id is told apart by its start time).
-Per-CPU kernel threads cannot move and stay; without root only the caller's
-own processes move. Prints one JSON line with the counts.
+Per-CPU kernel threads cannot move and stay; a process's own thread bound to
+core 0 (RabbitMQ binds an Erlang scheduler to each core) is moved to the other
+cores. Without root only the caller's own processes move. Prints one JSON line with the counts.
 """
 import json
 import os
 import sys
 
 WORKQUEUE = "/sys/devices/virtual/workqueue/cpumask"
+PF_KTHREAD = 0x00200000  # a kernel thread, in the flags of /proc/TID/stat
+
+
+def read_stat(tid):
+    """/proc/TID/stat's fields from the third on (state = [0], flags = [6],
+    start time = [19]); the command name before them may hold spaces."""
+    with open(f"/proc/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
 
 
 def start_time(tid):
-    # Field 22 of /proc/TID/stat; the command name (field 2) may hold spaces.
-    with open(f"/proc/{tid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[19]
+    return read_stat(tid)[19]
 
 
 def threads():
@@ -44,6 +51,7 @@ def threads():
 def hold(path):
     saved, moved, pinned, denied, procs = [], 0, 0, 0, set()
     me = os.getpid()
+    others = set(range(os.cpu_count())) - {0}
     for pid, tid in threads():
         if pid == me:
             continue
@@ -51,18 +59,20 @@ def hold(path):
             cpus = os.sched_getaffinity(tid)
             if 0 not in cpus:
                 continue
-            if cpus == {0}:
-                pinned += 1  # pinned to core 0 on purpose (or a per-CPU kernel thread)
+            stat = read_stat(tid)
+            if cpus == {0} and int(stat[6]) & PF_KTHREAD:
+                pinned += 1  # a per-CPU kernel thread: it cannot move
                 continue
-            started = start_time(tid)
-            os.sched_setaffinity(tid, cpus - {0})
+            # A process's own thread bound to core 0 (RabbitMQ binds its Erlang
+            # schedulers one per core) moves too, to every other core.
+            os.sched_setaffinity(tid, (cpus - {0}) or others)
         except PermissionError:
             denied += 1
             continue
         except OSError:  # exited, or a kernel thread that may not move
             pinned += 1
             continue
-        saved.append([tid, started, sorted(cpus)])
+        saved.append([tid, stat[19], sorted(cpus)])
         moved += 1
         procs.add(pid)
     wq = None
