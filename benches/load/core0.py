@@ -15,7 +15,8 @@ changed to SAVEFILE; `release` puts back exactly that, skipping a thread that
 has exited since (a reused thread id is told apart by its start time).
 Per-CPU kernel threads cannot move and stay; a process's own thread bound to
 core 0 (RabbitMQ binds an Erlang scheduler to each core) is moved to the other
-cores. Without root only the caller's own processes move. Prints one JSON line with the counts.
+cores. Without root only the caller's own processes move. Prints one JSON line
+with the counts.
 """
 import json
 import os
@@ -32,10 +33,6 @@ def read_stat(tid):
         return f.read().rsplit(")", 1)[1].split()
 
 
-def start_time(tid):
-    return read_stat(tid)[19]
-
-
 def threads():
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -49,47 +46,47 @@ def threads():
 
 
 def hold(path):
-    saved, moved, pinned, denied, procs = [], 0, 0, 0, set()
+    saved, pinned, denied, procs, wq = [], 0, 0, set(), None
     me = os.getpid()
     others = set(range(os.cpu_count())) - {0}
-    for pid, tid in threads():
-        if pid == me:
-            continue
-        try:
-            cpus = os.sched_getaffinity(tid)
-            if 0 not in cpus:
-                continue
-            stat = read_stat(tid)
-            if cpus == {0} and int(stat[6]) & PF_KTHREAD:
-                pinned += 1  # a per-CPU kernel thread: it cannot move
-                continue
-            # A process's own thread bound to core 0 (RabbitMQ binds its Erlang
-            # schedulers one per core) moves too, to every other core.
-            os.sched_setaffinity(tid, (cpus - {0}) or others)
-        except PermissionError:
-            denied += 1
-            continue
-        except OSError:  # exited, or a kernel thread that may not move
-            pinned += 1
-            continue
-        saved.append([tid, stat[19], sorted(cpus)])
-        moved += 1
-        procs.add(pid)
-    wq = None
     try:
-        with open(WORKQUEUE) as f:
-            wq = f.read().strip()
-        mask = int(wq, 16) & ~1
-        if mask:
-            with open(WORKQUEUE, "w") as f:
-                f.write(f"{mask:x}")
-        else:
-            wq = None
-    except (OSError, ValueError):
-        wq = None
-    with open(path, "w") as f:
-        json.dump({"threads": saved, "workqueue_cpumask": wq}, f)
-    print(json.dumps({"moved_threads": moved, "moved_processes": len(procs),
+        for pid, tid in threads():
+            if pid == me:
+                continue
+            try:
+                cpus = os.sched_getaffinity(tid)
+                if 0 not in cpus:
+                    continue
+                stat = read_stat(tid)
+                if cpus == {0} and int(stat[6]) & PF_KTHREAD:
+                    pinned += 1  # a per-CPU kernel thread: it cannot move
+                    continue
+                # A process's own thread bound to core 0 (RabbitMQ binds its Erlang
+                # schedulers one per core) moves too, to every other core.
+                os.sched_setaffinity(tid, (cpus - {0}) or others)
+            except PermissionError:
+                denied += 1
+                continue
+            except OSError:  # exited, or a kernel thread that may not move
+                pinned += 1
+                continue
+            saved.append([tid, stat[19], sorted(cpus)])
+            procs.add(pid)
+        try:
+            with open(WORKQUEUE) as f:
+                old = f.read().strip()
+            mask = int(old, 16) & ~1
+            if mask:
+                with open(WORKQUEUE, "w") as f:
+                    f.write(f"{mask:x}")
+                wq = old
+        except (OSError, ValueError):
+            pass
+    finally:
+        # Whatever was moved, even if interrupted: `release` must find it.
+        with open(path, "w") as f:
+            json.dump({"threads": saved, "workqueue_cpumask": wq}, f)
+    print(json.dumps({"moved_threads": len(saved), "moved_processes": len(procs),
                       "left_on_core0": pinned, "not_permitted": denied,
                       "workqueue_moved": wq is not None}))
 
@@ -103,7 +100,7 @@ def release(path):
     back = 0
     for tid, started, cpus in state["threads"]:
         try:
-            if start_time(tid) == started:
+            if read_stat(tid)[19] == started:
                 os.sched_setaffinity(tid, set(cpus))
                 back += 1
         except OSError:
