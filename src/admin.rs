@@ -37,6 +37,10 @@ pub mod names {
     pub const STORE_SECONDS: &str = "mpg_store_query_duration_seconds";
     /// Counter: upstream responses and failures by `upstream` and `outcome`.
     pub const UPSTREAM: &str = "mpg_upstream_requests_total";
+    /// Histogram: seconds from a request's hand-over to its upstream to the
+    /// upstream's response head, by `upstream`; answers only (failures are
+    /// counted by outcome in [`UPSTREAM`]).
+    pub const UPSTREAM_SECONDS: &str = "mpg_upstream_duration_seconds";
     /// Counter: extra attempts on another target after a connect failure, by `upstream`.
     pub const UPSTREAM_RETRIES: &str = "mpg_upstream_retries_total";
     /// Counter: targets taken out of rotation, by `upstream` and `target` (as configured).

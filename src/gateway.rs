@@ -82,6 +82,9 @@ pub(crate) struct RouteEntry {
     pub(crate) metrics: RequestMetrics,
     /// `mpg_upstream_requests_total` of this route's upstream, by outcome.
     pub(crate) upstream_outcomes: CounterCache<&'static str>,
+    /// `mpg_upstream_duration_seconds` of this route's upstream (one series
+    /// per upstream, shared by its routes).
+    pub(crate) upstream_latency: metrics::Histogram,
 }
 
 /// The per-request metric handles of one route (or of requests no route matched).
@@ -197,6 +200,13 @@ impl Gateway {
                 (counter("allowed"), counter("limited"))
             });
             let upstream = route.upstream.clone();
+            // The key service is served in-process: it has no upstream time.
+            let upstream_latency = match &target {
+                Target::Http(_) => {
+                    metrics::histogram!(names::UPSTREAM_SECONDS, "upstream" => upstream.clone())
+                }
+                Target::Builtin(_) => metrics::Histogram::noop(),
+            };
             routes.push(RouteEntry {
                 route: route.clone(),
                 target,
@@ -204,6 +214,7 @@ impl Gateway {
                 path_param,
                 metrics: RequestMetrics::new(label),
                 limit_counters,
+                upstream_latency,
                 upstream_outcomes: CounterCache::new(move |outcome| {
                     metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome)
                 }),

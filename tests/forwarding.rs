@@ -179,6 +179,10 @@ async fn backend(
             res
         }
         "fail" => full(500, "backend exploded"),
+        "slow-head" => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            full(200, "late")
+        }
         "slow-body" => {
             let frames = futures_util::stream::unfold(0u8, |state| async move {
                 match state {
@@ -475,6 +479,59 @@ async fn a_target_that_resets_mid_response_is_ejected_then_503_comes_at_once() {
             "mpg_upstream_requests_total",
             &["outcome=\"unavailable\""]
         ) == Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn upstream_time_is_measured_per_upstream_for_answers_only() {
+    let back = Backend::start().await;
+    let down = refusing().await;
+    let mut c = config(&[back.url()]);
+    c.set("upstreams.down.targets", vec![format!("http://{down}")]);
+    route(&mut c, "GET", "/down/{op}", "down");
+    let gw = start(&c);
+    assert_eq!(send(&gw, "GET", "/fwd/slow-head").await.0, 200);
+    assert_eq!(send(&gw, "GET", "/fwd/quick").await.0, 200);
+    assert_eq!(send(&gw, "GET", "/down/x").await.0, 502);
+    let m = metrics(&gw).await;
+    let up = "upstream=\"clusters\"";
+    let count = metric(&m, "mpg_upstream_duration_seconds_count", &[up]);
+    assert_eq!(count, Some(2.0), "both answers are counted: {m}");
+    let fast = metric(
+        &m,
+        "mpg_upstream_duration_seconds_bucket",
+        &[up, "le=\"0.25\""],
+    );
+    assert_eq!(
+        fast,
+        Some(1.0),
+        "only the quick answer is under 250 ms: {m}"
+    );
+    let sum = metric(&m, "mpg_upstream_duration_seconds_sum", &[up]).unwrap();
+    let route = "route=\"/fwd/{op}\"";
+    let whole = metric(&m, "mpg_request_duration_seconds_sum", &[route]).unwrap();
+    assert!(
+        (0.3..=whole).contains(&sum),
+        "the upstream's 300 ms are in it, and it is within the requests' time ({sum} of {whole})"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "mpg_upstream_duration_seconds_count",
+            &["upstream=\"down\""]
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "a target that never answered adds no upstream time: {m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "mpg_upstream_requests_total",
+            &["upstream=\"down\"", "outcome=\"connect_error\""]
+        ),
+        Some(1.0),
         "{m}"
     );
 }

@@ -508,9 +508,17 @@ impl Gateway {
             };
             // Whatever form and version the client used, the transports send
             // the URI's path and query (origin form) over their own version.
+            let handed_over = crate::clock::now();
             let result = upstream.forward(head, body, Some(&added)).await;
             let outcome = match &result {
-                Ok(_) => "response",
+                Ok(_) => {
+                    entry.upstream_latency.record(
+                        crate::clock::now()
+                            .saturating_duration_since(handed_over)
+                            .as_secs_f64(),
+                    );
+                    "response"
+                }
                 Err(UpstreamError::Timeout) => "timeout",
                 Err(UpstreamError::BodyTooLarge) => "body_too_large",
                 Err(UpstreamError::Connect(_)) => "connect_error",
