@@ -83,8 +83,10 @@ pub(crate) struct RouteEntry {
     /// `mpg_upstream_requests_total` of this route's upstream, by outcome.
     pub(crate) upstream_outcomes: CounterCache<&'static str>,
     /// `mpg_upstream_duration_seconds` of this route's upstream (one series
-    /// per upstream, shared by its routes).
-    pub(crate) upstream_latency: metrics::Histogram,
+    /// per upstream, shared by its routes); `None` where nothing is recorded
+    /// (the in-process key service, or no admin listener), so the request
+    /// path reads no clock for it.
+    pub(crate) upstream_latency: Option<metrics::Histogram>,
 }
 
 /// The per-request metric handles of one route (or of requests no route matched).
@@ -200,12 +202,13 @@ impl Gateway {
                 (counter("allowed"), counter("limited"))
             });
             let upstream = route.upstream.clone();
-            // The key service is served in-process: it has no upstream time.
+            // Metrics are recorded only with the admin listener on (see
+            // `start`); the key service, served in-process, has no upstream time.
             let upstream_latency = match &target {
-                Target::Http(_) => {
-                    metrics::histogram!(names::UPSTREAM_SECONDS, "upstream" => upstream.clone())
-                }
-                Target::Builtin(_) => metrics::Histogram::noop(),
+                Target::Http(_) if settings.admin.listen.is_some() => Some(
+                    metrics::histogram!(names::UPSTREAM_SECONDS, "upstream" => upstream.clone()),
+                ),
+                _ => None,
             };
             routes.push(RouteEntry {
                 route: route.clone(),

@@ -508,15 +508,19 @@ impl Gateway {
             };
             // Whatever form and version the client used, the transports send
             // the URI's path and query (origin form) over their own version.
-            // Without the admin listener no metric is recorded (see
-            // `admin::metrics_handle`): no clock reading for one either.
-            let handed_over = self.settings.admin.listen.is_some().then(crate::clock::now);
+            let handed_over = entry
+                .upstream_latency
+                .as_ref()
+                .map(|h| (h, crate::clock::now()));
             let result = upstream.forward(head, body, Some(&added)).await;
             let outcome = match &result {
                 Ok(_) => {
-                    if let Some(at) = handed_over {
-                        let waited = crate::clock::now().saturating_duration_since(at);
-                        entry.upstream_latency.record(waited.as_secs_f64());
+                    if let Some((histogram, at)) = handed_over {
+                        histogram.record(
+                            crate::clock::now()
+                                .saturating_duration_since(at)
+                                .as_secs_f64(),
+                        );
                     }
                     "response"
                 }
