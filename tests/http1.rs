@@ -800,3 +800,245 @@ async fn a_chunked_body_past_max_body_bytes_never_reaches_the_upstream_whole() {
         );
     }
 }
+
+// === Upstream answers without a body ===
+
+/// A raw HTTP/1.1 upstream answering each request head with the bytes of
+/// the first entry whose key its target ends with (no entry: the connection
+/// is closed). Returns its address.
+async fn canned_upstream(answers: &'static [(&'static str, &'static [u8])]) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // One request head (the gateway sends these without a body).
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
+                            .await
+                        {
+                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let head = String::from_utf8_lossy(&head);
+                    let target = head.split(' ').nth(1).unwrap_or("/");
+                    let Some((_, answer)) = answers.iter().find(|(k, _)| target.ends_with(k))
+                    else {
+                        return;
+                    };
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_304_or_head_answer_gets_no_content_length_the_target_did_not_send() {
+    // RFC 9110 §8.6: a 304 or HEAD answer may carry a Content-Length only
+    // if it is the size the GET's body would have; a cache that reads 0 there
+    // would store the representation as empty.
+    static ANSWERS: &[(&str, &[u8])] = &[
+        (
+            "/not-modified-sized",
+            b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 5\r\n\r\n",
+        ),
+        (
+            "/not-modified",
+            b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+        ),
+        (
+            "/chunked",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "/sized",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+    ];
+    let addr = canned_upstream(ANSWERS).await;
+    let w = world_with(|cfg| {
+        cfg.set("upstreams.raw.targets", vec![format!("http://{addr}")]);
+        for method in ["GET", "HEAD"] {
+            cfg.route(&format!("method = \"{method}\"\npath = \"/public/raw/{{case}}\"\nauth = \"none\"\nupstream = \"raw\"\nrate_limit = \"none\""));
+        }
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    // (method, case, status, the Content-Length the client must see)
+    let cases = [
+        ("GET", "not-modified", 304, None),
+        ("GET", "not-modified-sized", 304, Some("5")),
+        ("HEAD", "chunked", 200, None),
+        ("HEAD", "sized", 200, Some("5")),
+        ("GET", "chunked", 200, None),
+    ];
+    for (method, case, status, length) in cases {
+        c.send(format!(
+            "{method} /public/raw/{case} HTTP/1.1\r\nHost: a\r\n\r\n"
+        ))
+        .await;
+        let res = c.response_to(method).await;
+        assert_eq!(res.status, status, "{method} {case}: {res:?}");
+        assert_eq!(
+            res.header("content-length"),
+            length,
+            "{method} {case}: {res:?}"
+        );
+        assert!(!res.connection_has("close"), "{method} {case}: {res:?}");
+    }
+    // The last GET's body came whole (chunked), and nothing followed.
+    c.quiet_for(Duration::from_millis(200)).await;
+}
+
+// === Request bodies the client fails to deliver ===
+
+#[tokio::test]
+async fn uploads_the_client_aborts_or_stalls_never_eject_the_target() {
+    // One target, ejected after max_fails = 3 failures in a row. Failures of
+    // the client's own body are not the target's: were they counted, any
+    // client could take every target out of rotation (503 for everyone)
+    // by starting three uploads and dropping them.
+    let w = world_with(|cfg| {
+        cfg.set("upstreams.clusters.request_timeout", "300ms");
+    })
+    .await;
+    let upload = |n: usize| {
+        format!(
+            "POST {CLUSTERS}&n={n} HTTP/1.1\r\nHost: a\r\n{}Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"name\":",
+            auth(&w)
+        )
+    };
+    // Cut off half-way.
+    for n in 0..3 {
+        let mut c = Client::connect(w.gw.addr).await;
+        c.send(upload(n)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(get_clusters(&w, "&after=aborts")).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "after aborted uploads: {}", res.text());
+    // Stalled past request_timeout: the client's fault (400 naming the
+    // body, not a 5xx blaming the upstream), and the target stays in.
+    for n in 3..6 {
+        let mut c = Client::connect(w.gw.addr).await;
+        c.send(upload(n)).await;
+        let res = c.response_to("POST").await;
+        assert_eq!(res.status, 400, "stalled upload: {res:?}");
+        assert_eq!(res.json()["error"], "BadRequest", "{}", res.text());
+        let message = res.json()["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(message.starts_with("request body: "), "{message}");
+    }
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(get_clusters(&w, "&after=stalls")).await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "after stalled uploads: {}", res.text());
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_the_clients_400_not_a_502() {
+    // The head is fine, so the request is on its way upstream when a chunk
+    // size turns out to be garbage: the answer names the body (400), never
+    // "upstream could not be reached" (502), and the connection closes
+    // (what follows the bad chunk cannot be framed).
+    let w = world().await;
+    for bad in ["zz\r\nabc\r\n", "ffffffffffffffffffff\r\n", "3\r\nabcXY"] {
+        let mut c = Client::connect(w.gw.addr).await;
+        c.send(format!(
+            "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{bad}",
+            auth(&w)
+        ))
+        .await;
+        let res = c.response_to("POST").await;
+        assert_eq!(res.status, 400, "{bad:?}: {res:?}");
+        assert_eq!(res.json()["error"], "BadRequest", "{}", res.text());
+        assert!(res.connection_has("close"), "{bad:?}: {res:?}");
+    }
+    // The target was not blamed.
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(get_clusters(&w, "&after=bad-chunks")).await;
+    assert_eq!(c.response().await.status, 200);
+}
+
+#[tokio::test]
+async fn a_request_body_that_stalls_is_cut_off_after_idle_timeout() {
+    // The built-in key service waits for the whole body with no upstream
+    // deadline of its own: only the connection's idle_timeout can end a
+    // client that stops sending half-way (nginx's client_body_timeout).
+    let w = world_with(|cfg| {
+        cfg.set("server.limits.idle_timeout", "1s");
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST /api/v1/api-keys?organization_id=acme HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\":",
+        w.seed.session
+    ))
+    .await;
+    let started = std::time::Instant::now();
+    let res = c.response_to("POST").await;
+    assert_eq!(res.status, 400, "{res:?}");
+    assert_eq!(res.json()["error"], "BadRequest", "{}", res.text());
+    assert!(res.connection_has("close"), "{res:?}");
+    assert!(c.closed_within(Duration::from_secs(2)).await);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+// === Request header hygiene ===
+
+#[tokio::test]
+async fn proxy_headers_never_reach_the_upstream() {
+    // DESIGN.md §5 removes every `Proxy-*` header, not only the three
+    // standard ones; and `Proxy` itself is httpoxy (CVE-2016-5385): a CGI,
+    // PHP or Go net/http/cgi upstream turns it into HTTP_PROXY and sends its
+    // own outbound requests through the client's proxy.
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "GET {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Proxy: http://evil.example:8080\r\nProxy-Foo: 1\r\nproxy_bar: 2\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\nX-Proxy: kept\r\nProxyish: kept\r\n\r\n",
+        auth(&w)
+    ))
+    .await;
+    let res = c.response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let seen = w.up.last();
+    for gone in [
+        "proxy",
+        "proxy-foo",
+        "proxy_bar",
+        "proxy-authorization",
+        "proxy-connection",
+    ] {
+        assert!(
+            !seen.headers.contains_key(gone),
+            "{gone} reached the upstream: {:?}",
+            seen.headers
+        );
+    }
+    assert_eq!(seen.headers["x-proxy"], "kept");
+    assert_eq!(seen.headers["proxyish"], "kept");
+}

@@ -1,6 +1,7 @@
 //! Request bodies: decoded off the connection's buffer (`Content-Length` or
 //! `chunked`) and fed to the handler as it reads them.
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -139,18 +140,24 @@ enum BodyError {
     Framing(&'static str),
     #[error("the connection ended inside the request body")]
     Eof,
+    #[error("the client sent none of the request body within idle_timeout")]
+    Stalled,
     #[error("reading the request body: {0}")]
     Io(#[from] io::Error),
 }
 
 /// Runs the handler while feeding it the request body as it asks; returns
-/// its response and whether the body was read to its end.
+/// its response and whether the body was read to its end. `idle_timeout`
+/// bounds each wait for the client: to take the `100 Continue`, and to send
+/// more of a body the handler is waiting for (nginx's
+/// `client_body_timeout`; nothing else ends a stalled upload to the
+/// built-in key service).
 pub(super) async fn drive<S>(
     io: &mut S,
     rbuf: &mut BytesMut,
     mut handler: Pin<Box<impl Future<Output = Reply>>>,
     mut feed: Feed,
-    send_timeout: Duration,
+    idle_timeout: Duration,
 ) -> io::Result<(Reply, bool)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -174,10 +181,10 @@ where
             () = feed.want.notified(), if !wanted => {
                 wanted = true;
                 if feed.expect_continue {
-                    send(io, &mut &b"HTTP/1.1 100 Continue\r\n\r\n"[..], send_timeout).await?;
+                    send(io, &mut &b"HTTP/1.1 100 Continue\r\n\r\n"[..], idle_timeout).await?;
                 }
             }
-            piece = next_piece(io, rbuf, &mut feed.decoder, feed.tx.as_ref()), if feeding => {
+            piece = next_piece(io, rbuf, &mut feed.decoder, feed.tx.as_ref(), idle_timeout), if feeding => {
                 match piece {
                     Ok(()) => {}
                     Err(e) => {
@@ -198,13 +205,15 @@ where
 }
 
 /// Waits for room in the body channel, then decodes the next piece of body
-/// and sends it, reading from the socket as needed. Cancel-safe: state
-/// changes only between awaits.
+/// and sends it, reading from the socket as needed (a read that waits
+/// `idle_timeout` in vain fails). Cancel-safe: state changes only between
+/// awaits.
 async fn next_piece<S: AsyncRead + Unpin>(
     io: &mut S,
     rbuf: &mut BytesMut,
     decoder: &mut Decoder,
     tx: Option<&mpsc::Sender<Result<Bytes, BoxError>>>,
+    idle_timeout: Duration,
 ) -> Result<(), BodyError> {
     let Some(tx) = tx else { return Ok(()) };
     let Ok(permit) = tx.reserve().await else {
@@ -220,7 +229,16 @@ async fn next_piece<S: AsyncRead + Unpin>(
             }
             None if decoder.is_done() => return Ok(()),
             None => {
-                if read_more(io, rbuf).await? == 0 {
+                let mut read = std::pin::pin!(read_more(io, rbuf));
+                // Bytes usually wait in the socket: the timer (a clock read
+                // and a timer entry) is armed only for a read that has to wait.
+                let n = match read.as_mut().now_or_never() {
+                    Some(n) => n?,
+                    None => tokio::time::timeout(idle_timeout, read)
+                        .await
+                        .map_err(|_| BodyError::Stalled)??,
+                };
+                if n == 0 {
                     return Err(BodyError::Eof);
                 }
             }

@@ -56,7 +56,8 @@ pub(crate) struct Limits {
     /// first request's: after the accept).
     pub(crate) header_read_timeout: Duration,
     /// A connection waiting this long for a next request is closed; so is
-    /// one whose client takes none of a response write for this long.
+    /// one whose client takes none of a response write, or sends none of a
+    /// request body being read, for this long.
     pub(crate) idle_timeout: Duration,
     /// A request head longer than this is refused with 431. The pipeline
     /// answers the configured `max_header_bytes` itself; this is the

@@ -529,6 +529,7 @@ impl Gateway {
                 Err(UpstreamError::Connect(_)) => "connect_error",
                 Err(UpstreamError::Unavailable { .. }) => "unavailable",
                 Err(UpstreamError::Saturated) => "saturated",
+                Err(e) if e.is_client_side() => "client_body",
                 Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
             };
             entry.upstream_outcomes.increment(outcome);
@@ -543,9 +544,15 @@ impl Gateway {
                     what: format!("upstream {}", entry.route.upstream).into(),
                     retry_after: 1,
                 },
-                other @ (UpstreamError::Connect(_)
-                | UpstreamError::Reset(_)
-                | UpstreamError::Config(_)) => GatewayError::BadGateway(Box::new(other)),
+                // The client's own body was cut off, malformed or stalled:
+                // its fault, not the upstream's (no 502, no warning logged).
+                other => match other.client_body_error() {
+                    Some(body) => GatewayError::BadRequest {
+                        message: body.to_string().into(),
+                        field: None,
+                    },
+                    None => GatewayError::BadGateway(Box::new(other)),
+                },
             })
         }
     }

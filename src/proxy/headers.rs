@@ -180,8 +180,11 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 }
 
 /// Client headers the gateway never passes on, however spelled: identity it
-/// vouches for itself, client-address claims, and method overrides (an
-/// upstream honouring one would run a method the route was not authorized for).
+/// vouches for itself, client-address claims, method overrides (an
+/// upstream honouring one would run a method the route was not authorized
+/// for), every `Proxy-*` (DESIGN.md §5), and `Proxy` itself (httpoxy,
+/// CVE-2016-5385: a CGI-style upstream reads it as `HTTP_PROXY` and sends
+/// its own requests through the client's proxy).
 fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
@@ -192,11 +195,14 @@ fn is_spoofable(name: &HeaderName) -> bool {
         || exact("x-http-method-override")
         || exact("x-method-override")
         || exact("x-http-method")
+        || exact("proxy")
+        || starts_with_folded(n, "proxy-")
 }
 
 /// Removes `Authorization`, `Host`, hop-by-hop and `Connection`-named headers,
-/// every client-sent `X-Mpg-*`, `X-Forwarded-*`, `Forwarded` and `X-Real-Ip`
-/// (also spelled with `_`), and the method-override headers.
+/// every client-sent `X-Mpg-*`, `X-Forwarded-*`, `Forwarded`, `X-Real-Ip`,
+/// `Proxy` and `Proxy-*` (also spelled with `_`), and the method-override
+/// headers.
 pub fn sanitize_request(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
     // One look at the names present; only those are removed (a removal
@@ -576,11 +582,18 @@ mod tests {
             ("x-http-methods", "kept"),
             ("x-mpgx", "kept"),
             ("x-real-ip-note", "kept"),
+            ("proxy", "http://evil:1"),
+            ("proxy-foo", "1"),
+            ("proxy_bar", "2"),
+            ("proxyish", "kept"),
         ]);
         sanitize_request(&mut h);
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
-        assert_eq!(left, ["x-http-methods", "x-mpgx", "x-real-ip-note"]);
+        assert_eq!(
+            left,
+            ["proxyish", "x-http-methods", "x-mpgx", "x-real-ip-note"]
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::balance::Balancer;
-use super::client::{Conn, Incoming};
+use super::client::{ClientError, Conn, Incoming};
 use super::headers::sanitize_response;
 use super::headers::Added;
 use super::health::{active_check, Targets};
@@ -50,6 +50,25 @@ pub enum UpstreamError {
     /// The upstream configuration is unusable.
     #[error("invalid upstream: {0}")]
     Config(String),
+}
+
+impl UpstreamError {
+    /// Whether the client caused it, through its request body: never held
+    /// against the target's health.
+    pub(crate) fn is_client_side(&self) -> bool {
+        matches!(self, UpstreamError::BodyTooLarge) || self.client_body_error().is_some()
+    }
+
+    /// The client's request body failing (cut off, malformed, stalled) as
+    /// the cause of a `Reset`.
+    pub(crate) fn client_body_error(&self) -> Option<&ClientError> {
+        match self {
+            UpstreamError::Reset(e) => e
+                .downcast_ref::<ClientError>()
+                .filter(|e| matches!(e, ClientError::Body(_))),
+            _ => None,
+        }
+    }
 }
 
 /// Stops the active checker when the upstream goes (e.g. replaced on reload).
@@ -296,7 +315,10 @@ impl Upstream {
                 Err(e) => e,
             };
             match &err {
-                UpstreamError::BodyTooLarge => return Err(err),
+                // The client's request body failed (too large, cut off,
+                // malformed, stalled): the target is not to blame, or any
+                // client could eject every target by aborting uploads.
+                _ if err.is_client_side() => return Err(err),
                 UpstreamError::Connect(_) => hold.failed(),
                 _ => {
                     hold.failed();

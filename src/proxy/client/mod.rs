@@ -64,8 +64,9 @@ pub(crate) enum ClientError {
     /// The target's response is not valid HTTP/1.1.
     #[error("invalid upstream response: {0}")]
     Invalid(&'static str),
-    /// The request body could not be read (too large, or the client's
-    /// connection failed).
+    /// The request body could not be read (too large, malformed, stalled,
+    /// or the client's connection failed): the client's doing, not the
+    /// target's.
     #[error("request body: {0}")]
     Body(#[source] BoxError),
     /// No response head by the exchange's deadline.
@@ -243,6 +244,7 @@ impl Conn {
         };
         let reusable = reusable && keep_alive;
         res.body_mut().kind = match framing {
+            BodyFraming::None => Kind::Bodyless,
             BodyFraming::Known(Framing::Empty) => Kind::Empty,
             BodyFraming::Known(Framing::Length(n)) if inner.buf.len() as u64 >= n => {
                 Kind::Full(Some(inner.buf.split_to(n as usize).freeze()))
@@ -388,7 +390,13 @@ async fn stream_body(
                 tail = writer.tail(true, true);
                 ended = true;
             }
-            Poll::Pending => return poll_expired(&mut inner.timer, deadline, cx),
+            // Everything so far has gone: it is the client whose bytes are
+            // late, not the target (whose health this must not count against).
+            Poll::Pending => {
+                return poll_expired(&mut inner.timer, deadline, cx).map_err(|_| {
+                    ClientError::Body("the request body stalled past the deadline".into())
+                })
+            }
         }
     })
     .await

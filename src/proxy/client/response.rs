@@ -38,6 +38,10 @@ struct Head {
 
 /// How a response body ends.
 pub(super) enum BodyFraming {
+    /// No body by rule: the answer to a `HEAD`, a 1xx, 204 or 304. Unlike
+    /// `Known(Framing::Empty)` (a length of 0), its empty body says nothing
+    /// of the length of the representation.
+    None,
     Known(Framing),
     UntilClose,
 }
@@ -283,7 +287,7 @@ fn framing(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
-        return Ok((BodyFraming::Known(Framing::Empty), keep_alive));
+        return Ok((BodyFraming::None, keep_alive));
     }
     if let Some(last) = facts.last_coding {
         // A length beside a coding is ignored; the connection is not reused.
@@ -314,8 +318,14 @@ pub(crate) struct Incoming {
 
 /// Where a response body comes from.
 pub(crate) enum Kind {
-    /// None (a `HEAD` answer, 204, 304, or a zero length).
+    /// None: a zero length (or a body cut off, or given up with its
+    /// connection).
     Empty,
+    /// None by rule (a `HEAD` answer, 1xx, 204, 304): its size is not the
+    /// `Content-Length` to send, which only the target's own field gives
+    /// (a 304 or `HEAD` answer saying 0 for a non-empty representation
+    /// would have a cache store it as empty, RFC 9110 §8.6).
+    Bodyless,
     /// Arrived whole with the head (taken by the first poll).
     Full(Option<Bytes>),
     /// Read off the connection as it is polled.
@@ -340,6 +350,7 @@ impl Reader {
     /// The body of `framing` (not `Empty`), read off `conn`.
     pub(super) fn new(conn: Conn, framing: BodyFraming, reusable: bool) -> Self {
         let (decoder, remaining) = match framing {
+            BodyFraming::None => (Some(Decoder::new(Framing::Empty)), Some(0)),
             BodyFraming::Known(f @ Framing::Length(n)) => (Some(Decoder::new(f)), Some(n)),
             BodyFraming::Known(f) => (Some(Decoder::new(f)), None),
             BodyFraming::UntilClose => (None, None),
@@ -446,7 +457,7 @@ impl HttpBody for Incoming {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().kind {
-            Kind::Empty => Poll::Ready(None),
+            Kind::Empty | Kind::Bodyless => Poll::Ready(None),
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Reading(r) => r
                 .poll_data(cx)
@@ -457,7 +468,7 @@ impl HttpBody for Incoming {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Empty => true,
+            Kind::Empty | Kind::Bodyless => true,
             Kind::Full(data) => data.is_none(),
             Kind::Reading(r) => r.done,
             Kind::H2(b) => b.is_end_stream(),
@@ -467,6 +478,7 @@ impl HttpBody for Incoming {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
+            Kind::Bodyless => SizeHint::default(),
             Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
             Kind::Reading(r) => match r.remaining {
                 Some(n) => SizeHint::with_exact(n),
@@ -500,6 +512,7 @@ mod tests {
 
     fn framing_of(raw: &str) -> (&'static str, bool) {
         match response(raw.as_bytes(), false) {
+            Ok((_, BodyFraming::None, ka)) => ("none", ka),
             Ok((_, BodyFraming::Known(Framing::Empty), ka)) => ("empty", ka),
             Ok((_, BodyFraming::Known(Framing::Length(_)), ka)) => ("length", ka),
             Ok((_, BodyFraming::Known(Framing::Chunked), ka)) => ("chunked", ka),
@@ -534,9 +547,9 @@ mod tests {
             ("HTTP/1.1 200 OK\r\n\r\n", ("close", false)),
             (
                 "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
-                ("empty", true),
+                ("none", true),
             ),
-            ("HTTP/1.1 304 Not Modified\r\n\r\n", ("empty", true)),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", ("none", true)),
             (
                 "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
                 ("length", false),
@@ -574,14 +587,14 @@ mod tests {
         // A HEAD answer has no body, whatever its length says; the length
         // is passed on in the map. A body's own length is its size.
         let (res, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
-        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+        assert!(matches!(f, BodyFraming::None));
         assert_eq!(res.headers()["content-length"], "5");
         let (res, f, _) = response(
             b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n",
             false,
         )
         .unwrap();
-        assert!(matches!(f, BodyFraming::Known(Framing::Empty)));
+        assert!(matches!(f, BodyFraming::None));
         assert_eq!(res.headers()["content-length"], "7");
         let (res, f, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", false).unwrap();
         assert!(matches!(f, BodyFraming::Known(Framing::Length(5))));
