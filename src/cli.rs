@@ -253,6 +253,7 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         }
         Command::Sessions(SessionsCmd::Create { user, ttl }) => {
             let ttl = duration_arg("--ttl", &ttl)?;
+            expiry_arg("--ttl", ttl, now)?;
             let (token, session) = store.create_session(&user, ttl).await?;
             Ok(
                 json!({ "token": token, "user_id": session.user_id, "expires_at": rfc3339(session.expires_at) }),
@@ -306,7 +307,11 @@ async fn keys(
                 )));
             }
             let expires_at = match expires_in {
-                Some(text) => Some(now + duration_arg("--expires-in", &text)?.as_secs() as i64),
+                Some(text) => Some(expiry_arg(
+                    "--expires-in",
+                    duration_arg("--expires-in", &text)?,
+                    now,
+                )?),
                 None => None,
             };
             let new = NewApiKey {
@@ -366,6 +371,19 @@ fn duration_arg(flag: &str, text: &str) -> Result<Duration, Failure> {
         Ok(_) => Err(Failure::input(format!("{flag}: must be longer than zero"))),
         Err(e) => Err(Failure::input(format!("{flag}: {e}"))),
     }
+}
+
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z).
+const LAST_RFC3339_SECOND: i64 = 253_402_300_799;
+
+/// `now + lifetime` as unix seconds, if RFC 3339 can still write it: the
+/// record's `expires_at` would otherwise print as null (no expiry) or "".
+fn expiry_arg(flag: &str, lifetime: Duration, now: i64) -> Result<i64, Failure> {
+    i64::try_from(lifetime.as_secs())
+        .ok()
+        .and_then(|secs| now.checked_add(secs))
+        .filter(|at| *at <= LAST_RFC3339_SECOND)
+        .ok_or_else(|| Failure::input(format!("{flag}: must end before the year 10000")))
 }
 
 /// Unix seconds as RFC 3339 UTC.

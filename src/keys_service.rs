@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+use crate::auth::token::looks_like_secret;
 use crate::body::{self, Body};
 use crate::clock::unix_now;
 use crate::config::Settings;
@@ -95,12 +96,12 @@ impl KeysService {
     }
 
     /// Serves one endpoint. `key` is the record stage 4 already loaded for
-    /// `{id}` routes (its organization was checked against the caller's).
+    /// `{id}` routes (its organization was checked against the caller's);
+    /// the `{id}` endpoints act on that record only, never on a bare id.
     pub async fn handle(
         &self,
         op: Operation,
         caller: Caller<'_>,
-        key_id: Option<String>,
         key: Option<ApiKeyRecord>,
         req: Request<Body>,
     ) -> Result<Response<Body>, GatewayError> {
@@ -109,11 +110,11 @@ impl KeysService {
             Operation::Create => self.create(caller, req, now).await,
             Operation::List => self.list(caller, req.uri().query(), now).await,
             Operation::Get => {
-                let key = key.ok_or(GatewayError::NotFound)?;
+                let key = own_key(&caller, key)?;
                 Ok(json_response(StatusCode::OK, &key.to_json(now)))
             }
             Operation::Revoke => {
-                let id = key_id.ok_or(GatewayError::NotFound)?;
+                let id = own_key(&caller, key)?.id;
                 let record = self
                     .store
                     .revoke_api_key(&id, now)
@@ -124,7 +125,7 @@ impl KeysService {
                 Ok(json_response(StatusCode::OK, &record.to_json(now)))
             }
             Operation::Delete => {
-                let id = key_id.ok_or(GatewayError::NotFound)?;
+                let id = own_key(&caller, key)?.id;
                 if !self.store.delete_api_key(&id).await.map_err(store_error)? {
                     return Err(GatewayError::NotFound);
                 }
@@ -151,6 +152,10 @@ impl KeysService {
             .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
         for field in input.keys() {
             if !matches!(field.as_str(), "name" | "scopes" | "expires_at") {
+                // Never echo a credential pasted in the wrong place.
+                if looks_like_secret(field.bytes()) {
+                    return Err(GatewayError::bad_field("body", "holds an unknown field"));
+                }
                 return Err(GatewayError::bad_field(field.as_str(), "unknown field"));
             }
         }
@@ -222,10 +227,13 @@ impl KeysService {
                 ));
             };
             if !self.settings.known_scopes.contains(s) {
-                return Err(GatewayError::bad_field(
-                    "scopes",
-                    &format!("unknown scope {s:?}"),
-                ));
+                // Never echo a credential pasted in the wrong place.
+                let what = if looks_like_secret(s.bytes()) {
+                    "holds an unknown scope".to_string()
+                } else {
+                    format!("unknown scope {s:?}")
+                };
+                return Err(GatewayError::bad_field("scopes", &what));
             }
             if !scopes.contains(s) {
                 scopes.push(s.clone());
@@ -276,6 +284,13 @@ impl KeysService {
             &json!({ "data": data, "next_cursor": next }),
         ))
     }
+}
+
+/// The key `{id}` names, when it belongs to the caller's organization: a key
+/// of another organization, or one stage 4 did not load, is not found.
+fn own_key(caller: &Caller<'_>, key: Option<ApiKeyRecord>) -> Result<ApiKeyRecord, GatewayError> {
+    key.filter(|k| k.organization_id == caller.organization)
+        .ok_or(GatewayError::NotFound)
 }
 
 async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
@@ -382,5 +397,69 @@ mod tests {
             parse_future_time("1970-01-01T00:01:40+00:00", 0).unwrap(),
             100
         );
+    }
+
+    #[tokio::test]
+    async fn id_endpoints_never_act_on_a_key_of_another_organization() {
+        use crate::store::testing::TestDb;
+        use crate::store::{CacheConfig, KeyStore, SessionAuth, SessionRecord};
+        use std::time::Duration;
+        let db = TestDb::sqlite();
+        let store = db.store().await;
+        for (org, user) in [("acme", "alice"), ("other", "bob")] {
+            assert!(store.create_organization(org, None).await.is_ok());
+            assert!(store.create_user(user, None).await.is_ok());
+            assert!(store.set_member(org, user, "owner").await.is_ok());
+        }
+        let new = NewApiKey {
+            organization_id: "other".into(),
+            user_id: "bob".into(),
+            name: "theirs".into(),
+            scopes: vec!["clusters:read".into()],
+            expires_at: None,
+        };
+        let Ok((_, theirs)) = store.create_api_key(new).await else {
+            panic!("create failed")
+        };
+        let settings = Settings::parse(
+            "[server]\ninsecure_http = true\n[upstreams.c]\ntargets = [\"http://127.0.0.1:9\"]\n\
+             [[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"none\"\nupstream = \"c\"\n",
+        );
+        let Ok(settings) = settings else {
+            panic!("{settings:?}")
+        };
+        let cfg = CacheConfig {
+            ttl: Duration::from_secs(30),
+            negative_ttl: Duration::from_secs(5),
+            capacity: 100,
+            stale_if_error: Duration::from_secs(0),
+        };
+        let cache = CachedKeyStore::new(Arc::new(store.clone()) as Arc<dyn KeyStore>, cfg);
+        let service = KeysService::new(store.clone(), cache, Arc::new(settings));
+        let principal = Principal::Session(Arc::new(SessionAuth {
+            session: SessionRecord {
+                id: "ses_1".into(),
+                user_id: "alice".into(),
+                created_at: 0,
+                expires_at: i64::MAX,
+            },
+            memberships: vec![("acme".into(), "owner".into())],
+        }));
+        // A route whose organization is not the key's own hands over the bare
+        // id (no record), or a record of another organization.
+        for op in [Operation::Get, Operation::Revoke, Operation::Delete] {
+            for key in [None, Some(theirs.clone())] {
+                let caller = Caller {
+                    principal: &principal,
+                    organization: "acme",
+                    role: "owner",
+                };
+                let req = Request::new(body::empty());
+                let res = service.handle(op, caller, key, req).await;
+                assert!(matches!(res, Err(GatewayError::NotFound)), "{op:?}");
+            }
+        }
+        let after = store.get_api_key(&theirs.id).await.ok().flatten();
+        assert_eq!(after.map(|k| k.revoked_at), Some(None), "touched");
     }
 }

@@ -218,3 +218,120 @@ fn run_refuses_an_invalid_config_with_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"));
 }
+
+#[test]
+fn check_config_refuses_connection_and_header_limits_too_large_to_serve() {
+    // Each passed check-config and then panicked at start (tokio's semaphore
+    // limit, or an overflow of the HTTP/2 header-list limit).
+    for (key, value) in [
+        ("server.limits.max_connections", i64::MAX),
+        ("server.limits.max_header_bytes", i64::MAX),
+        ("upstreams.clusters.max_connections_per_target", i64::MAX),
+    ] {
+        let mut cfg = config();
+        cfg.set(key, value);
+        let path = cfg.write();
+        let (code, _, err) = cli(&path, &["check-config"]);
+        assert_eq!(code, 2, "{key} = {value} was accepted: {err}");
+        assert!(err.contains(key), "{key} not named in:\n{err}");
+        let out = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{key}: run did not refuse it");
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+            "{key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn check_config_refuses_key_service_routes_that_skip_the_keys_organization() {
+    // `POST /api-keys/{id}/revoke` without `organization = "key:id"` (and
+    // without a scope, which then needs no organization) let any session
+    // revoke any organization's key.
+    let mut cfg = config();
+    let routes = cfg.table["routes"].as_array_mut().unwrap();
+    let revoke = routes
+        .iter_mut()
+        .find(|r| r["path"].as_str() == Some("/api/v1/api-keys/{id}/revoke"))
+        .unwrap()
+        .as_table_mut()
+        .unwrap();
+    revoke.remove("scope");
+    revoke.insert("organization".into(), "none".into());
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "accepted: {err}");
+    assert!(
+        err.contains(".organization") && err.contains("key:id"),
+        "{err}"
+    );
+}
+
+#[test]
+fn migrate_never_prints_the_store_password() {
+    let (mut cfg, db) = config_on(true);
+    let db = db.unwrap();
+    // Trust authentication on the test server ignores the password.
+    cfg.postgres(&format!("{}?password=hunter2", db.url));
+    let out = cli_ok(&cfg.write(), &["migrate"]);
+    let shown = out["store"].as_str().unwrap();
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains(&db.name), "{shown}");
+}
+
+#[test]
+fn lifetimes_past_the_year_9999_are_refused_not_printed_as_no_expiry() {
+    // RFC 3339 stops at 9999-12-31: such an expiry came out as `"expires_at": ""`
+    // for a session and `null` (never expires) for a key that does.
+    let cfg = config();
+    let path = cfg.write();
+    seed(&path, "acme", "alice", "owner", "clusters:read");
+    let (code, out, err) = cli(
+        &path,
+        &["sessions", "create", "--user", "alice", "--ttl", "4000000d"],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(err.contains("--ttl"), "{err}");
+    let (code, out, err) = cli(
+        &path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "far",
+            "--scopes",
+            "clusters:read",
+            "--expires-in",
+            "4000000d",
+        ],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(err.contains("--expires-in"), "{err}");
+    // Long but writable lifetimes still work.
+    let key = cli_ok(
+        &path,
+        &[
+            "keys",
+            "create",
+            "--org",
+            "acme",
+            "--user",
+            "alice",
+            "--name",
+            "long",
+            "--scopes",
+            "clusters:read",
+            "--expires-in",
+            "36500d",
+        ],
+    );
+    assert!(key["expires_at"].as_str().unwrap().ends_with('Z'), "{key}");
+}

@@ -332,3 +332,27 @@ async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_n
     let got = cli_ok(&w.path, &["keys", "get", &other.key_id]);
     assert_eq!(got["status"], "active");
 }
+
+#[tokio::test]
+async fn a_credential_pasted_into_the_body_is_never_echoed_in_the_error() {
+    // DESIGN.md §4: secrets never appear in an error body. A session token or
+    // key pasted as a scope or as a field name came back in `message` and
+    // `details.field`.
+    let w = world(false).await;
+    let s = &w.seed.session;
+    let key = &w.seed.key;
+    for body in [
+        json!({"name": "a", "scopes": [key]}),
+        json!({"name": "a", "scopes": [s]}),
+        json!({"name": "a", "scopes": ["clusters:read"], key.as_str(): true}),
+    ] {
+        let (status, res) = call(&w, reqwest::Method::POST, KEYS, s, Some(body)).await;
+        assert_eq!(status, 400, "{res}");
+        let text = res.to_string();
+        assert!(
+            !text.contains(&key[4..]) && !text.contains(&s[4..]),
+            "{text}"
+        );
+        assert!(res["details"]["field"].is_string(), "{res}");
+    }
+}

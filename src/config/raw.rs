@@ -183,8 +183,9 @@ pub(crate) struct RawPolicy {
     pub(crate) key: PolicyKey,
 }
 
+/// `[rate_limit.auth_failures]`: each key defaults on its own (DESIGN.md §2).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct RawQuota {
     pub(crate) requests: u32,
     #[serde(with = "serde_str")]

@@ -378,3 +378,178 @@ fn a_ca_file_and_a_matching_client_identity_are_accepted() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn store_urls_never_show_a_password_even_with_an_at_sign_or_in_the_query() {
+    for (url, shown) in [
+        (
+            "postgres://gw:p@ss@db.internal:5432/gateway",
+            "postgres://gw:***@db.internal:5432/gateway",
+        ),
+        (
+            "postgres://gw:a/b@c@db.internal/gateway",
+            "postgres://gw:***@db.internal/gateway",
+        ),
+        (
+            "postgres://gw:pa?ss@db.internal/gateway",
+            "postgres://gw:***@db.internal/gateway",
+        ),
+        (
+            "postgres://gw@db.internal/gateway?password=hunter2",
+            "postgres://gw@db.internal/gateway?password=***",
+        ),
+        (
+            "postgres://db.internal/gateway?sslmode=require&PASSWORD=hunter2",
+            "postgres://db.internal/gateway?sslmode=require&PASSWORD=***",
+        ),
+    ] {
+        let s = Settings::parse(&format!(
+            "{MINIMAL}\n[store]\nkind = \"postgres\"\nurl = {url:?}\n"
+        ))
+        .unwrap();
+        assert_eq!(s.store.display, shown, "{url}");
+    }
+    // Nothing to hide: unchanged.
+    for url in [
+        "postgres://gw@db.internal/gateway",
+        "postgres://db.internal:5432/gateway?sslmode=require",
+    ] {
+        assert_eq!(validate::redact_url(url), url);
+    }
+    let errs = problems(&format!(
+        "{MINIMAL}\n[rate_limit]\nbackend = \"redis\"\nredis_url = \"http://:p@ss@cache\"\n"
+    ));
+    assert!(
+        errs[0].starts_with("rate_limit.redis_url") && !errs[0].contains("p@ss"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn connection_and_header_counts_too_large_to_serve_are_refused_by_path() {
+    // Past tokio's semaphore limit (usize::MAX >> 3) the server or an upstream
+    // pool panics at start; past 2^31 the HTTP/2 header-list limit overflows.
+    let huge = i64::MAX;
+    for (section, key) in [
+        ("[server.limits]", "max_connections"),
+        ("[server.limits]", "max_header_bytes"),
+    ] {
+        let errs = problems(&MINIMAL.replace(
+            "[server]\ninsecure_http = true",
+            &format!("[server]\ninsecure_http = true\n{section}\n{key} = {huge}"),
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(&format!("server.limits.{key}: at most"))),
+            "{key}: {errs:?}"
+        );
+    }
+    let errs = problems(&MINIMAL.replace(
+        "targets = [",
+        &format!("max_connections_per_target = {huge}\ntargets = ["),
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("upstreams.clusters.max_connections_per_target: at most")),
+        "{errs:?}"
+    );
+    // Large but servable values stay accepted.
+    let ok = MINIMAL.replace(
+        "[server]\ninsecure_http = true",
+        "[server]\ninsecure_http = true\n[server.limits]\nmax_connections = 1000000\nmax_header_bytes = 1048576",
+    );
+    assert!(Settings::parse(&ok).is_ok());
+}
+
+#[test]
+fn key_service_routes_by_id_must_take_the_organization_of_that_key() {
+    // Without `organization = "key:id"` the key's organization is never checked
+    // against the caller's: revoke or delete would reach any organization's key.
+    let keys = "\n[upstreams.keys]\nbuiltin = \"api-keys\"\n";
+    for (method, path, organization) in [
+        ("POST", "/api/v1/api-keys/{id}/revoke", "none"),
+        ("DELETE", "/api/v1/api-keys/{id}", "query:organization_id"),
+        ("GET", "/api/v1/api-keys/{id}", "path:id"),
+    ] {
+        let errs = problems(&format!(
+            "{MINIMAL}{keys}[[routes]]\nmethod = \"{method}\"\npath = \"{path}\"\nauth = \"session\"\norganization = \"{organization}\"\nupstream = \"keys\"\n"
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("routes[1].organization:") && e.contains("\"key:id\"")),
+            "{method} {path} with {organization}: {errs:?}"
+        );
+    }
+    for (method, organization) in [("POST", "none"), ("GET", "none")] {
+        let errs = problems(&format!(
+            "{MINIMAL}{keys}[[routes]]\nmethod = \"{method}\"\npath = \"/api/v1/api-keys\"\nauth = \"session\"\norganization = \"{organization}\"\nupstream = \"keys\"\n"
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("routes[1].organization:")),
+            "{method} with {organization}: {errs:?}"
+        );
+    }
+    // The shipped form stays valid.
+    let ok = format!(
+        "{MINIMAL}{keys}[[routes]]\nmethod = \"POST\"\npath = \"/api/v1/api-keys/{{id}}/revoke\"\nauth = \"session\"\nscope = \"api-keys:write\"\norganization = \"key:id\"\nupstream = \"keys\"\n"
+    );
+    assert!(
+        Settings::parse(&ok).is_ok(),
+        "{:?}",
+        Settings::parse(&ok).err()
+    );
+}
+
+#[test]
+fn auth_failures_keys_default_one_by_one() {
+    // DESIGN.md §2: every key but routes and upstreams has a default, so a
+    // table that sets one of the two keys keeps the other's default.
+    let text = |body: &str| format!("{MINIMAL}\n[rate_limit.auth_failures]\n{body}\n");
+    let s = Settings::parse(&text("requests = 5")).unwrap();
+    assert_eq!(s.rate_limit.auth_failures.requests.get(), 5);
+    assert_eq!(s.rate_limit.auth_failures.per, Duration::from_secs(60));
+    let s = Settings::parse(&text("per = \"10m\"")).unwrap();
+    assert_eq!(s.rate_limit.auth_failures.requests.get(), 20);
+    assert_eq!(s.rate_limit.auth_failures.per, Duration::from_secs(600));
+    let errs = problems(&text("requests = 0"));
+    assert!(
+        errs[0].starts_with("rate_limit.auth_failures.requests"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn scopes_that_would_not_survive_a_space_separated_list_are_refused() {
+    // `X-Mpg-Scopes` and the store list scopes space-separated: a route scope
+    // "billing clusters:write" granted by a role reached the upstream as the
+    // two scopes `billing` and `clusters:write`.
+    for scope in ["billing clusters:write", "", "tab\tscope", "*"] {
+        let text = format!(
+            "{MINIMAL}\n[roles]\nowner = [\"*\"]\nbilling = [{scope:?}]\n[[routes]]\nmethod = \"POST\"\npath = \"/b\"\nauth = \"api_key\"\nscope = {scope:?}\nupstream = \"clusters\"\n"
+        );
+        let errs = problems(&text);
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("routes[1].scope: invalid scope")),
+            "{scope:?}: {errs:?}"
+        );
+    }
+}
+
+#[test]
+fn a_redis_url_this_build_cannot_open_is_refused_by_check_config() {
+    // Accepted here, then every start failed: the redis client has no TLS.
+    let errs = problems(&format!(
+        "{MINIMAL}\n[rate_limit]\nbackend = \"redis\"\nredis_url = \"rediss://:pw@127.0.0.1:6380\"\n"
+    ));
+    assert!(
+        errs[0].starts_with("rate_limit.redis_url") && errs[0].contains("rediss://"),
+        "{errs:?}"
+    );
+    assert!(!errs[0].contains("pw"), "{errs:?}");
+    let ok = format!(
+        "{MINIMAL}\n[rate_limit]\nbackend = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\n"
+    );
+    assert!(Settings::parse(&ok).is_ok());
+}

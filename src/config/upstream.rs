@@ -108,6 +108,11 @@ fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpU
         .unwrap_or(MAX_CONNECTIONS_PER_TARGET);
     if max_connections_per_target == 0 {
         p.add(key("max_connections_per_target"), "must be at least 1");
+    } else if max_connections_per_target > super::validate::MAX_CONNECTIONS {
+        p.add(
+            key("max_connections_per_target"),
+            format!("at most {}", super::validate::MAX_CONNECTIONS),
+        );
     }
     let retries = raw.retries.unwrap_or(RETRIES);
     if retries > 10 {

@@ -21,6 +21,14 @@ const SECTIONS: [&str; 8] = [
     "routes",
 ];
 
+/// The most connections a listener or an upstream target may be given: each
+/// is a semaphore permit (tokio panics past `usize::MAX >> 3`), and draining
+/// at shutdown acquires them all as one `u32`.
+pub(super) const MAX_CONNECTIONS: usize = u32::MAX as usize;
+/// The most header bytes a request may have: twice this bounds the head a
+/// connection buffers, and must fit HTTP/2's `u32` header-list limit.
+const MAX_HEADER_BYTES: usize = 1 << 30;
+
 /// Collects problems while walking the file.
 #[derive(Default)]
 pub(super) struct Problems {
@@ -279,12 +287,22 @@ fn server_settings(p: &mut Problems, raw: RawServer) -> ServerSettings {
     let l = raw.limits;
     if l.max_header_bytes < 1024 {
         p.add("server.limits.max_header_bytes", "must be at least 1024");
+    } else if l.max_header_bytes > MAX_HEADER_BYTES {
+        p.add(
+            "server.limits.max_header_bytes",
+            format!("at most {MAX_HEADER_BYTES}"),
+        );
     }
     if l.max_body_bytes == 0 {
         p.add("server.limits.max_body_bytes", "must be greater than zero");
     }
     if l.max_connections == 0 {
         p.add("server.limits.max_connections", "must be greater than zero");
+    } else if l.max_connections > MAX_CONNECTIONS {
+        p.add(
+            "server.limits.max_connections",
+            format!("at most {MAX_CONNECTIONS}"),
+        );
     }
     p.positive("server.limits.header_read_timeout", l.header_read_timeout);
     p.positive("server.limits.idle_timeout", l.idle_timeout);
@@ -362,24 +380,50 @@ fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
     }
 }
 
-/// Replaces the password of `scheme://user:password@host` with `***`.
+/// Replaces the password of `scheme://user:password@host` and the value of a
+/// `password=` query parameter with `***`.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.find('@') else {
-        return url.to_string();
+    let (head, rest) = url.split_at(scheme_end + 3);
+    let mut out = String::with_capacity(url.len());
+    out.push_str(head);
+    // URL parsers take the *last* `@` as the end of the user info, so a
+    // password holding a raw `@`, `/` or `?` still ends there (an `@` in the
+    // query can only make this hide too much, never too little).
+    let rest = match rest.rfind('@').map(|at| rest.split_at(at)) {
+        Some((userinfo, host)) => {
+            match userinfo.split_once(':') {
+                Some((user, _)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(userinfo),
+            }
+            host
+        }
+        None => rest,
     };
-    match rest[..at].find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &rest[..colon],
-            &rest[at..]
-        ),
-        None => url.to_string(),
+    let Some((path, query)) = rest.split_once('?') else {
+        out.push_str(rest);
+        return out;
+    };
+    out.push_str(path);
+    out.push('?');
+    for (i, pair) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                out.push_str(name);
+                out.push_str("=***");
+            }
+            _ => out.push_str(pair),
+        }
     }
+    out
 }
 
 fn quota(p: &mut Problems, path: &str, requests: u32, per: Duration) -> Option<QuotaSettings> {
@@ -398,7 +442,16 @@ fn rate_limit_settings(p: &mut Problems, raw: RawRateLimit) -> RateLimitSettings
     let redis = match raw.backend {
         RawBackend::Local => None,
         RawBackend::Redis => match raw.redis_url {
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            // The redis client is built without TLS: a `rediss://` url would
+            // pass here and then stop every start.
+            Some(url) if url.starts_with("rediss://") => {
+                p.add(
+                    "rate_limit.redis_url",
+                    "rediss:// (TLS) is not supported by this build; use redis://",
+                );
+                None
+            }
+            Some(url) if url.starts_with("redis://") => {
                 p.positive("rate_limit.redis_timeout", raw.redis_timeout);
                 Some(RedisSettings {
                     url,
@@ -510,6 +563,40 @@ fn roles_settings(
     Roles { map }
 }
 
+/// The key service trusts the organization stage 5 authorized: for a key
+/// named by id it must be that key's own (else revoke or delete would reach
+/// any organization's key), for the collection the one the request names.
+fn key_service_organization(
+    p: &mut Problems,
+    path: &str,
+    op: crate::keys_service::Operation,
+    organization: &OrgSource,
+) {
+    use crate::keys_service::Operation;
+    let fits = match op {
+        Operation::Get | Operation::Revoke | Operation::Delete => {
+            matches!(organization, OrgSource::Key(name) if name == "id")
+        }
+        Operation::Create | Operation::List => {
+            matches!(organization, OrgSource::Query(_) | OrgSource::Path(_))
+        }
+    };
+    if !fits {
+        let want = match op {
+            Operation::Get | Operation::Revoke | Operation::Delete => {
+                "must be \"key:id\" (the organization of the key the path names)"
+            }
+            Operation::Create | Operation::List => {
+                "must name the organization the request is for (\"query:NAME\" or \"path:NAME\")"
+            }
+        };
+        p.add(
+            format!("{path}.organization"),
+            format!("{want} on a route of the built-in api-keys service"),
+        );
+    }
+}
+
 /// `{name}` parameters of a route template, or why the template is invalid.
 pub(crate) fn template_params(template: &str) -> Result<Vec<&str>, String> {
     let Some(rest) = template.strip_prefix('/') else {
@@ -578,6 +665,7 @@ fn route_settings(
             Vec::new()
         }
     };
+    let before_organization = p.len();
     let organization = match raw.organization.as_deref().unwrap_or("none") {
         "none" => OrgSource::None,
         other => match other.split_once(':') {
@@ -629,7 +717,14 @@ fn route_settings(
         _ => {}
     }
     if let Some(scope) = &raw.scope {
-        if !BUILTIN_SCOPES.contains(&scope.as_str()) && !granted.contains(scope.as_str()) {
+        // Scopes travel space-separated (stored, and in `X-Mpg-Scopes`): one
+        // holding a space would read as two there, and no key could hold it.
+        if scope.is_empty() || !scope.bytes().all(|b| b.is_ascii_graphic()) || scope == "*" {
+            p.add(
+                format!("{path}.scope"),
+                format!("invalid scope {scope:?}: use printable ASCII without spaces, e.g. \"clusters:read\""),
+            );
+        } else if !BUILTIN_SCOPES.contains(&scope.as_str()) && !granted.contains(scope.as_str()) {
             p.add(
                 format!("{path}.scope"),
                 format!(
@@ -652,14 +747,17 @@ fn route_settings(
         }
         Some(UpstreamSettings::Builtin(BuiltinService::ApiKeys)) => {
             if let Some(m) = &method {
-                if crate::keys_service::Operation::for_route(m, &raw.path).is_none() {
-                    p.add(
+                match crate::keys_service::Operation::for_route(m, &raw.path) {
+                    None => p.add(
                         path,
                         format!(
                             "{m} {} is not an endpoint of the built-in api-keys service",
                             raw.path
                         ),
-                    );
+                    ),
+                    // Already named if the value itself is invalid.
+                    Some(_) if p.len() > before_organization => {}
+                    Some(op) => key_service_organization(p, path, op, &organization),
                 }
             }
         }

@@ -55,7 +55,6 @@ struct Grant<'a> {
 struct Validated {
     organization: Option<String>,
     key: Option<Box<ApiKeyRecord>>,
-    key_id: Option<String>,
 }
 
 impl Gateway {
@@ -379,10 +378,9 @@ impl Gateway {
         let mut v = Validated {
             organization: None,
             key: None,
-            key_id: None,
         };
         match &entry.route.organization {
-            OrgSource::None => v.key_id = path_param,
+            OrgSource::None => {}
             OrgSource::Query(name) => {
                 v.organization = Some(query.require(name).map_err(query_error)?.to_string())
             }
@@ -397,7 +395,6 @@ impl Gateway {
                 let key = key.ok_or(GatewayError::NotFound)?;
                 v.organization = Some(key.organization_id.clone());
                 v.key = Some(Box::new(key));
-                v.key_id = Some(id);
             }
         }
         Ok(v)
@@ -468,7 +465,6 @@ impl Gateway {
                     return Box::pin(self.keys_service.handle(
                         *op,
                         ctx,
-                        validated.key_id,
                         validated.key.map(|k| *k),
                         req,
                     ))
