@@ -590,3 +590,68 @@ async fn secrets_never_reach_the_log() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_organization_limit_is_one_bucket_that_only_members_spend() {
+    // An `organization`-keyed policy: an API key and a member's session
+    // naming the same organization spend one bucket; a stranger naming it
+    // is refused later (stage 5) and must not drain it on the way.
+    let w = world(|cfg| {
+        cfg.set("rate_limit.policies.orgwide.requests", 2);
+        cfg.set("rate_limit.policies.orgwide.per", "1m");
+        cfg.set("rate_limit.policies.orgwide.key", "organization");
+        for (path, auth) in [
+            ("/api/v1/org-limited", "api_key"),
+            ("/api/v1/org-limited-s", "session"),
+        ] {
+            cfg.route(&format!(
+                "method = \"GET\"\npath = \"{path}\"\nauth = \"{auth}\"\nscope = \"clusters:read\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"\nrate_limit = \"orgwide\""
+            ));
+        }
+    })
+    .await;
+    let stranger = seed(&w.path, "evil", "mallory", "owner", "clusters:read");
+    for _ in 0..2 {
+        let res = get(
+            &w,
+            "/api/v1/org-limited-s?organization_id=acme",
+            Some(&stranger.session),
+        )
+        .await;
+        assert_eq!(res.status(), 404, "a stranger is not told acme exists");
+    }
+    let res = get(
+        &w,
+        "/api/v1/org-limited?organization_id=acme",
+        Some(&w.seed.key),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "1");
+    let res = get(
+        &w,
+        "/api/v1/org-limited-s?organization_id=acme",
+        Some(&w.seed.session),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()["x-ratelimit-remaining"],
+        "0",
+        "the key's bucket"
+    );
+    let (status, _, body) = error_of(
+        get(
+            &w,
+            "/api/v1/org-limited?organization_id=acme",
+            Some(&w.seed.key),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (429, Some("TooManyRequests"))
+    );
+    assert_eq!(w.up.count(), 2);
+}

@@ -334,18 +334,23 @@ impl Gateway {
                 user_key = format!("user:{}", s.session.user_id);
                 &user_key
             }
-            (PolicyKey::Organization, Some(p)) => match p.home_organization() {
-                Some(org) => org,
-                // A session has no organization of its own: use the one asked for
-                // when the request names it directly, else the user.
-                None => {
-                    user_key = match requested_org_hint(entry, head, path_param) {
-                        Some(org) => format!("org:{org}"),
-                        None => format!("user:{}", p.user_id()),
-                    };
-                    &user_key
-                }
-            },
+            // One bucket per organization, whichever credential spends it.
+            // A session has no organization of its own: it spends the one
+            // the request names directly when the user is a member of it
+            // (stage 5 has not run yet: a stranger naming it must not drain
+            // its bucket), else its user's.
+            (PolicyKey::Organization, Some(p)) => {
+                let hint = match p.home_organization() {
+                    Some(org) => Some(Cow::Borrowed(org)),
+                    None => requested_org_hint(entry, head, path_param)
+                        .filter(|org| p.role_in(org).is_some()),
+                };
+                user_key = match hint {
+                    Some(org) => format!("org:{org}"),
+                    None => format!("user:{}", p.user_id()),
+                };
+                &user_key
+            }
             _ => conn.peer_ip(),
         };
         let decision = self.limiter.check(policy, key).await;
