@@ -29,7 +29,8 @@ type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 ///
 /// By the path's last segment: `source?bytes=N` streams N bytes;
 /// `too-many` is 429 with `Retry-After: 5`; `fail` is 500; `slow-body`
-/// sends headers and 1 byte then stalls; `health` follows `healthy`;
+/// sends headers and 1 byte then stalls; `trickle-body` sends a byte every
+/// 100 ms for 5 s; `health` follows `healthy`;
 /// anything else counts the request body as it streams and answers with
 /// method, version and body length as JSON.
 struct Backend {
@@ -195,6 +196,19 @@ async fn backend(
                         None
                     }
                 }
+            });
+            Response::new(BodyExt::boxed(StreamBody::new(frames)))
+        }
+        "trickle-body" => {
+            let frames = futures_util::stream::unfold(0u8, |n| async move {
+                if n == 50 {
+                    return None;
+                }
+                if n > 0 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let byte = Frame::data(Bytes::from_static(b"x"));
+                Some((Ok::<_, std::io::Error>(byte), n + 1))
             });
             Response::new(BodyExt::boxed(StreamBody::new(frames)))
         }
@@ -655,23 +669,28 @@ async fn stalls_past_the_connect_header_and_whole_request_timeouts() {
         "{took:?}"
     );
 
-    // Body stall: the headers come, the body is cut at the whole-request timeout.
-    let started = Instant::now();
-    let res = client()
-        .get(gw.url("/body/slow-body"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    assert!(
-        res.bytes().await.is_err(),
-        "the stalled body ends in an error"
-    );
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(700) && took < Duration::from_secs(4),
-        "{took:?}"
-    );
+    // Body stall: the headers come, the body is cut once it has sent
+    // nothing for request_timeout; a body that keeps coming is cut at the
+    // whole-request timeout.
+    for (op, at_least) in [("slow-body", 450), ("trickle-body", 750)] {
+        let started = Instant::now();
+        let res = client()
+            .get(gw.url(&format!("/body/{op}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(
+            res.bytes().await.is_err(),
+            "{op}: the body ends in an error"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(at_least)
+                && took < Duration::from_millis(at_least + 1500),
+            "{op}: {took:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -905,6 +905,38 @@ async fn a_304_or_head_answer_gets_no_content_length_the_target_did_not_send() {
     c.quiet_for(Duration::from_millis(200)).await;
 }
 
+#[tokio::test]
+async fn an_upstream_body_that_stalls_is_cut_off_after_request_timeout() {
+    // A target that sends its head and part of its body, then nothing,
+    // must not hold the client's connection (and its own) for ever: each
+    // wait for more body is bounded by request_timeout (nginx's
+    // proxy_read_timeout); the client sees the body cut off and a close.
+    static ANSWERS: &[(&str, &[u8])] = &[(
+        "/stall",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",
+    )];
+    let addr = canned_upstream(ANSWERS).await;
+    let w = world_with(|cfg| {
+        cfg.set("upstreams.raw.targets", vec![format!("http://{addr}")]);
+        cfg.set("upstreams.raw.request_timeout", "500ms");
+        cfg.route("method = \"GET\"\npath = \"/public/raw/{case}\"\nauth = \"none\"\nupstream = \"raw\"\nrate_limit = \"none\"");
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    let started = std::time::Instant::now();
+    c.send("GET /public/raw/stall HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    while c.fill().await {}
+    let took = started.elapsed();
+    let got = String::from_utf8_lossy(&c.buf).to_string();
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.ends_with("\r\n\r\npartial"), "{got}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
 // === Request bodies the client fails to deliver ===
 
 #[tokio::test]

@@ -3,13 +3,15 @@
 //! whose connect failed can go to another target), and the response body
 //! that holds the target's in-flight slot until it ends, tells the health
 //! state how the exchange ended (a body cut off mid-stream is a failure,
-//! even after a 200), and enforces the whole-request `timeout`.
+//! even after a 200), and enforces the whole-request `timeout` and the
+//! bound on each wait for more of it.
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
@@ -129,6 +131,11 @@ impl Drop for InFlight {
 #[error("the upstream response did not finish within the request timeout")]
 pub(crate) struct BodyTimeout;
 
+/// The upstream sent none of its response body for `request_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream response body stalled past request_timeout")]
+pub(crate) struct BodyStalled;
+
 /// The upstream's response body, relayed frame by frame.
 pub(crate) struct ResponseBody {
     /// The body, and the HTTP/1.1 connection it arrives on: back in its
@@ -138,6 +145,14 @@ pub(crate) struct ResponseBody {
     /// Count the target's success when the body ends (not for a 5xx, already a failure).
     pub(crate) succeed_at_end: bool,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,
+    /// How long a wait for more of the body may last (the upstream's
+    /// `request_timeout`, nginx's `proxy_read_timeout`): a target that
+    /// stops sending mid-body cannot hold the client's connection.
+    pub(crate) stall_after: Duration,
+    /// Armed only when a poll has to wait (a body that came with its head
+    /// never reads the clock for it), re-armed after each frame.
+    pub(crate) stall: Option<Pin<Box<Sleep>>>,
+    pub(crate) stall_armed: bool,
 }
 
 impl ResponseBody {
@@ -152,6 +167,18 @@ impl ResponseBody {
             }
         }
         self.deadline = None;
+        self.stall = None;
+    }
+
+    /// The body failed mid-stream: it ends here, against the target.
+    fn fail(&mut self, e: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.deadline = None;
+        self.stall = None;
+        self.inner.cut_off();
+        if let Some(h) = self.hold.take() {
+            h.failed();
+        }
+        Poll::Ready(Some(Err(e)))
     }
 }
 
@@ -166,12 +193,7 @@ impl HttpBody for ResponseBody {
         let this = self.get_mut();
         if let Some(d) = this.deadline.as_mut() {
             if d.as_mut().poll(cx).is_ready() {
-                this.deadline = None;
-                this.inner.cut_off();
-                if let Some(h) = this.hold.take() {
-                    h.failed();
-                }
-                return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
+                return this.fail(Box::new(BodyTimeout));
             }
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -180,21 +202,29 @@ impl HttpBody for ResponseBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                this.stall_armed = false;
                 // hyper stops polling a body that says it has ended.
                 if this.inner.is_end_stream() {
                     this.finish();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                // Reset or cut off mid-response: counts against the target.
-                this.inner.cut_off();
-                if let Some(h) = this.hold.take() {
-                    h.failed();
+            // Reset or cut off mid-response: counts against the target.
+            Poll::Ready(Some(Err(e))) => this.fail(e),
+            Poll::Pending => {
+                if !this.stall_armed {
+                    let at = tokio::time::Instant::now() + this.stall_after;
+                    match this.stall.as_mut() {
+                        Some(t) => t.as_mut().reset(at),
+                        None => this.stall = Some(Box::pin(tokio::time::sleep_until(at))),
+                    }
+                    this.stall_armed = true;
                 }
-                Poll::Ready(Some(Err(e)))
+                match this.stall.as_mut().map(|t| t.as_mut().poll(cx)) {
+                    Some(Poll::Ready(())) => this.fail(Box::new(BodyStalled)),
+                    _ => Poll::Pending,
+                }
             }
-            Poll::Pending => Poll::Pending,
         }
     }
 

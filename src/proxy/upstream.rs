@@ -368,6 +368,9 @@ impl Upstream {
             succeed_at_end: !server_error,
             hold: Some(hold),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+            stall_after: self.request_timeout,
+            stall: None,
+            stall_armed: false,
         };
         Response::from_parts(parts, Body::new(body).relaying(relayed))
     }
