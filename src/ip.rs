@@ -10,8 +10,11 @@ use std::net::IpAddr;
 pub(crate) struct IpText(Box<str>);
 
 impl IpText {
+    /// An IPv4 client that reached a dual-stack (`[::]`) listener arrives as
+    /// `::ffff:a.b.c.d`: written as `a.b.c.d`, so that its rate-limit key and
+    /// `X-Forwarded-For` do not depend on the listener's address family.
     pub(crate) fn new(ip: IpAddr) -> Self {
-        let text = match ip {
+        let text = match ip.to_canonical() {
             IpAddr::V4(v4) => {
                 // At most 15 bytes.
                 let mut text = String::with_capacity(15);
@@ -50,7 +53,22 @@ mod tests {
             "::ffff:192.0.2.1",
         ] {
             let ip: IpAddr = ip.parse().unwrap();
-            assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+            assert_eq!(IpText::new(ip).as_str(), ip.to_canonical().to_string());
         }
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_written_as_ipv4() {
+        for (mapped, v4) in [
+            ("::ffff:192.0.2.1", "192.0.2.1"),
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("::ffff:c000:0201", "192.0.2.1"),
+        ] {
+            let ip: IpAddr = mapped.parse().unwrap();
+            assert_eq!(IpText::new(ip).as_str(), v4, "{mapped}");
+        }
+        // Not mapped: left alone (IPv4-compatible `::a.b.c.d` is deprecated, not IPv4).
+        let ip: IpAddr = "::192.0.2.1".parse().unwrap();
+        assert_eq!(IpText::new(ip).as_str(), "::c000:201");
     }
 }

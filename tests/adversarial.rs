@@ -923,3 +923,31 @@ mod config_loader {
         }
     }
 }
+
+#[tokio::test]
+async fn credentials_in_the_path_are_refused_and_never_forwarded() {
+    // A client that put its key in a path segment (a REST-ish habit): the
+    // path reaches the upstream, its logs and every proxy between, so it is
+    // refused like a key in the query, however it is escaped.
+    let w = world_with(|cfg| {
+        cfg.route("method = \"GET\"\npath = \"/public/echo/{x}\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    })
+    .await;
+    let key = w.seed.key.clone();
+    let session = w.seed.session.clone();
+    for path in [
+        format!("/public/echo/{key}"),
+        format!("/public/echo/%6Dpg_{}", &key[4..]),
+        format!("/public/echo/{session}"),
+        format!("/api/v1/clusters/{key}"),
+    ] {
+        let res = raw_get(w.gw.addr, &path, "").await;
+        assert_eq!(res.status, 400, "{path}: {}", res.body);
+        assert_eq!(res.json()["details"]["field"], "path", "{path}");
+        assert!(!res.body.contains(&key[4..]) && !res.body.contains(&session[4..]));
+    }
+    assert_eq!(w.up.count(), 0);
+    // Short prefix-alikes are ordinary segments.
+    let res = raw_get(w.gw.addr, "/public/echo/mpg_prod", "").await;
+    assert_eq!(res.status, 200, "{}", res.body);
+}

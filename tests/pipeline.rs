@@ -655,3 +655,64 @@ async fn an_organization_limit_is_one_bucket_that_only_members_spend() {
     );
     assert_eq!(w.up.count(), 2);
 }
+
+#[tokio::test]
+async fn path_parameters_are_percent_decoded_before_the_organization_and_key_checks() {
+    // A client that encodes path segments (`encodeURIComponent` turns `@`
+    // into `%40`) names the same organization or key as one that does not,
+    // and the gateway checks the value the upstream will decode.
+    let w = world(|cfg| {
+        cfg.route("method = \"GET\"\npath = \"/api/v1/orgs/{org}/clusters\"\nauth = \"api_key\"\nscope = \"clusters:read\"\norganization = \"path:org\"\nupstream = \"clusters\"");
+    })
+    .await;
+    let ops = seed(&w.path, "ops@acme", "bob", "owner", "clusters:read");
+    for target in [
+        "/api/v1/orgs/ops@acme/clusters",
+        "/api/v1/orgs/ops%40acme/clusters",
+        "/api/v1/orgs/%6Fps%40acme/clusters",
+    ] {
+        let res = get(&w, target, Some(&ops.key)).await;
+        assert_eq!(res.status(), 200, "{target}");
+        let seen = w.up.last();
+        assert_eq!(seen.uri, target, "forwarded as received");
+        assert_eq!(
+            seen.headers["x-mpg-organization-id"], "ops@acme",
+            "{target}"
+        );
+        // Another organization's key is still refused, however it is spelled.
+        let res = get(&w, target, Some(&w.seed.key)).await;
+        assert_eq!(res.status(), 404, "{target}");
+    }
+    // `key:id`: the key's id, an unreserved character encoded.
+    let encoded = format!("/api/v1/api-keys/%6B{}", &w.seed.key_id[1..]);
+    let res = get(&w, &encoded, Some(&w.seed.session)).await;
+    assert_eq!(res.status(), 200, "{encoded}");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["id"], w.seed.key_id.as_str());
+}
+
+#[tokio::test]
+async fn a_query_parameter_that_does_not_decode_is_named_in_details_field() {
+    let w = world(|_| {}).await;
+    for (query, field) in [
+        ("organization_id=acme%ff", "organization_id"),
+        ("organization_id=acme&name=%c3%28", "name"),
+        ("organization_id=acme&n%ffme=1", "query"),
+    ] {
+        let target = format!("/api/v1/clusters?{query}");
+        let (status, headers, body) = error_of(get(&w, &target, Some(&w.seed.key)).await).await;
+        assert_eq!((status, body["error"].as_str()), (400, Some("BadRequest")));
+        assert_eq!(body["details"]["field"], field, "{query}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().starts_with(field),
+            "{query}: {body}"
+        );
+        assert!(headers.contains_key("x-ratelimit-limit"), "reached stage 3");
+    }
+    let many: Vec<String> = (0..65).map(|i| format!("p{i}=1")).collect();
+    let target = format!("/api/v1/clusters?organization_id=acme&{}", many.join("&"));
+    let (status, _, body) = error_of(get(&w, &target, Some(&w.seed.key)).await).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["details"]["field"], "query", "{body}");
+    assert_eq!(w.up.count(), 0);
+}

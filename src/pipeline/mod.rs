@@ -27,7 +27,10 @@ use crate::gateway::{Gateway, RouteEntry, Target};
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity, X_REQUEST_ID};
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
-use crate::routes::{check_head, check_target, find_secret_param, Query, QueryError, RouteMatch};
+use crate::routes::{
+    check_head, check_target, decode_segment, find_secret_param, path_holds_secret, Query,
+    QueryError, RouteMatch,
+};
 use crate::server::{ConnInfo, Reply, RequestId, Stamp};
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
 
@@ -193,7 +196,12 @@ impl Gateway {
                 field: None,
             })?;
         // A credential in the URL is refused before anything could log or forward it.
-        if let Some(field) = head.uri.query().and_then(find_secret_param) {
+        let secret_at = if path_holds_secret(head.uri.path()) {
+            Some("path".to_string())
+        } else {
+            head.uri.query().and_then(find_secret_param)
+        };
+        if let Some(field) = secret_at {
             return Err(GatewayError::bad_field(
                 field,
                 "looks like a credential; send it in the Authorization header, never in the URL",
@@ -222,11 +230,17 @@ impl Gateway {
         match self.router.at(&head.method, head.uri.path()) {
             RouteMatch::Found { value, params } => {
                 let entry = &self.routes[*value];
-                let param = entry
-                    .path_param
-                    .as_deref()
-                    .and_then(|name| params.get(name))
-                    .map(str::to_string);
+                // Matched as received, but the value is the one the upstream
+                // reads: percent-decoded, as the query's are (stage 1 refused
+                // every escape that could decode to `/`, `.` or a control byte).
+                let malformed = || GatewayError::BadRequest {
+                    message: "invalid request: the target has a malformed percent escape".into(),
+                    field: None,
+                };
+                let param = match entry.path_param.as_deref().and_then(|n| params.get(n)) {
+                    Some(raw) => Some(decode_segment(raw).ok_or_else(malformed)?.into_owned()),
+                    None => None,
+                };
                 Ok((*value, param))
             }
             RouteMatch::MethodNotAllowed { allow } => Err(GatewayError::MethodNotAllowed {
@@ -599,10 +613,10 @@ fn query_error(e: QueryError) -> GatewayError {
             GatewayError::bad_field(name, "required query parameter is missing")
         }
         QueryError::Empty(name) => GatewayError::bad_field(name, "must not be empty"),
-        QueryError::BadEncoding => GatewayError::BadRequest {
-            message: "malformed query string".into(),
-            field: None,
-        },
+        QueryError::BadEncoding(name) => {
+            GatewayError::bad_field(name, "malformed percent-encoding (not UTF-8)")
+        }
+        QueryError::TooMany => GatewayError::bad_field("query", "too many parameters"),
     }
 }
 

@@ -4,7 +4,7 @@
 mod query;
 mod target;
 
-pub use query::{find_secret_param, Query, QueryError};
+pub use query::{decode_segment, find_secret_param, path_holds_secret, Query, QueryError};
 pub use target::{check_head, check_target, TargetError};
 
 use http::header::HeaderValue;

@@ -12,9 +12,13 @@ pub enum QueryError {
     /// A parameter given more than once (after decoding its name).
     #[error("{0}: repeated parameter")]
     Repeated(String),
-    /// Malformed escapes, invalid UTF-8 after decoding, or too many parameters.
-    #[error("malformed query string")]
-    BadEncoding,
+    /// Malformed escapes or invalid UTF-8 after decoding: the parameter's
+    /// decoded name, or `query` when the name itself is malformed.
+    #[error("{0}: malformed percent-encoding")]
+    BadEncoding(String),
+    /// More than [`MAX_PARAMS`] parameters.
+    #[error("too many query parameters")]
+    TooMany,
     /// A required parameter is absent.
     #[error("{0}: required")]
     Missing(String),
@@ -33,10 +37,11 @@ fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// Percent-decodes (`+` = space when `plus` is set); borrows when nothing changes.
-fn decode(raw: &str, plus: bool) -> Result<Cow<'_, str>, QueryError> {
+/// Percent-decodes (`+` = space when `plus` is set); borrows when nothing
+/// changes. `None` for a malformed escape or invalid UTF-8.
+fn decode(raw: &str, plus: bool) -> Option<Cow<'_, str>> {
     if !raw.bytes().any(|b| b == b'%' || (plus && b == b'+')) {
-        return Ok(Cow::Borrowed(raw));
+        return Some(Cow::Borrowed(raw));
     }
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -48,7 +53,7 @@ fn decode(raw: &str, plus: bool) -> Result<Cow<'_, str>, QueryError> {
                 let l = bytes.get(i + 2).copied().and_then(hex);
                 match (h, l) {
                     (Some(h), Some(l)) => out.push(h << 4 | l),
-                    _ => return Err(QueryError::BadEncoding),
+                    _ => return None,
                 }
                 i += 3;
             }
@@ -62,9 +67,14 @@ fn decode(raw: &str, plus: bool) -> Result<Cow<'_, str>, QueryError> {
             }
         }
     }
-    String::from_utf8(out)
-        .map(Cow::Owned)
-        .map_err(|_| QueryError::BadEncoding)
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
+/// A path parameter's value, percent-decoded as the upstream will read it
+/// (`+` stays `+`: that rule is the query's); borrows when it has no escape.
+/// `None` for a malformed escape or invalid UTF-8, which stage 1 refuses.
+pub fn decode_segment(raw: &str) -> Option<Cow<'_, str>> {
+    decode(raw, false)
 }
 
 /// Percent-decodes lazily (`+` = space); a malformed escape stays as it is.
@@ -114,6 +124,14 @@ fn decoded_bytes(raw: &str) -> impl Iterator<Item = u8> + '_ {
     })
 }
 
+/// Whether the path, percent-decoded, holds an `mpg_`/`mps_` secret (a
+/// client that put its key in a path segment): refused like one in the
+/// query, before it could be forwarded. Paths shorter than a secret need no
+/// look.
+pub fn path_holds_secret(path: &str) -> bool {
+    path.len() >= SECRET_MIN_LEN && looks_like_secret(decoded_bytes(path))
+}
+
 /// The first parameter of `raw` (the part after `?`) whose decoded name or
 /// value looks like an `mpg_`/`mps_` secret, named for `details.field`: its
 /// decoded name, or `query` when the name itself is the secret. Secrets in
@@ -145,11 +163,12 @@ impl<'a> Query<'a> {
         // Empty pieces (`a=1&&b=2`) are skipped.
         for (name, value) in pieces(raw).filter(|(n, v)| !n.is_empty() || v.is_some()) {
             if params.len() == MAX_PARAMS {
-                return Err(QueryError::BadEncoding);
+                return Err(QueryError::TooMany);
             }
             let value = value.unwrap_or("");
-            let name = decode(name, true)?;
-            let value = decode(value, true)?;
+            let name = decode(name, true).ok_or_else(|| QueryError::BadEncoding("query".into()))?;
+            let value =
+                decode(value, true).ok_or_else(|| QueryError::BadEncoding(name.to_string()))?;
             if params.iter().any(|(n, _)| *n == name) {
                 return Err(QueryError::Repeated(name.into_owned()));
             }
@@ -217,16 +236,20 @@ mod tests {
         assert_eq!(q.require("b"), Err(QueryError::Missing("b".into())));
         assert_eq!(
             Query::parse(Some("a=%zz")).unwrap_err(),
-            QueryError::BadEncoding
+            QueryError::BadEncoding("a".into())
         );
         assert_eq!(
-            Query::parse(Some("a=%ff")).unwrap_err(),
-            QueryError::BadEncoding
+            Query::parse(Some("b=1&%61=%ff")).unwrap_err(),
+            QueryError::BadEncoding("a".into())
+        );
+        assert_eq!(
+            Query::parse(Some("a=1&b%ff=1")).unwrap_err(),
+            QueryError::BadEncoding("query".into())
         );
         let many: Vec<String> = (0..65).map(|i| format!("p{i}=1")).collect();
         assert_eq!(
             Query::parse(Some(&many.join("&"))).unwrap_err(),
-            QueryError::BadEncoding
+            QueryError::TooMany
         );
     }
 
