@@ -100,7 +100,20 @@ fn run(path: &std::path::Path) -> ExitCode {
         Err(f) => return cli::finish(Err(f)),
     };
     rt.block_on(async {
-        let running = match gateway::start(settings, Some(path.to_path_buf())).await {
+        // Before anything slow (the store, its migrations): the default
+        // action of SIGHUP and SIGTERM ends the process at once, and systemd
+        // may send one as soon as the unit has started (`ExecReload`). From
+        // here a SIGHUP is held for the handler below, and a SIGTERM or
+        // SIGINT ends a start that is still waiting (e.g. on the store).
+        let mut signals = Signals::register();
+        let started = tokio::select! {
+            started = gateway::start(settings, Some(path.to_path_buf())) => started,
+            () = signals.stop() => {
+                tracing::info!("stop signal received while starting; stopped");
+                return ExitCode::SUCCESS;
+            }
+        };
+        let running = match started {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start");
@@ -111,18 +124,17 @@ fn run(path: &std::path::Path) -> ExitCode {
         let live = running.live.clone();
         // SIGHUP re-reads the configuration (and certificate) without dropping connections.
         #[cfg(unix)]
-        tokio::spawn(async move {
-            let Ok(mut hup) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                return;
-            };
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP received; reloading configuration");
-                let _ = live.reload().await;
-            }
-        });
-        shutdown_signal().await;
+        if let Some(mut hup) = signals.hup.take() {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received; reloading configuration");
+                    let _ = live.reload().await;
+                }
+            });
+        }
+        #[cfg(not(unix))]
+        drop(live);
+        signals.stop().await;
         tracing::info!("stop signal received; draining");
         running.stop().await;
         tracing::info!("stopped");
@@ -130,24 +142,49 @@ fn run(path: &std::path::Path) -> ExitCode {
     })
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The reload and stop signals, registered once at start.
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    hup: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                hup: signal(SignalKind::hangup()).ok(),
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
+            }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    /// SIGINT or SIGTERM.
+    async fn stop(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(&mut self.term) => {}
+                _ = recv(&mut self.int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

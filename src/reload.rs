@@ -6,7 +6,7 @@
 //! at once; requests in flight finish on the gateway they started on, and
 //! open connections are never dropped. An invalid file changes nothing.
 //! What cannot change without a restart (listeners, TLS mode, store, log,
-//! connection limits) keeps its running value and is reported.
+//! connection limits, `max_header_bytes`) keeps its running value and is reported.
 use crate::body::RequestBody;
 use arc_swap::ArcSwap;
 use http::Request;
@@ -187,6 +187,15 @@ fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
         new.server.tls = old.server.tls.clone();
     }
     let (nl, ol) = (&mut new.server.limits, &old.server.limits);
+    // The listener sizes its HTTP/1.1 head buffer and HTTP/2's
+    // SETTINGS_MAX_HEADER_LIST_SIZE from it at start: a reloaded value
+    // would apply to HTTP/1.1 and not to HTTP/2.
+    keep(
+        &mut changed,
+        "server.limits.max_header_bytes",
+        &mut nl.max_header_bytes,
+        &ol.max_header_bytes,
+    );
     keep(
         &mut changed,
         "server.limits.header_read_timeout",

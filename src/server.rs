@@ -576,7 +576,13 @@ async fn serve_h2<S, H>(
     let every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut closing = false;
+    // A graceful close (GOAWAY) ends only once the client acknowledges its
+    // PING; one that never does (or acknowledges only the keep-alive pings)
+    // would hold the connection past `idle_timeout`, and a drain until
+    // `shutdown_grace`. Once closing, a connection with no stream in flight
+    // for this long is dropped (Envoy's `drain_timeout` is 5 s).
+    let goaway_grace = idle_timeout.min(GOAWAY_GRACE);
+    let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
@@ -585,17 +591,32 @@ async fn serve_h2<S, H>(
                 }
                 return;
             }
-            _ = stop.changed(), if !closing => {
+            _ = stop.changed(), if closing.is_none() => {
                 connection.as_mut().graceful_shutdown();
-                closing = true;
+                closing = Some(crate::clock::now());
             }
-            _ = tick.tick() => {
-                if !closing && activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
-                    tracing::debug!(%peer, "closing idle connection");
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
+            _ = tick.tick() => match closing {
+                None => {
+                    if activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
+                        tracing::debug!(%peer, "closing idle connection");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(crate::clock::now());
+                    }
                 }
-            }
+                Some(since) => {
+                    let now = crate::clock::now();
+                    if now.saturating_duration_since(since) >= goaway_grace
+                        && activity.idle_for().is_some_and(|idle| idle >= goaway_grace)
+                    {
+                        tracing::debug!(%peer, "closing connection that did not finish its GOAWAY");
+                        return;
+                    }
+                }
+            },
         }
     }
 }
+
+/// The longest a closing HTTP/2 connection with no stream in flight is left
+/// to finish its GOAWAY exchange.
+const GOAWAY_GRACE: Duration = Duration::from_secs(5);

@@ -382,3 +382,279 @@ async fn slow_header_and_idle_clients_are_cut_off() {
     // Closed at once, never served: a connection over max_connections.
     closed_after(&mut extra, Duration::from_secs(2)).await;
 }
+
+/// Reads from `s` until the peer closes it; how long that took (`None` if it
+/// was still open after `limit`).
+async fn open_for(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at((started + limit).into(), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_idle_http2_client_that_never_answers_is_closed_after_idle_timeout() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("server.limits.header_read_timeout", "1s");
+    cfg.set("server.limits.idle_timeout", "1s");
+    let gw = Gateway::start(&cfg.write());
+    // Prior knowledge: the preface and an empty SETTINGS frame, then nothing
+    // at all: no SETTINGS ack, no PING ack, no stream.
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let closed = open_for(&mut s, Duration::from_secs(8)).await;
+    assert!(
+        closed.is_some_and(|t| t < Duration::from_secs(4)),
+        "an idle HTTP/2 connection was left open: {closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_does_not_wait_for_an_http2_client_that_never_answers_goaway() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("server.limits.shutdown_grace", "30s");
+    let mut gw = Gateway::start(&cfg.write());
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the drain waited {:?} for an idle HTTP/2 connection",
+        started.elapsed()
+    );
+    drop(s);
+}
+
+#[tokio::test]
+async fn sigterm_lets_an_http2_stream_in_flight_finish() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.route("method = \"GET\"\npath = \"/api/v1/slow\"\nauth = \"api_key\"\nscope = \"clusters:read\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
+    cfg.set("upstreams.clusters.request_timeout", "10s");
+    cfg.set("server.limits.idle_timeout", "1s");
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let mut gw = Gateway::start(&path);
+    let url = gw.url("/api/v1/slow?organization_id=acme");
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let in_flight = tokio::spawn(async move {
+        h2.get(url)
+            .bearer_auth(seed.key)
+            .send()
+            .await
+            .map(|r| (r.status().as_u16(), r.version()))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert_eq!(
+        in_flight.await.unwrap().unwrap(),
+        (200, reqwest::Version::HTTP_2),
+        "the in-flight stream did not complete"
+    );
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A gateway starting on a "PostgreSQL" that accepts and never answers: its
+/// start waits on it for `query_timeout`, as it would on a slow store or
+/// long migrations. Returns the process, the silent store's task and the
+/// config (its directory lives as long as it does).
+async fn starting_on_a_silent_store(
+    query_timeout: &str,
+) -> (std::process::Child, tokio::task::JoinHandle<()>, TestConfig) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            conns.push(s);
+        }
+    });
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.remove("store.path");
+    cfg.set("store.kind", "postgres");
+    cfg.set("store.url", format!("postgres://postgres@{store}/test"));
+    cfg.set("store.query_timeout", query_timeout);
+    let child = std::process::Command::new(BIN)
+        .arg("run")
+        .arg("--config")
+        .arg(cfg.write())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, held, cfg)
+}
+
+#[tokio::test]
+async fn a_sighup_while_the_gateway_is_starting_does_not_kill_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let (child, held, _cfg) = starting_on_a_silent_store("3s").await;
+    // `systemctl reload` right after `systemctl start` (the unit is Type=exec).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    std::process::Command::new("kill")
+        .arg("-HUP")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    held.abort();
+    // The store never answered, so the start fails; but by its own hand.
+    assert_eq!(
+        (status.signal(), status.code()),
+        (None, Some(1)),
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_sigterm_while_the_gateway_is_starting_stops_it_at_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let (child, held, _cfg) = starting_on_a_silent_store("20s").await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let sent = Instant::now();
+    std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    held.abort();
+    // Not the signal's default (killed), nor a wait for the store's 20 s.
+    assert_eq!(
+        (status.signal(), status.code()),
+        (None, Some(0)),
+        "{status:?}"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_reload_does_not_half_apply_a_larger_max_header_bytes() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    cfg.set("server.limits.max_header_bytes", 16384);
+    let path = cfg.write();
+    let gw = Gateway::start(&path);
+    let admin = gw.admin.unwrap();
+
+    cfg.set("server.limits.max_header_bytes", 65536);
+    cfg.write();
+    let res = client()
+        .post(format!("http://{admin}/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body: serde_json::Value = res.json().await.unwrap();
+    // 40 kB of headers: within the new limit, past what the listener was
+    // built for at start (HTTP/2's SETTINGS_MAX_HEADER_LIST_SIZE, the
+    // HTTP/1.1 head buffer). One limit must apply to both protocols.
+    let url = gw.url("/api/v1/clusters?organization_id=acme");
+    let big = "a".repeat(40_000);
+    let h1 = client()
+        .get(&url)
+        .header("x-big", &big)
+        .send()
+        .await
+        .unwrap();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap()
+        .get(&url)
+        .header("x-big", &big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (h1.status().as_u16(), h2.status().as_u16()),
+        (431, 431),
+        "HTTP/1.1 and HTTP/2 disagree after the reload"
+    );
+    assert_eq!(
+        body["restart_needed"],
+        serde_json::json!(["server.limits.max_header_bytes"])
+    );
+    let h1: serde_json::Value = h1.json().await.unwrap();
+    assert_eq!(h1["details"]["limit"], 16384, "{h1}");
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_target_closed_is_not_reused() {
+    // A target that answers one request per connection and then closes it
+    // without saying so (no `Connection: close`), 100 ms later.
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = target.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = target.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            });
+        }
+    });
+    let mut cfg = TestConfig::new(addr);
+    cfg.set("upstreams.clusters.max_fails", 0);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    for _ in 0..3 {
+        let res = client()
+            .get(gw.url("/api/v1/clusters?organization_id=acme"))
+            .bearer_auth(&seed.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    server.abort();
+}
