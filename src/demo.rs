@@ -105,8 +105,9 @@ pub fn demo_settings(
     })
 }
 
-/// Runs the demo until Ctrl-C.
+/// Runs the demo until Ctrl-C (or SIGTERM).
 pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
+    let mut signals = crate::signals::Signals::register();
     let dir = tempfile::tempdir()
         .map_err(|e| Failure::runtime(format!("cannot create a temp dir: {e}")))?;
     let db = dir.path().join("gateway.db");
@@ -145,7 +146,8 @@ pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
         .map_err(|e| Failure::runtime(e.to_string()))?;
     print_welcome(running.addr, &seeded);
 
-    let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C or SIGTERM: either way the temporary store is removed.
+    signals.stop().await;
     eprintln!("\nstopping…");
     running.stop().await;
     let _ = stop_clusters.send(());

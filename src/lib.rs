@@ -23,5 +23,6 @@ pub mod ratelimit;
 pub mod reload;
 pub mod routes;
 pub mod server;
+pub mod signals;
 pub mod store;
 pub mod tls;

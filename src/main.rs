@@ -6,6 +6,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 use mpg_gateway::cli::{self, Cli, Command, Failure};
+use mpg_gateway::signals::Signals;
 use mpg_gateway::{demo, gateway, logging};
 
 // mimalloc rather than glibc's malloc: the per-request path allocates and frees
@@ -124,7 +125,7 @@ fn run(path: &std::path::Path) -> ExitCode {
         let live = running.live.clone();
         // SIGHUP re-reads the configuration (and certificate) without dropping connections.
         #[cfg(unix)]
-        if let Some(mut hup) = signals.hup.take() {
+        if let Some(mut hup) = signals.take_hup() {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP received; reloading configuration");
@@ -140,51 +141,4 @@ fn run(path: &std::path::Path) -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
-}
-
-/// The reload and stop signals, registered once at start.
-struct Signals {
-    #[cfg(unix)]
-    hup: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    term: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    int: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    fn register() -> Signals {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            Signals {
-                hup: signal(SignalKind::hangup()).ok(),
-                term: signal(SignalKind::terminate()).ok(),
-                int: signal(SignalKind::interrupt()).ok(),
-            }
-        }
-        #[cfg(not(unix))]
-        Signals {}
-    }
-
-    /// SIGINT or SIGTERM.
-    async fn stop(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
-                match s {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            }
-            tokio::select! {
-                _ = recv(&mut self.term) => {}
-                _ = recv(&mut self.int) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
