@@ -203,7 +203,8 @@ pub struct ListenerLimits {
     pub name: &'static str,
     /// Open connections at most; more are closed at once.
     pub max_connections: usize,
-    /// TLS handshake and request headers must complete within this.
+    /// TLS handshake and request headers must complete within this: the
+    /// first request's from the accept, a later one's from its first byte.
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout: Duration,
@@ -254,6 +255,8 @@ fn head_backstop(limits: &ListenerLimits) -> usize {
 struct Activity {
     started: Instant,
     in_flight: AtomicUsize,
+    /// When the last request ended, in ms since `started` (at least 1): 0
+    /// until one has.
     last_done_ms: AtomicU64,
 }
 
@@ -278,8 +281,14 @@ impl Activity {
 
     /// A request's response (body included) is done or dropped.
     fn request_done(&self) {
-        self.last_done_ms.store(self.now_ms(), Ordering::Release);
+        self.last_done_ms
+            .store(self.now_ms().max(1), Ordering::Release);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a request has ever been in flight.
+    fn had_a_request(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0 || self.last_done_ms.load(Ordering::Acquire) > 0
     }
 
     /// How long the connection has had no stream in flight.
@@ -430,6 +439,9 @@ pub async fn serve<H: Handler>(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // The TLS handshake and the first request's head share one
+        // allowance, counted from here (Envoy's: from the accept).
+        let first_request_by = crate::clock::now() + limits.header_read_timeout;
         metrics::gauge!(names::CONNECTIONS, "listener" => limits.name).increment(1.0);
         let open = OpenConnection(limits.name);
         let conn = Arc::new(ConnInfo::new(peer, tls.is_some()));
@@ -450,11 +462,29 @@ pub async fn serve<H: Handler>(
             match tls {
                 Some(acceptor) => {
                     Box::pin(serve_tls(
-                        acceptor, stream, &h2, conn, handler, &limits, stop,
+                        acceptor,
+                        stream,
+                        &h2,
+                        conn,
+                        handler,
+                        &limits,
+                        first_request_by,
+                        stop,
                     ))
                     .await
                 }
-                None => Box::pin(serve_connection(stream, &h2, conn, handler, &limits, stop)).await,
+                None => {
+                    Box::pin(serve_connection(
+                        stream,
+                        &h2,
+                        conn,
+                        handler,
+                        &limits,
+                        first_request_by,
+                        stop,
+                    ))
+                    .await
+                }
             }
         }));
     }
@@ -475,7 +505,10 @@ pub async fn serve<H: Handler>(
     }
 }
 
-/// The TLS handshake (within `header_read_timeout`), then the connection.
+/// The TLS handshake (by `first_request_by`, the first request's deadline
+/// too), then the connection. A drain abandons a handshake at once: no
+/// request can be in flight on it.
+#[allow(clippy::too_many_arguments)]
 async fn serve_tls<H: Handler>(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
@@ -483,13 +516,23 @@ async fn serve_tls<H: Handler>(
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
+    first_request_by: Instant,
     stop: watch::Receiver<bool>,
 ) {
     let peer = conn.peer;
-    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+    let handshake = tokio::time::timeout_at(first_request_by.into(), acceptor.accept(stream));
+    let handshaken = tokio::select! {
+        biased;
+        handshaken = handshake => handshaken,
+        () = crate::gateway::stopped(stop.clone()) => {
+            tracing::debug!(%peer, "TLS handshake abandoned: shutting down");
+            return;
+        }
+    };
+    match handshaken {
         Ok(Ok(stream)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
-            serve_connection(stream, h2, conn, handler, limits, stop).await
+            serve_connection(stream, h2, conn, handler, limits, first_request_by, stop).await
         }
         Ok(Err(e)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
@@ -504,13 +547,15 @@ async fn serve_tls<H: Handler>(
 
 /// Serves one connection until it ends: HTTP/1.1 by [`h1::serve`], or
 /// HTTP/2 by hyper when the client opens with the h2 preface (TLS with ALPN
-/// `h2`, or prior knowledge on plain TCP).
+/// `h2`, or prior knowledge on plain TCP). Its first request must have come
+/// by `first_request_by`.
 async fn serve_connection<S, H>(
     mut stream: S,
     h2: &http2::Builder<TokioExecutor>,
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
+    first_request_by: Instant,
     stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -522,7 +567,16 @@ async fn serve_connection<S, H>(
         max_head_bytes: head_backstop(limits),
         max_header_bytes: limits.max_header_bytes,
     };
-    match h1::serve(&mut stream, &handler, &conn, h1_limits, &stop).await {
+    match h1::serve(
+        &mut stream,
+        &handler,
+        &conn,
+        h1_limits,
+        first_request_by,
+        &stop,
+    )
+    .await
+    {
         Ok(h1::Ended::Closed) => {}
         Ok(h1::Ended::H2(read)) => {
             let io = Rewind {
@@ -530,20 +584,33 @@ async fn serve_connection<S, H>(
                 inner: stream,
             };
             // Boxed: an HTTP/1.1 connection's task reserves no room for it.
-            Box::pin(serve_h2(io, h2, conn, handler, limits, stop)).await
+            Box::pin(serve_h2(
+                io,
+                h2,
+                conn,
+                handler,
+                limits,
+                first_request_by,
+                stop,
+            ))
+            .await
         }
         Err(e) => tracing::debug!(peer = %conn.peer, error = %e, "connection ended with an error"),
     }
 }
 
 /// Serves an HTTP/2 connection until it ends; closes it gracefully once it
-/// has had no stream for `idle_timeout`, or when the listener stops.
+/// has had no stream for `idle_timeout`, when its first request has not come
+/// by `first_request_by`, or when the listener stops. (hyper gives no hook
+/// for when a later stream's headers begin: those are bounded by the header
+/// list limit and `idle_timeout`, not `header_read_timeout`.)
 async fn serve_h2<S, H>(
     io: S,
     h2: &http2::Builder<TokioExecutor>,
     conn: Arc<ConnInfo>,
     handler: Arc<H>,
     limits: &ListenerLimits,
+    first_request_by: Instant,
     mut stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -597,10 +664,16 @@ async fn serve_h2<S, H>(
             }
             _ = tick.tick() => match closing {
                 None => {
+                    let now = crate::clock::now();
                     if activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
                         tracing::debug!(%peer, "closing idle connection");
                         connection.as_mut().graceful_shutdown();
-                        closing = Some(crate::clock::now());
+                        closing = Some(now);
+                    } else if now >= first_request_by && !activity.had_a_request() {
+                        // Checked on this tick: at most a second late.
+                        tracing::debug!(%peer, "closing HTTP/2 connection with no request within header_read_timeout");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(now);
                     }
                 }
                 Some(since) => {

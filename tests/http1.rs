@@ -1074,3 +1074,49 @@ async fn proxy_headers_never_reach_the_upstream() {
     assert_eq!(seen.headers["x-proxy"], "kept");
     assert_eq!(seen.headers["proxyish"], "kept");
 }
+
+// === Drain ===
+
+#[tokio::test]
+async fn sigterm_closes_a_connection_that_sent_nothing_and_lets_the_request_in_flight_finish() {
+    let w = world_with(|cfg| {
+        cfg.route("method = \"GET\"\npath = \"/api/v1/slow\"\nauth = \"api_key\"\nscope = \"clusters:read\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
+        cfg.set("upstreams.clusters.request_timeout", "10s");
+        cfg.set("server.limits.header_read_timeout", "30s");
+        cfg.set("server.limits.shutdown_grace", "30s");
+    })
+    .await;
+    let slow = format!(
+        "GET /api/v1/slow?organization_id=acme HTTP/1.1\r\nHost: a\r\n{}\r\n",
+        auth(&w)
+    );
+    let mut gw = w.gw;
+    let mut busy = Client::connect(gw.addr).await;
+    busy.send(slow).await;
+    let mut fresh = Client::connect(gw.addr).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(gw.child.id().to_string())
+        .status()
+        .unwrap();
+    // No request on it: closed at once, not after header_read_timeout.
+    assert!(
+        fresh.closed_within(Duration::from_secs(1)).await,
+        "a connection that sent nothing was left open by the drain"
+    );
+    // The request in flight still gets its answer, and a close.
+    let reply = busy.response().await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(reply.connection_has("close"));
+    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "exit took {:?}",
+        started.elapsed()
+    );
+}

@@ -2,6 +2,10 @@
 mod common;
 
 use common::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn serves_http1_and_h2_over_tls_from_pem_files() {
@@ -70,4 +74,163 @@ async fn self_signed_mode_starts_without_files() {
         gw.log_text().contains("self-signed"),
         "no development warning in the log"
     );
+}
+
+// === header_read_timeout from the accept, and the drain ===
+
+/// Accepts any server certificate (the gateway's is self-signed).
+#[derive(Debug)]
+struct AnyCertificate;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS connector offering ALPN `alpn`, trusting any certificate.
+fn connector(alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// A self-signed TLS gateway with `header_read_timeout` of `hrt`.
+async fn tls_gateway(hrt: &str) -> (MockUpstream, TestConfig, Gateway) {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("server.insecure_http", false);
+    cfg.set("server.tls.self_signed", true);
+    cfg.set("server.limits.header_read_timeout", hrt);
+    cfg.set("server.limits.idle_timeout", "60s");
+    cfg.set("server.limits.shutdown_grace", "30s");
+    let gw = Gateway::start(&cfg.write());
+    (up, cfg, gw)
+}
+
+/// Reads from `s` until the peer closes it; false if still open at `by`.
+async fn closed_by<S: AsyncRead + Unpin>(s: &mut S, by: Instant) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(by.into(), s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_tls_handshake_and_the_first_head_share_one_header_read_timeout() {
+    let (_up, _cfg, gw) = tls_gateway("2s").await;
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let accepted = Instant::now();
+    // A slow handshake: most of the 2 s go before the ClientHello.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut tls = connector(b"http/1.1")
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    // Then a head that begins and stalls.
+    tls.write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_by(&mut tls, accepted + Duration::from_secs(8)).await,
+        "never closed"
+    );
+    let closed = accepted.elapsed();
+    assert!(
+        closed >= Duration::from_millis(1800) && closed < Duration::from_millis(2900),
+        "closed {closed:?} after the accept; header_read_timeout is 2s"
+    );
+}
+
+#[tokio::test]
+async fn an_http2_connection_without_a_request_is_closed_after_header_read_timeout() {
+    let (_up, _cfg, gw) = tls_gateway("1s").await;
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let accepted = Instant::now();
+    let tls = connector(b"h2")
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // A well-behaved HTTP/2 client (it answers PING and GOAWAY) that never
+    // opens a stream: its connection ends once the server closes it.
+    let (_sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, http_body_util::Empty<bytes::Bytes>>(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(ended.is_ok(), "still open after 10 s; idle_timeout is 60s");
+    let closed = accepted.elapsed();
+    assert!(
+        closed >= Duration::from_millis(900) && closed < Duration::from_secs(4),
+        "closed {closed:?} after the accept; header_read_timeout is 1s"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_closes_tls_connections_that_have_not_sent_a_request() {
+    let (_up, _cfg, mut gw) = tls_gateway("30s").await;
+    // One mid-handshake (no ClientHello yet), one handshaken with no request.
+    let mut silent = TcpStream::connect(gw.addr).await.unwrap();
+    let mut fresh = connector(b"http/1.1")
+        .connect(
+            "localhost".try_into().unwrap(),
+            TcpStream::connect(gw.addr).await.unwrap(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the drain waited {:?} for connections with no request",
+        started.elapsed()
+    );
+    let by = Instant::now() + Duration::from_secs(1);
+    assert!(closed_by(&mut silent, by).await);
+    assert!(closed_by(&mut fresh, by).await);
 }

@@ -30,7 +30,7 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -52,8 +52,9 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The limits one connection is served under.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
-    /// A request head must be complete this long after its first byte (the
-    /// first request's: after the accept).
+    /// A request head must be complete this long after its first byte. The
+    /// first request's is timed from the accept instead (TLS handshake
+    /// included): its deadline is [`serve`]'s `first_head_by`.
     pub(crate) header_read_timeout: Duration,
     /// A connection waiting this long for a next request is closed; so is
     /// one whose client takes none of a response write, or sends none of a
@@ -76,12 +77,16 @@ pub(crate) enum Ended {
     H2(Bytes),
 }
 
-/// Serves HTTP/1.1 requests on `io` until the connection ends.
+/// Serves HTTP/1.1 requests on `io` until the connection ends. The first
+/// request's head (or the HTTP/2 preface) must be complete by
+/// `first_head_by`: `header_read_timeout` after the accept, so that a TLS
+/// handshake and the head share one allowance rather than getting one each.
 pub(crate) async fn serve<S, H>(
     io: &mut S,
     handler: &Arc<H>,
     conn: &Arc<ConnInfo>,
     limits: Limits,
+    first_head_by: Instant,
     stop: &watch::Receiver<bool>,
 ) -> io::Result<Ended>
 where
@@ -93,7 +98,7 @@ where
     // The current wait's deadline; the timer is armed no later than it and
     // re-armed only when it fires early, so a busy connection does not touch
     // the timer wheel per request.
-    let mut deadline = clock::now() + limits.header_read_timeout;
+    let mut deadline = first_head_by;
     let timer = tokio::time::sleep_until(deadline.into());
     tokio::pin!(timer);
     // Shutdown, watched by one future for the connection's life: a
@@ -120,10 +125,11 @@ where
                     }
                 }
             }
-            let idle = rbuf.is_empty() && !first;
-            if idle && *stop.borrow() {
-                return Ok(Ended::Closed);
-            }
+            // No byte of a request yet (a fresh connection's first, or a
+            // keep-alive connection's next): nothing is in flight, so a drain
+            // closes the connection here, once a read has found nothing.
+            let waiting = rbuf.is_empty();
+            let idle = waiting && !first;
             if timer.deadline().into_std() > deadline {
                 timer.as_mut().reset(deadline.into());
             }
@@ -145,7 +151,7 @@ where
                     }
                     timer.as_mut().reset(deadline.into());
                 }
-                () = &mut stopping, if idle => return Ok(Ended::Closed),
+                () = &mut stopping, if waiting => return Ok(Ended::Closed),
             }
         };
         first = false;
