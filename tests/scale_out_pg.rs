@@ -203,3 +203,143 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
     );
     assert!(!log.contains(&seed.key) && !log.contains(&uncached));
 }
+
+/// Unix seconds now.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// One number from the test database.
+async fn scalar(url: &str, sql: &str) -> i64 {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let n: i64 = sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap();
+    let _ = conn.close().await;
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_prunes_change_records_past_retention_and_keeps_recent_ones() {
+    use sqlx::Connection;
+    let db = PgDb::create().await;
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.postgres(&db.url);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let (old_key, old_id) = new_key(&path, "alice");
+    let (new_key_, new_id) = new_key(&path, "alice");
+    cli_ok(&path, &["keys", "revoke", &old_id]);
+    // Everything logged so far (the role, the first revocation) is older than
+    // the retention; the second revocation is recent.
+    let old = scalar(&db.url, "SELECT MAX(seq) FROM changes").await;
+    let retention = mpg_gateway::store::CHANGE_RETENTION.as_secs() as i64;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("UPDATE changes SET at = $1 WHERE seq <= $2")
+        .bind(unix_now() - retention - 60)
+        .bind(old)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let _ = conn.close().await;
+    cli_ok(&path, &["keys", "revoke", &new_id]);
+    let total = scalar(&db.url, "SELECT COUNT(*) FROM changes").await;
+    assert!(total >= 3, "{total} change records");
+
+    // The gateway prunes at start (then every minute).
+    let gw = Gateway::start(&path);
+    let took = within(Duration::from_secs(10), || async {
+        scalar(&db.url, "SELECT COUNT(*) FROM changes").await == 1
+    })
+    .await;
+    assert!(took.is_some(), "old change records were not pruned");
+    assert_eq!(
+        scalar(&db.url, "SELECT MIN(seq) FROM changes").await,
+        old + 1,
+        "the recent record was not kept"
+    );
+    assert_eq!(
+        scalar(&db.url, "SELECT pruned_through FROM changes_horizon").await,
+        old
+    );
+    // The gateway keeps working, and later changes still reach it.
+    assert_eq!(status_of(&gw, &seed.key).await, 200);
+    assert_eq!(status_of(&gw, &old_key).await, 401);
+    assert_eq!(status_of(&gw, &new_key_).await, 401);
+    cli_ok(&path, &["keys", "revoke", &seed.key_id]);
+    assert!(
+        until_status(&gw, &seed.key, 401, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "a revocation after pruning did not reach the gateway"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_unread_change_records_were_pruned_drops_its_cache() {
+    use mpg_gateway::store::{SqlStore, StoreConfig};
+    let db = PgDb::create().await;
+    let proxy = TcpProxy::start(host_port(&db.url)).await;
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    // The admin commands reach PostgreSQL directly; the gateway only through the proxy.
+    cfg.postgres(&db.url);
+    let direct = cfg.write_as("direct.toml");
+    cfg.postgres(&via(&db.url, proxy.addr));
+    cfg.set("store.cache_ttl", "1h");
+    cfg.set("store.query_timeout", "500ms");
+    let seed = seed(&direct, "acme", "alice", "owner", "clusters:read");
+    let (other, _) = new_key(&direct, "alice");
+    cfg.admin_on();
+    let path = cfg.write();
+    let gw = Gateway::start(&path);
+    // Once the change follower has started (it clears the cache when it
+    // does), both keys are cached: the second round is served from the cache.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for key in [&seed.key, &other] {
+        assert_eq!(status_of(&gw, key).await, 200);
+    }
+    let hits = cache_hits(&gw).await;
+    for key in [&seed.key, &other] {
+        assert_eq!(status_of(&gw, key).await, 200);
+    }
+    assert!(cache_hits(&gw).await >= hits + 2.0, "keys not cached");
+
+    // Cut off, the gateway misses a revocation whose record is then pruned
+    // (as by another instance whose clock ran far ahead, or after an outage
+    // longer than the retention): its change log cursor is below the horizon.
+    proxy.set(ProxyMode::Cut);
+    let cut = Instant::now();
+    cli_ok(&direct, &["keys", "revoke", &seed.key_id]);
+    let store = SqlStore::connect(&StoreConfig {
+        url: db.url.clone(),
+        query_timeout: Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    let pruned = store.prune_changes(unix_now() + 1).await.unwrap();
+    assert!(pruned >= 2, "{pruned} records pruned");
+    assert_eq!(scalar(&db.url, "SELECT COUNT(*) FROM changes").await, 0);
+    assert_eq!(
+        status_of(&gw, &seed.key).await,
+        200,
+        "the cached entry is still served while cut off"
+    );
+    proxy.set(ProxyMode::Open);
+    let cut = cut.elapsed();
+
+    let took = until_status(&gw, &seed.key, 401, Duration::from_secs(5)).await;
+    assert!(took.is_some(), "a pruned revocation was never applied");
+    assert_eq!(status_of(&gw, &other).await, 200);
+    let log = gw.log_text();
+    assert!(
+        log.contains("change log pruned past this gateway's position"),
+        "the cache was not cleared for the pruned horizon"
+    );
+    if cut < Duration::from_secs(4) {
+        // Too short for the outage rule (5 s unread): the horizon alone did it.
+        assert!(!log.contains("change log unread for a while"), "{cut:?}");
+    }
+}

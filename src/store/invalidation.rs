@@ -9,8 +9,16 @@
 //! back; so after a gap of [`GAP_CLEAR`] without a successful read (the store
 //! was unreachable) it also clears the whole cache, since a late commit may
 //! have slipped past.
+//!
+//! The same task keeps the log bounded: every [`PRUNE_EVERY`] it deletes
+//! records older than [`CHANGE_RETENTION`] (on a task of its own, so a slow
+//! prune never delays an invalidation). A follower whose cursor is below the
+//! pruning horizon (it was stopped, paused or cut off for longer than the
+//! retention) cannot know what the pruned records touched, and clears its
+//! whole cache.
 use super::schema::NOTIFY_CHANNEL;
-use super::{CachedKeyStore, Change, SqlStore, StoreError};
+use super::sql_changes::ChangeRead;
+use super::{CachedKeyStore, Change, SqlStore, StoreError, CHANGE_RETENTION};
 use crate::clock::unix_now;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,14 +33,18 @@ const PG_LOOKBACK_SECS: i64 = 10;
 const GAP_CLEAR: Duration = Duration::from_secs(5);
 /// Pause before reconnecting a lost `LISTEN` connection.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
+/// How often each gateway prunes the change log (the first run at start).
+/// With several gateways on one PostgreSQL one of them prunes per run.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Where the follower reads changes from (the store; a fake in tests).
 #[async_trait::async_trait]
 trait ChangeSource: Send + Sync {
     /// The highest sequence number logged so far.
     async fn latest(&self) -> Result<i64, StoreError>;
-    /// Changes after `seq` or logged at/after `recent_at`, with their seq.
-    async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError>;
+    /// Changes after `seq` or logged at/after `recent_at`, with their seq,
+    /// then the pruning horizon (read after them).
+    async fn after(&self, seq: i64, recent_at: i64) -> Result<ChangeRead, StoreError>;
     /// How far back (seconds) to re-read; None: sequence order is commit order.
     fn lookback(&self) -> Option<i64>;
 }
@@ -43,7 +55,7 @@ impl ChangeSource for SqlStore {
         self.latest_change_seq().await
     }
 
-    async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError> {
+    async fn after(&self, seq: i64, recent_at: i64) -> Result<ChangeRead, StoreError> {
         self.changes_after(seq, recent_at).await
     }
 
@@ -82,7 +94,7 @@ impl Follower {
         let now = unix_now();
         let recent_at = src.lookback().map_or(i64::MAX, |secs| now - secs);
         let mut new_high = high;
-        let changes = src.after(high, recent_at).await?;
+        let read = src.after(high, recent_at).await?;
         let gap = self.last_ok.map(|at| at.elapsed());
         self.last_ok = Some(std::time::Instant::now());
         if src.lookback().is_some() && gap.is_some_and(|gap| gap >= GAP_CLEAR) {
@@ -93,7 +105,18 @@ impl Follower {
                 "change log unread for a while; cache cleared"
             );
         }
-        for (seq, change) in changes {
+        if read.pruned_through > high {
+            // Records this follower never read were pruned: what they
+            // touched is unknown, so nothing cached may be trusted.
+            cache.invalidate(&Change::All);
+            new_high = read.pruned_through;
+            tracing::info!(
+                cursor = high,
+                pruned_through = read.pruned_through,
+                "change log pruned past this gateway's position; cache cleared"
+            );
+        }
+        for (seq, change) in read.changes {
             if self.seen.contains_key(&seq) || (seq <= high && src.lookback().is_none()) {
                 continue;
             }
@@ -122,7 +145,8 @@ impl Drop for AbortOnDrop {
 }
 
 /// Spawns the task that applies the store's change log to `cache` every
-/// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives). Runs until aborted.
+/// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives) and prunes the
+/// log every [`PRUNE_EVERY`]. Runs until aborted.
 pub fn spawn_invalidation(
     store: SqlStore,
     cache: CachedKeyStore,
@@ -136,6 +160,7 @@ pub fn spawn_invalidation(
                 Arc::clone(&wake),
             )))
         });
+        let _pruner = AbortOnDrop(tokio::spawn(prune(store.clone())));
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut follower = Follower::default();
@@ -149,6 +174,25 @@ pub fn spawn_invalidation(
             }
         }
     })
+}
+
+/// Deletes change records older than [`CHANGE_RETENTION`] every
+/// [`PRUNE_EVERY`], starting at once. Errors are logged and retried next run.
+async fn prune(store: SqlStore) {
+    let retention = i64::try_from(CHANGE_RETENTION.as_secs()).unwrap_or(i64::MAX);
+    let mut ticker = tokio::time::interval(PRUNE_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match store
+            .prune_changes(unix_now().saturating_sub(retention))
+            .await
+        {
+            Ok(0) => {}
+            Ok(records) => tracing::debug!(records, "change log pruned"),
+            Err(e) => tracing::warn!(error = %e, "pruning the change log failed; retrying later"),
+        }
+    }
 }
 
 /// `LISTEN`s on the change channel and wakes the poller on every
@@ -192,7 +236,7 @@ mod tests {
     use crate::auth::hash_secret;
     use crate::store::testing::TestDb;
     use crate::store::{CacheConfig, KeyStatus, KeyStore, NewApiKey};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
     use std::sync::Mutex;
 
     /// A change log in memory that can be switched to fail.
@@ -201,6 +245,17 @@ mod tests {
         rows: Mutex<Vec<(i64, Change, i64)>>,
         failing: AtomicBool,
         lookback: Option<i64>,
+        pruned_through: AtomicI64,
+    }
+
+    impl FakeLog {
+        /// Deletes the rows up to `seq` and raises the horizon, as pruning does.
+        fn prune_through(&self, seq: i64) {
+            if let Ok(mut rows) = self.rows.lock() {
+                rows.retain(|r| r.0 > seq);
+            }
+            self.pruned_through.fetch_max(seq, Ordering::SeqCst);
+        }
     }
 
     #[async_trait::async_trait]
@@ -210,9 +265,10 @@ mod tests {
                 return Err(StoreError::Timeout);
             }
             let rows = self.rows.lock().map_err(|_| StoreError::Timeout)?;
-            Ok(rows.iter().map(|r| r.0).max().unwrap_or(0))
+            let max = rows.iter().map(|r| r.0).max().unwrap_or(0);
+            Ok(max.max(self.pruned_through.load(Ordering::SeqCst)))
         }
-        async fn after(&self, seq: i64, recent_at: i64) -> Result<Vec<(i64, Change)>, StoreError> {
+        async fn after(&self, seq: i64, recent_at: i64) -> Result<ChangeRead, StoreError> {
             if self.failing.load(Ordering::SeqCst) {
                 return Err(StoreError::Timeout);
             }
@@ -223,7 +279,10 @@ mod tests {
                 .map(|(s, c, _)| (*s, c.clone()))
                 .collect();
             out.sort_by_key(|(s, _)| *s);
-            Ok(out)
+            Ok(ChangeRead {
+                changes: out,
+                pruned_through: self.pruned_through.load(Ordering::SeqCst),
+            })
         }
         fn lookback(&self) -> Option<i64> {
             self.lookback
@@ -345,6 +404,128 @@ mod tests {
             assert!(follower.poll(&log, &cache).await.is_ok());
             assert_eq!(cache.entry_count() == 0, cleared, "lookback {lookback:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_cursor_behind_the_pruned_horizon_clears_the_cache_once() {
+        let db = TestDb::sqlite();
+        let (_store, cache, secret, id) = cached_key(&db).await;
+        for lookback in [None, Some(10)] {
+            let log = FakeLog {
+                lookback,
+                ..FakeLog::default()
+            };
+            let push = |seq: i64, change: Change| {
+                log.rows.lock().map(|mut r| r.push((seq, change, 0))).ok();
+            };
+            let mut follower = Follower::default();
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+            // Applied, then pruned: the follower saw it, its cache stays.
+            push(1, Change::Session { id: "s1".into() });
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            log.prune_through(1);
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            assert_eq!(cache.entry_count(), 1, "lookback {lookback:?}");
+            // While the follower is away the key's change is logged and
+            // pruned unread; only a later, unrelated change is left.
+            push(2, Change::ApiKey { id: id.clone() });
+            push(3, Change::Session { id: "s3".into() });
+            log.prune_through(2);
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            assert_eq!(cache.entry_count(), 0, "lookback {lookback:?}");
+            assert_eq!(follower.high, Some(3));
+            // Past the horizon now: no second clear.
+            assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+            assert!(follower.poll(&log, &cache).await.is_ok());
+            assert_eq!(cache.entry_count(), 1, "lookback {lookback:?}");
+            // A fresh follower starts at the horizon even with the log empty.
+            log.prune_through(3);
+            let mut fresh = Follower::default();
+            assert!(fresh.poll(&log, &cache).await.is_ok());
+            assert_eq!(fresh.high, Some(3));
+        }
+    }
+
+    /// A revocation pruned before this follower read it is never served
+    /// from its cache: the follower finds its cursor below the horizon.
+    async fn pruned_revocation_is_never_served_from_cache(db: &TestDb) {
+        let (store, cache, secret, id) = cached_key(db).await;
+        let mut follower = Follower::default();
+        assert!(follower.poll(&store, &cache).await.is_ok());
+        assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+        assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
+        let pruned = store.prune_changes(unix_now() + 1).await;
+        assert!(pruned.as_ref().is_ok_and(|n| *n >= 1), "{pruned:?}");
+        assert_eq!(
+            status(&cache, &secret).await,
+            Some(KeyStatus::Active),
+            "still cached"
+        );
+        assert!(follower.poll(&store, &cache).await.is_ok());
+        assert_eq!(cache.entry_count(), 0);
+        assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Revoked));
+        store.pool.close().await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_pruned_revocation_is_never_served_from_cache() {
+        pruned_revocation_is_never_served_from_cache(&TestDb::sqlite()).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_pruned_revocation_is_never_served_from_cache() {
+        pruned_revocation_is_never_served_from_cache(&TestDb::postgres().await).await;
+    }
+
+    async fn change_rows(store: &SqlStore) -> i64 {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM changes")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap_or(-1)
+    }
+
+    #[tokio::test]
+    async fn the_task_prunes_past_retention_and_a_live_follower_keeps_its_cache() {
+        let db = TestDb::sqlite();
+        let (store, cache, secret, id) = cached_key(&db).await;
+        // The role set by `cached_key` is past retention; a session's removal is not.
+        let Ok(old) = store.latest_change_seq().await else {
+            panic!("latest failed")
+        };
+        let retention = i64::try_from(CHANGE_RETENTION.as_secs()).unwrap_or(i64::MAX);
+        assert!(sqlx::query("UPDATE changes SET at = $1 WHERE seq <= $2")
+            .bind(unix_now() - retention - 60)
+            .bind(old)
+            .execute(&store.pool)
+            .await
+            .is_ok());
+        let Ok((_, ses)) = store.create_session("alice", Duration::from_secs(60)).await else {
+            panic!("session failed")
+        };
+        assert_eq!(store.delete_session(&ses.id).await.ok(), Some(true));
+        let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+        let mut pruned = false;
+        for _ in 0..250 {
+            if change_rows(&store).await == 1 {
+                pruned = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(pruned, "the old record was not pruned");
+        assert_eq!(
+            store.changes_since(old).await.ok().map(|c| c.1.len()),
+            Some(1)
+        );
+        // The follower had read everything pruned: several polls later its
+        // cache still holds the key.
+        assert!(eventually(&cache, &secret, KeyStatus::Active).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(cache.entry_count(), 1);
+        assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
+        assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
+        task.abort();
     }
 
     #[tokio::test]

@@ -2,12 +2,14 @@
 //! in one SQL schema served from SQLite or PostgreSQL ([`SqlStore`]), the
 //! [`KeyStore`] seam authentication reads through, the [`CachedKeyStore`]
 //! decorator the hot path uses, and the background tasks that keep the cache
-//! honest ([`spawn_invalidation`]) and record key usage ([`UsageRecorder`]).
+//! honest and the change log bounded ([`spawn_invalidation`]) and record key
+//! usage ([`UsageRecorder`]).
 pub mod cache;
 pub mod invalidation;
 mod schema;
 pub mod sql;
 mod sql_accounts;
+mod sql_changes;
 mod sql_keys;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -16,6 +18,7 @@ pub mod usage;
 pub use cache::{CacheConfig, CachedKeyStore};
 pub use invalidation::spawn_invalidation;
 pub use sql::{NewApiKey, SqlStore};
+pub use sql_changes::CHANGE_RETENTION;
 pub use usage::UsageRecorder;
 
 use crate::auth::SecretHash;

@@ -97,12 +97,29 @@ const V1_POSTGRES: [&str; 9] = {
     ]
 };
 
+/// Version 2, both dialects: the change log's pruning horizon, one row
+/// holding the highest `changes.seq` ever pruned (0: none). A follower whose
+/// cursor is below it may have missed a pruned change and clears its cache.
+/// `seq` itself never goes back (AUTOINCREMENT / BIGSERIAL), even once
+/// pruning has emptied the table.
+const V2: [&str; 2] = [
+    "CREATE TABLE changes_horizon (id INTEGER PRIMARY KEY, pruned_through BIGINT NOT NULL)",
+    "INSERT INTO changes_horizon (id, pruned_through) VALUES (1, 0)",
+];
+
 /// Every migration, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sqlite: &V1_SQLITE,
-    postgres: &V1_POSTGRES,
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sqlite: &V1_SQLITE,
+        postgres: &V1_POSTGRES,
+    },
+    Migration {
+        version: 2,
+        sqlite: &V2,
+        postgres: &V2,
+    },
+];
 
 /// The channel `NOTIFY` is sent on when a change is logged (PostgreSQL).
 pub(crate) const NOTIFY_CHANNEL: &str = "mpg_gateway_changes";
@@ -118,7 +135,7 @@ mod tests {
             assert!(m.version > last);
             last = m.version;
             assert_eq!(m.sqlite.len(), m.postgres.len());
-            assert!(m.sqlite[0].starts_with("CREATE TABLE changes"));
         }
+        assert!(MIGRATIONS[0].sqlite[0].starts_with("CREATE TABLE changes"));
     }
 }

@@ -1,15 +1,15 @@
 //! [`SqlStore`]: the one SQL store, served from SQLite or PostgreSQL through
 //! sqlx's `Any` driver so the same statements run on both (`$1` placeholders
-//! work on both). This file owns connecting, migrating, the query deadline
-//! and the change log; accounts and sessions live in `sql_accounts.rs`, API
-//! keys in `sql_keys.rs`.
-use super::schema::{Dialect, LEDGER, MIGRATIONS, NOTIFY_CHANNEL};
-use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreConfig, StoreError};
+//! work on both). This file owns connecting, migrating and the query
+//! deadline; the change log lives in `sql_changes.rs`, accounts and sessions
+//! in `sql_accounts.rs`, API keys in `sql_keys.rs`.
+use super::schema::{Dialect, LEDGER, MIGRATIONS};
+use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError};
 use crate::auth::SecretHash;
 use crate::clock::unix_now;
 use sqlx::any::AnyPoolOptions;
 use sqlx::pool::PoolConnection;
-use sqlx::{Any, AnyConnection, AnyPool, Executor, Row, Transaction};
+use sqlx::{Any, AnyPool, Executor, Row, Transaction};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -19,8 +19,6 @@ pub use super::sql_keys::NewApiKey;
 
 /// Busy timeout set on every SQLite connection (writers wait, not fail).
 const SQLITE_BUSY_TIMEOUT_MS: u64 = 5000;
-/// More than this many unseen changes: the reader gets [`Change::All`].
-const CHANGES_BATCH: i64 = 1000;
 
 /// The SQL key store (cheap to clone: a pool handle).
 #[derive(Clone)]
@@ -235,118 +233,6 @@ impl SqlStore {
         })
         .await?;
         self.commit(tx).await
-    }
-
-    /// Appends `change` to the invalidation log inside the caller's transaction
-    /// (PostgreSQL: also `NOTIFY`, delivered at commit).
-    pub(super) async fn log_change(
-        &self,
-        conn: &mut AnyConnection,
-        change: &Change,
-    ) -> Result<(), StoreError> {
-        let (kind, subject) = match change {
-            Change::ApiKey { id } => ("api_key", id.clone()),
-            Change::Member {
-                organization_id,
-                user_id,
-            } => ("member", format!("{organization_id} {user_id}")),
-            Change::Session { id } => ("session", id.clone()),
-            Change::All => ("all", String::new()),
-        };
-        sqlx::query("INSERT INTO changes (kind, subject, at) VALUES ($1, $2, $3)")
-            .bind(kind)
-            .bind(subject)
-            .bind(unix_now())
-            .execute(&mut *conn)
-            .await
-            .db()?;
-        if self.dialect == Dialect::Postgres {
-            conn.execute(format!("NOTIFY {NOTIFY_CHANNEL}").as_str())
-                .await
-                .db()?;
-        }
-        Ok(())
-    }
-
-    /// Changes logged after `seq`: (new max seq, changes). More than a batch
-    /// behind: `[Change::All]` and the current max.
-    pub async fn changes_since(&self, seq: i64) -> Result<(i64, Vec<Change>), StoreError> {
-        let rows = self.changes_after(seq, i64::MAX).await?;
-        let max = rows.iter().map(|(s, _)| *s).max().unwrap_or(seq);
-        Ok((max, rows.into_iter().map(|(_, c)| c).collect()))
-    }
-
-    /// Changes with `seq > after` or logged at or after `recent_at` (unix
-    /// seconds; PostgreSQL can commit sequence numbers out of order, so the
-    /// poller re-reads a recent window), with their seq, oldest first.
-    pub(super) async fn changes_after(
-        &self,
-        after: i64,
-        recent_at: i64,
-    ) -> Result<Vec<(i64, Change)>, StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(async {
-            let rows = sqlx::query(
-                "SELECT seq, kind, subject FROM changes WHERE seq > $1 OR at >= $2 \
-                 ORDER BY seq LIMIT $3",
-            )
-            .bind(after)
-            .bind(recent_at)
-            .bind(CHANGES_BATCH + 1)
-            .fetch_all(&mut *conn)
-            .await
-            .db()?;
-            if rows.len() > usize::try_from(CHANGES_BATCH).unwrap_or(usize::MAX) {
-                let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
-                    .fetch_one(&mut *conn)
-                    .await
-                    .db()?
-                    .try_get(0)
-                    .db()?;
-                return Ok(vec![(max.unwrap_or(after), Change::All)]);
-            }
-            rows.iter()
-                .map(|r| {
-                    let seq: i64 = r.try_get(0)?;
-                    let kind: String = r.try_get(1)?;
-                    let subject: String = r.try_get(2)?;
-                    Ok((seq, parse_change(&kind, subject)))
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .db()
-        })
-        .await
-    }
-
-    /// The highest seq in the change log (0 when empty).
-    pub async fn latest_change_seq(&self) -> Result<i64, StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(async {
-            let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
-                .fetch_one(&mut *conn)
-                .await
-                .db()?
-                .try_get(0)
-                .db()?;
-            Ok(max.unwrap_or(0))
-        })
-        .await
-    }
-}
-
-/// A change-log row back into a [`Change`]; anything unknown means "drop all".
-fn parse_change(kind: &str, subject: String) -> Change {
-    match kind {
-        "api_key" => Change::ApiKey { id: subject },
-        "session" => Change::Session { id: subject },
-        "member" => match subject.split_once(' ') {
-            Some((org, user)) => Change::Member {
-                organization_id: org.to_owned(),
-                user_id: user.to_owned(),
-            },
-            None => Change::All,
-        },
-        _ => Change::All,
     }
 }
 
