@@ -1,5 +1,6 @@
 //! Building a running gateway from [`Settings`]: the store and its cache,
 //! the limiter, the upstreams, the route table; then binding and serving.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +114,8 @@ pub struct Gateway {
     pub(crate) settings: Arc<Settings>,
     pub(crate) router: Router<usize>,
     pub(crate) routes: Vec<RouteEntry>,
+    /// The HTTP upstreams by name (the routes hold them too).
+    pub(crate) upstreams: BTreeMap<String, Arc<Upstream>>,
     pub(crate) keys: CachedKeyStore,
     pub(crate) store: SqlStore,
     pub(crate) limiter: Arc<RateLimiter>,
@@ -146,28 +149,41 @@ impl Gateway {
         spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL);
         let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
         let limiter = Arc::new(build_limiter(&settings).await?);
-        Gateway::assemble(settings, store, keys, usage, limiter)
+        Gateway::assemble(settings, store, keys, usage, limiter, None)
     }
 
     /// The gateway for `settings` (already validated), reusing what outlives a
-    /// reload: the store, its cache, the usage recorder and the limiter. Builds
-    /// the upstreams, the route table and the key service.
+    /// reload: the store, its cache, the usage recorder and the limiter, and
+    /// each upstream of `previous` that `settings` leave as it was (the same
+    /// `[upstreams.NAME]` and TLS file contents: see [`Upstream::serves`]),
+    /// so that its targets' health, pooled connections and active checker
+    /// carry on. Builds the other upstreams, the route table and the key
+    /// service.
     pub(crate) fn assemble(
         settings: Settings,
         store: SqlStore,
         keys: CachedKeyStore,
         usage: UsageRecorder,
         limiter: Arc<RateLimiter>,
+        previous: Option<&Gateway>,
     ) -> Result<Gateway, StartError> {
         let settings = Arc::new(settings);
-        let mut upstreams = std::collections::BTreeMap::new();
+        let mut upstreams = BTreeMap::new();
         for (name, u) in &settings.upstreams {
             if let UpstreamSettings::Http(cfg) = u {
-                let up = Upstream::new(name, cfg).map_err(|e| StartError::Upstream {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                })?;
-                upstreams.insert(name.clone(), Arc::new(up));
+                let running = previous
+                    .and_then(|g| g.upstreams.get(name))
+                    .filter(|up| up.serves(cfg));
+                let up = match running {
+                    Some(up) => up.clone(),
+                    None => {
+                        Arc::new(Upstream::new(name, cfg).map_err(|e| StartError::Upstream {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        })?)
+                    }
+                };
+                upstreams.insert(name.clone(), up);
             }
         }
         let mut router = Router::builder();
@@ -231,6 +247,7 @@ impl Gateway {
             settings,
             router,
             routes,
+            upstreams,
             keys,
             store,
             limiter,

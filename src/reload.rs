@@ -5,6 +5,9 @@
 //! certificate, builds new routes, policies and upstreams, and swaps them in
 //! at once; requests in flight finish on the gateway they started on, and
 //! open connections are never dropped. An invalid file changes nothing.
+//! An upstream whose `[upstreams.NAME]` table and TLS files did not change
+//! is kept running, not rebuilt: its targets stay ejected or healthy, its
+//! idle connections stay pooled, its active checker keeps its rhythm.
 //! What cannot change without a restart (listeners, TLS mode, store, log,
 //! connection limits, `max_header_bytes`) keeps its running value and is reported.
 use crate::body::RequestBody;
@@ -15,6 +18,7 @@ use std::sync::Arc;
 
 use crate::config::{ConfigError, Settings, TlsSettings};
 use crate::gateway::{build_limiter, Gateway, StartError};
+use crate::proxy::upstream::Upstream;
 use crate::server::{ConnInfo, Handler, Reply};
 use crate::tls::{CertResolver, TlsError};
 
@@ -45,6 +49,9 @@ pub struct ReloadOutcome {
     pub restart_needed: Vec<&'static str>,
     /// Whether a certificate was (re)loaded from disk.
     pub certificate_reloaded: bool,
+    /// The upstreams built anew (added, or changed); every other one was
+    /// kept running as it was.
+    pub upstreams_rebuilt: Vec<String>,
 }
 
 /// The gateway that serves requests, swappable as a whole.
@@ -62,6 +69,7 @@ impl Live {
         config_path: Option<PathBuf>,
         resolver: Option<Arc<CertResolver>>,
     ) -> Self {
+        hand_over_upstreams(None, &gateway);
         Live {
             current: ArcSwap::from_pointee(gateway),
             config_path,
@@ -84,6 +92,7 @@ impl Live {
                 tracing::info!(
                     restart_needed = ?outcome.restart_needed,
                     certificate_reloaded = outcome.certificate_reloaded,
+                    upstreams_rebuilt = ?outcome.upstreams_rebuilt,
                     "configuration reloaded"
                 );
             }
@@ -119,6 +128,7 @@ impl Live {
             old.keys.clone(),
             old.usage.clone(),
             limiter,
+            Some(&old),
         )?;
         let certificate_reloaded = match (cert, &self.resolver) {
             (Some(cert), Some(resolver)) => {
@@ -127,12 +137,44 @@ impl Live {
             }
             _ => false,
         };
-        self.current.store(Arc::new(gateway));
+        let gateway = Arc::new(gateway);
+        self.current.store(gateway.clone());
+        let upstreams_rebuilt = hand_over_upstreams(Some(&old), &gateway);
         Ok(ReloadOutcome {
             restart_needed,
             certificate_reloaded,
+            upstreams_rebuilt,
         })
     }
+}
+
+/// Makes `new`'s upstreams the ones `mpg_upstream_target_up` shows, once
+/// `new` serves. The upstreams of `old` that `new` did not keep are retired
+/// first (their active checkers stop; requests still in flight on them
+/// finish without moving a gauge), then `new`'s are published, so the last
+/// value written for a target is its serving upstream's. Returns the names
+/// of the upstreams `new` built anew.
+fn hand_over_upstreams(old: Option<&Gateway>, new: &Gateway) -> Vec<String> {
+    let kept = |name: &String, up: &Arc<Upstream>| {
+        old.and_then(|o| o.upstreams.get(name))
+            .is_some_and(|o| Arc::ptr_eq(o, up))
+    };
+    if let Some(old) = old {
+        for (name, up) in &old.upstreams {
+            let still = new.upstreams.get(name).is_some_and(|n| Arc::ptr_eq(n, up));
+            if !still {
+                up.retire();
+            }
+        }
+    }
+    let mut rebuilt = Vec::new();
+    for (name, up) in &new.upstreams {
+        up.publish();
+        if !kept(name, up) {
+            rebuilt.push(name.clone());
+        }
+    }
+    rebuilt
 }
 
 impl Handler for Live {

@@ -658,3 +658,219 @@ async fn a_pooled_connection_the_target_closed_is_not_reused() {
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     server.abort();
 }
+
+// === Upstream state across a reload ===
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A target on 127.0.0.1:0 answering every request head with `answer`
+/// after `delay`, on kept-alive connections: its address, the connections
+/// it accepted and the requests it read.
+async fn counting_target(
+    answer: &'static [u8],
+    delay: Duration,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepts, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, r) = (accepts.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                loop {
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    got.clear();
+                    r.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepts, requests)
+}
+
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+const FAIL: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n";
+
+/// `clusters` on `targets`, an open `/public/ping` route to it, the admin listener on.
+fn upstream_world(targets: &[std::net::SocketAddr]) -> TestConfig {
+    let mut cfg = TestConfig::new(targets[0]);
+    let urls: Vec<String> = targets.iter().map(|a| format!("http://{a}")).collect();
+    cfg.set("upstreams.clusters.targets", urls);
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    cfg
+}
+
+async fn ping(gw: &Gateway) -> u16 {
+    client()
+        .get(gw.url("/public/ping"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn reload(gw: &Gateway) {
+    let res = client()
+        .post(format!("http://{}/reload", gw.admin.unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+}
+
+/// `mpg_upstream_target_up` of `target`.
+async fn target_up(gw: &Gateway, target: std::net::SocketAddr) -> Option<f64> {
+    let text = client()
+        .get(format!("http://{}/metrics", gw.admin.unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("target=\"http://{target}\"");
+    text.lines()
+        .filter(|l| l.starts_with("mpg_upstream_target_up{") && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Sends pings until the target at `bad` has answered once (it is then
+/// ejected: `max_fails = 1`).
+async fn eject(gw: &Gateway, bad: std::net::SocketAddr, seen: &AtomicUsize) {
+    for _ in 0..4 {
+        if seen.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        ping(gw).await;
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert_eq!(target_up(gw, bad).await, Some(0.0));
+}
+
+#[tokio::test]
+async fn an_ejected_target_stays_ejected_across_a_reload_that_changed_only_a_policy() {
+    let (good, _, _) = counting_target(OK, Duration::ZERO).await;
+    let (bad, _, bad_seen) = counting_target(FAIL, Duration::ZERO).await;
+    let mut cfg = upstream_world(&[good, bad]);
+    cfg.set("upstreams.clusters.max_fails", 1);
+    cfg.set("upstreams.clusters.fail_timeout", "60s");
+    let gw = Gateway::start(&cfg.write());
+    eject(&gw, bad, &bad_seen).await;
+
+    cfg.set("rate_limit.policies.default.requests", 7);
+    cfg.route(
+        "method = \"GET\"\npath = \"/public/other\"\nauth = \"none\"\nupstream = \"clusters\"",
+    );
+    cfg.write();
+    reload(&gw).await;
+    for _ in 0..6 {
+        assert_eq!(ping(&gw).await, 200);
+    }
+    assert_eq!(
+        bad_seen.load(Ordering::SeqCst),
+        1,
+        "the ejected target took traffic again after the reload"
+    );
+    assert_eq!(target_up(&gw, bad).await, Some(0.0));
+}
+
+#[tokio::test]
+async fn an_idle_pooled_upstream_connection_is_reused_after_a_reload() {
+    let (target, accepts, seen) = counting_target(OK, Duration::ZERO).await;
+    let mut cfg = upstream_world(&[target]);
+    let gw = Gateway::start(&cfg.write());
+    assert_eq!(ping(&gw).await, 200);
+    assert_eq!(accepts.load(Ordering::SeqCst), 1);
+
+    cfg.set("rate_limit.policies.default.requests", 7);
+    cfg.write();
+    reload(&gw).await;
+    assert_eq!(ping(&gw).await, 200);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        accepts.load(Ordering::SeqCst),
+        1,
+        "the reload dropped the idle upstream connection"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_whose_settings_changed_is_rebuilt() {
+    let (good, good_accepts, _) = counting_target(OK, Duration::ZERO).await;
+    let (bad, _, bad_seen) = counting_target(FAIL, Duration::ZERO).await;
+    let mut cfg = upstream_world(&[good, bad]);
+    cfg.set("upstreams.clusters.max_fails", 1);
+    cfg.set("upstreams.clusters.fail_timeout", "60s");
+    let gw = Gateway::start(&cfg.write());
+    eject(&gw, bad, &bad_seen).await;
+    assert_eq!(good_accepts.load(Ordering::SeqCst), 1);
+
+    // Another target: a new upstream, whose targets all start in rotation.
+    let (third, _, third_seen) = counting_target(OK, Duration::ZERO).await;
+    cfg.set(
+        "upstreams.clusters.targets",
+        vec![
+            format!("http://{good}"),
+            format!("http://{bad}"),
+            format!("http://{third}"),
+        ],
+    );
+    cfg.write();
+    reload(&gw).await;
+    assert_eq!(target_up(&gw, bad).await, Some(1.0));
+    for _ in 0..3 {
+        ping(&gw).await;
+    }
+    assert_eq!(bad_seen.load(Ordering::SeqCst), 2);
+    assert_eq!(third_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(good_accepts.load(Ordering::SeqCst), 2, "a new pool");
+    assert_eq!(target_up(&gw, bad).await, Some(0.0));
+}
+
+#[tokio::test]
+async fn a_failure_in_flight_on_a_replaced_upstream_leaves_the_new_ones_gauge_alone() {
+    // Answers 500 a second after each request.
+    let (slow, _, seen) = counting_target(FAIL, Duration::from_secs(1)).await;
+    let mut cfg = upstream_world(&[slow]);
+    cfg.set("upstreams.clusters.max_fails", 1);
+    cfg.set("upstreams.clusters.fail_timeout", "60s");
+    let gw = Arc::new(Gateway::start(&cfg.write()));
+    let in_flight = tokio::spawn({
+        let gw = gw.clone();
+        async move { ping(&gw).await }
+    });
+    let until = Instant::now() + Duration::from_secs(5);
+    while seen.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < until,
+            "the request never reached the target"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cfg.set("upstreams.clusters.request_timeout", "20s");
+    cfg.write();
+    reload(&gw).await;
+    // The old upstream ejects its target; the new one has it in rotation.
+    assert_eq!(in_flight.await.unwrap(), 500);
+    assert_eq!(target_up(&gw, slow).await, Some(1.0));
+    assert_eq!(ping(&gw).await, 500);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert_eq!(target_up(&gw, slow).await, Some(0.0));
+}

@@ -5,10 +5,15 @@
 //!
 //! Time is milliseconds since the upstream was built, passed in explicitly
 //! (`now`), so the rules are tested without sleeping.
+//!
+//! A target's `mpg_upstream_target_up` series is shared by every build of
+//! its upstream (a reload that changes the upstream builds a new one while
+//! requests finish on the old): only the serving build writes it (see
+//! [`Targets::publish`] and [`Targets::retire`]).
 use http::header::HeaderValue;
 use http::uri::{Authority, Scheme};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
@@ -35,7 +40,12 @@ pub(crate) struct Target {
     /// The `Host` header requests to it carry.
     pub(crate) host: HeaderValue,
     ejections: metrics::Counter,
+    /// `mpg_upstream_target_up`: 1 while `ejected_until` is 0, else 0.
     up: metrics::Gauge,
+    /// Whether `up` shows this target's state: from [`Targets::publish`] to
+    /// [`Targets::retire`]. Taken only when the state changes (ejected, or
+    /// back), never on a request's usual path.
+    shown: Mutex<bool>,
 }
 
 /// Every target of one upstream, with the ejection rule.
@@ -45,6 +55,8 @@ pub(crate) struct Targets {
     epoch: Instant,
     max_fails: u32,
     fail_timeout_ms: u64,
+    /// Replaced or removed by a reload: its active checker stops.
+    retired: AtomicBool,
 }
 
 impl Targets {
@@ -64,7 +76,6 @@ impl Targets {
                     ("target", label.clone()),
                 ];
                 let up = metrics::gauge!(names::UPSTREAM_TARGET_UP, &labels);
-                up.set(1.0);
                 let host = HeaderValue::from_str(authority.as_str())
                     .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
                 Target {
@@ -78,6 +89,7 @@ impl Targets {
                     pool: Pool::new(max_connections, idle_timeout),
                     ejections: metrics::counter!(names::UPSTREAM_EJECTIONS, &labels),
                     up,
+                    shown: Mutex::new(false),
                     label,
                 }
             })
@@ -88,7 +100,46 @@ impl Targets {
             epoch: Instant::now(),
             max_fails,
             fail_timeout_ms: fail_timeout.as_millis() as u64,
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// From now on the target gauges show these targets' state (this
+    /// upstream serves). Idempotent.
+    pub(crate) fn publish(&self) {
+        for t in &self.list {
+            let mut shown = t.shown.lock().unwrap_or_else(PoisonError::into_inner);
+            *shown = true;
+            Self::show(t, &shown);
+        }
+    }
+
+    /// This upstream no longer serves new requests (a reload replaced or
+    /// removed it): requests still in flight on it count for nothing the
+    /// gauges show, and its active checker stops. Called before the
+    /// replacement is published, so the replacement's value is the last one
+    /// written.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        for t in &self.list {
+            *t.shown.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        }
+    }
+
+    /// Writes `t`'s gauge from its state as it is now, if shown. Each state
+    /// change is followed by this, under the lock, so the last value written
+    /// is the last state, whatever the order in which threads got here.
+    fn show(t: &Target, shown: &bool) {
+        if *shown {
+            let up = t.ejected_until.load(Ordering::Relaxed) == 0;
+            t.up.set(if up { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// The state of target `i` changed: its gauge follows, if shown.
+    fn state_changed(&self, i: usize) {
+        let t = &self.list[i];
+        Self::show(t, &t.shown.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Milliseconds since the upstream was built (never 0).
@@ -126,7 +177,7 @@ impl Targets {
         }
         if t.ejected_until.load(Ordering::Relaxed) != 0 {
             t.ejected_until.store(0, Ordering::Relaxed);
-            t.up.set(1.0);
+            self.state_changed(i);
             tracing::info!(upstream = %self.upstream, target = %t.label, "target back in rotation");
         }
     }
@@ -147,12 +198,13 @@ impl Targets {
         let t = &self.list[i];
         t.ejected_until.store(now + for_ms, Ordering::Relaxed);
         t.ejections.increment(1);
-        t.up.set(0.0);
+        self.state_changed(i);
         tracing::warn!(upstream = %self.upstream, target = %t.label, reason, cool_down_ms = for_ms, "target ejected");
     }
 }
 
-/// Runs the active check until the upstream is dropped (or the task aborted).
+/// Runs the active check until the upstream is dropped or retired (or the
+/// task aborted).
 pub(crate) async fn active_check(
     targets: Weak<Targets>,
     transport: Arc<Transport>,
@@ -165,6 +217,9 @@ pub(crate) async fn active_check(
     loop {
         tick.tick().await;
         let Some(t) = targets.upgrade() else { return };
+        if t.retired.load(Ordering::Relaxed) {
+            return;
+        }
         let checks = (0..t.list.len()).map(|i| {
             let (t, transport, path) = (&t, &transport, &path);
             async move {
@@ -195,7 +250,7 @@ pub(crate) async fn active_check(
                 t.list[i].ejected_until.store(now + cool, Ordering::Relaxed);
                 if was_up {
                     t.list[i].ejections.increment(1);
-                    t.list[i].up.set(0.0);
+                    t.state_changed(i);
                     tracing::warn!(upstream = %t.upstream, target = %t.list[i].label, reason = "health check", "target ejected");
                 }
             }

@@ -59,6 +59,32 @@ pub fn load_identity(cert: &Path, key: &Path) -> Result<Identity, (&'static str,
     Ok((certs, pk))
 }
 
+/// A SHA-256 of the files `s`'s connector reads (`ca_file`, then
+/// `client_cert` and `client_key`), each with its length, so that a reload
+/// can tell whether they changed; `None` if one cannot be read. The
+/// system's roots (no `ca_file`) are not included.
+pub(crate) fn files_digest(s: &HttpUpstreamSettings) -> Option<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let identity = s.client_identity.as_ref();
+    let files = [
+        s.ca_file.as_deref(),
+        identity.map(|(cert, _)| cert.as_path()),
+        identity.map(|(_, key)| key.as_path()),
+    ];
+    let mut hash = Sha256::new();
+    for file in files {
+        match file {
+            None => hash.update(u64::MAX.to_be_bytes()),
+            Some(path) => {
+                let bytes = std::fs::read(path).ok()?;
+                hash.update((bytes.len() as u64).to_be_bytes());
+                hash.update(&bytes);
+            }
+        }
+    }
+    Some(hash.finalize().into())
+}
+
 /// The rustls client configuration for `s`.
 fn client_config(s: &HttpUpstreamSettings) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());

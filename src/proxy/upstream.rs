@@ -4,6 +4,10 @@
 //! → count the outcome for the target's health and answer the client →
 //! retry a connect failure on another target when that is safe. Bodies
 //! stream both ways (see `stream`).
+//!
+//! An upstream is built once per configuration: a reload that leaves its
+//! `[upstreams.NAME]` table and TLS files as they were keeps it running
+//! ([`Upstream::serves`]), with its targets' health, pools and checker.
 use http::uri::PathAndQuery;
 use http::{request, Method, Response};
 use hyper_util::client::legacy::Client;
@@ -17,7 +21,7 @@ use super::headers::sanitize_response;
 use super::headers::Added;
 use super::health::{active_check, Targets};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
-use super::tls_client::connector;
+use super::tls_client::{connector, files_digest};
 use super::transport::Transport;
 use crate::admin::names;
 use crate::body::{Body, BoxError};
@@ -83,6 +87,10 @@ impl Drop for AbortOnDrop {
 /// A named upstream: its targets, their health, and the connection pool.
 pub struct Upstream {
     name: String,
+    /// What it was built from, to tell whether a reload changed it.
+    settings: HttpUpstreamSettings,
+    /// The contents of its TLS files when it was built (see [`files_digest`]).
+    tls_files: Option<[u8; 32]>,
     targets: Arc<Targets>,
     balancer: Balancer,
     transport: Arc<Transport>,
@@ -133,6 +141,9 @@ impl Upstream {
         if targets.is_empty() {
             return Err(UpstreamError::Config("no targets".into()));
         }
+        // Before the connector reads them: a file replaced in between makes
+        // the next reload rebuild, never keep a stale connector.
+        let tls_files = files_digest(cfg);
         let targets = Arc::new(Targets::new(
             name,
             targets,
@@ -185,6 +196,8 @@ impl Upstream {
         }
         Ok(Upstream {
             name: name.to_string(),
+            settings: cfg.clone(),
+            tls_files,
             retry_counter: metrics::counter!(names::UPSTREAM_RETRIES, "upstream" => name.to_string()),
             targets,
             balancer: Balancer::new(cfg.balance),
@@ -200,6 +213,27 @@ impl Upstream {
     /// The upstream's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether this upstream is what `cfg` would build: the same settings,
+    /// and the same contents in its CA and client certificate files (which
+    /// a build reads). A reload keeps such an upstream running, its health
+    /// state, pooled connections and active checker with it.
+    pub(crate) fn serves(&self, cfg: &HttpUpstreamSettings) -> bool {
+        self.settings == *cfg && self.tls_files.is_some() && files_digest(cfg) == self.tls_files
+    }
+
+    /// Makes its targets' `mpg_upstream_target_up` show their state: it is
+    /// the upstream serving. Idempotent.
+    pub(crate) fn publish(&self) {
+        self.targets.publish();
+    }
+
+    /// A reload replaced or removed it: its active checker stops, and the
+    /// requests still in flight on it no longer move the target gauges
+    /// (its replacement's do). Call before publishing the replacement.
+    pub(crate) fn retire(&self) {
+        self.targets.retire();
     }
 
     /// A healthy target not in `tried`, with one of its connection permits.
@@ -430,6 +464,30 @@ mod tests {
         addr
     }
 
+    #[test]
+    fn an_upstream_serves_its_settings_until_they_or_its_tls_files_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let pem = |name: &str| {
+            rcgen::generate_simple_self_signed(vec![name.to_string()])
+                .unwrap()
+                .cert
+                .pem()
+        };
+        std::fs::write(&ca, pem("a.test")).unwrap();
+        let mut c = cfg("127.0.0.1:9".parse().unwrap(), 1000);
+        c.targets = vec!["https://127.0.0.1:9".parse().unwrap()];
+        c.ca_file = Some(ca.clone());
+        let up = Upstream::new("t", &c).unwrap();
+        assert!(up.serves(&c));
+        let mut other = c.clone();
+        other.retries += 1;
+        assert!(!up.serves(&other));
+        std::fs::write(&ca, pem("b.test")).unwrap();
+        assert!(!up.serves(&c), "a renewed CA file is a change");
+        assert!(Upstream::new("t", &c).unwrap().serves(&c));
+    }
+
     #[tokio::test]
     async fn forwards_and_strips_hop_headers_from_the_response() {
         let addr = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, x-hop\r\nx-hop: 1\r\nRetry-After: 3\r\n\r\nok", false, false).await;
@@ -538,7 +596,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_active_checker_stops_when_the_upstream_is_dropped() {
+    async fn the_active_checker_stops_when_the_upstream_is_dropped_or_retired() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -563,17 +621,32 @@ mod tests {
         let mut c = cfg(addr, 1000);
         c.health_path = Some("/hc".into());
         c.health_interval = Duration::from_millis(50);
-        let up = Upstream::new("t", &c).unwrap();
-        let until = std::time::Instant::now() + Duration::from_secs(5);
-        while checks.load(std::sync::atomic::Ordering::SeqCst) < 2 {
-            assert!(std::time::Instant::now() < until, "no health checks ran");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        for retire in [false, true] {
+            let up = Upstream::new("t", &c).unwrap();
+            let start = checks.load(std::sync::atomic::Ordering::SeqCst);
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while checks.load(std::sync::atomic::Ordering::SeqCst) < start + 2 {
+                assert!(std::time::Instant::now() < until, "no health checks ran");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Retired (a reload replaced it), it may live on while requests
+            // finish on it, but checks no more.
+            let _kept = if retire {
+                up.retire();
+                Some(up)
+            } else {
+                drop(up);
+                None
+            };
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let stopped = checks.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                checks.load(std::sync::atomic::Ordering::SeqCst),
+                stopped,
+                "retired: {retire}"
+            );
         }
-        drop(up);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let after_drop = checks.load(std::sync::atomic::Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(checks.load(std::sync::atomic::Ordering::SeqCst), after_drop);
     }
 
     #[tokio::test]
