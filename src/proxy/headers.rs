@@ -188,15 +188,21 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
-    starts_with_folded(n, "x-mpg-")
-        || starts_with_folded(n, "x-forwarded-")
-        || n == "forwarded"
-        || exact("x-real-ip")
-        || exact("x-http-method-override")
-        || exact("x-method-override")
-        || exact("x-http-method")
-        || exact("proxy")
-        || starts_with_folded(n, "proxy-")
+    // Names are lower case: most (`accept`, `user-agent`, …) are settled
+    // by their first byte.
+    match n.as_bytes().first() {
+        Some(b'x') => {
+            starts_with_folded(n, "x-mpg-")
+                || starts_with_folded(n, "x-forwarded-")
+                || exact("x-real-ip")
+                || exact("x-http-method-override")
+                || exact("x-method-override")
+                || exact("x-http-method")
+        }
+        Some(b'f') => n == "forwarded",
+        Some(b'p') => exact("proxy") || starts_with_folded(n, "proxy-"),
+        _ => false,
+    }
 }
 
 /// Removes `Authorization`, `Host`, hop-by-hop and `Connection`-named headers,
