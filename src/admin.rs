@@ -204,6 +204,7 @@ impl Admin {
                     "status": "reloaded",
                     "restart_needed": outcome.restart_needed,
                     "certificate_reloaded": outcome.certificate_reloaded,
+                    "upstreams_rebuilt": outcome.upstreams_rebuilt,
                 }),
             ),
             Err(e) => {

@@ -726,13 +726,15 @@ async fn ping(gw: &Gateway) -> u16 {
         .as_u16()
 }
 
-async fn reload(gw: &Gateway) {
+/// `POST /reload`, which must succeed; its JSON answer.
+async fn reload(gw: &Gateway) -> serde_json::Value {
     let res = client()
         .post(format!("http://{}/reload", gw.admin.unwrap()))
         .send()
         .await
         .unwrap();
-    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    assert_eq!(res.status(), 200);
+    res.json().await.unwrap()
 }
 
 /// `mpg_upstream_target_up` of `target`.
@@ -779,7 +781,12 @@ async fn an_ejected_target_stays_ejected_across_a_reload_that_changed_only_a_pol
         "method = \"GET\"\npath = \"/public/other\"\nauth = \"none\"\nupstream = \"clusters\"",
     );
     cfg.write();
-    reload(&gw).await;
+    let answer = reload(&gw).await;
+    assert_eq!(
+        answer["upstreams_rebuilt"],
+        serde_json::json!([]),
+        "{answer}"
+    );
     for _ in 0..6 {
         assert_eq!(ping(&gw).await, 200);
     }
@@ -833,7 +840,12 @@ async fn an_upstream_whose_settings_changed_is_rebuilt() {
         ],
     );
     cfg.write();
-    reload(&gw).await;
+    let answer = reload(&gw).await;
+    assert_eq!(
+        answer["upstreams_rebuilt"],
+        serde_json::json!(["clusters"]),
+        "{answer}"
+    );
     assert_eq!(target_up(&gw, bad).await, Some(1.0));
     for _ in 0..3 {
         ping(&gw).await;
