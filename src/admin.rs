@@ -33,6 +33,11 @@ pub mod names {
     pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
     /// Counter: store lookups that failed (unavailable or timeout).
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
+    /// Counter: whole-cache clears by the change follower, by `reason`
+    /// (`store_gap`, `change_log_pruned`).
+    pub const CACHE_CLEARS: &str = "mpg_key_cache_clears_total";
+    /// Counter: change-log records this instance deleted past the retention.
+    pub const CHANGES_PRUNED: &str = "mpg_store_changes_pruned_total";
     /// Histogram: seconds per store query or commit (cache misses, key service, admin).
     pub const STORE_SECONDS: &str = "mpg_store_query_duration_seconds";
     /// Counter: upstream responses and failures by `upstream` and `outcome`.

@@ -226,7 +226,7 @@ async fn a_gateway_prunes_change_records_past_retention_and_keeps_recent_ones() 
     let db = PgDb::create().await;
     let up = MockUpstream::start().await;
     let mut cfg = TestConfig::new(up.addr);
-    cfg.postgres(&db.url);
+    cfg.postgres(&db.url).admin_on();
     let path = cfg.write();
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let (old_key, old_id) = new_key(&path, "alice");
@@ -264,6 +264,14 @@ async fn a_gateway_prunes_change_records_past_retention_and_keeps_recent_ones() 
         scalar(&db.url, "SELECT pruned_through FROM changes_horizon").await,
         old
     );
+    // Counted once the prune run returns, just after its commit.
+    let admin = gw.admin.expect("admin listener");
+    let counted = within(Duration::from_secs(5), || async {
+        let text = metrics(admin).await;
+        metric_sum(&text, "mpg_store_changes_pruned_total", &[]) == (total - 1) as f64
+    })
+    .await;
+    assert!(counted.is_some(), "{}", metrics(admin).await);
     // The gateway keeps working, and later changes still reach it.
     assert_eq!(status_of(&gw, &seed.key).await, 200);
     assert_eq!(status_of(&gw, &old_key).await, 401);
@@ -337,6 +345,16 @@ async fn a_gateway_whose_unread_change_records_were_pruned_drops_its_cache() {
     assert!(
         log.contains("change log pruned past this gateway's position"),
         "the cache was not cleared for the pruned horizon"
+    );
+    let text = metrics(gw.admin.expect("admin listener")).await;
+    assert_eq!(
+        metric_sum(
+            &text,
+            "mpg_key_cache_clears_total",
+            &["reason=\"change_log_pruned\""]
+        ),
+        1.0,
+        "{text}"
     );
     if cut < Duration::from_secs(4) {
         // Too short for the outage rule (5 s unread): the horizon alone did it.

@@ -100,6 +100,8 @@ impl Follower {
         if src.lookback().is_some() && gap.is_some_and(|gap| gap >= GAP_CLEAR) {
             // Changes that committed late during the gap may be out of reach.
             cache.invalidate(&Change::All);
+            metrics::counter!(crate::admin::names::CACHE_CLEARS, "reason" => "store_gap")
+                .increment(1);
             tracing::info!(
                 gap_ms = gap.map_or(0, |g| g.as_millis() as u64),
                 "change log unread for a while; cache cleared"
@@ -109,6 +111,8 @@ impl Follower {
             // Records this follower never read were pruned: what they
             // touched is unknown, so nothing cached may be trusted.
             cache.invalidate(&Change::All);
+            metrics::counter!(crate::admin::names::CACHE_CLEARS, "reason" => "change_log_pruned")
+                .increment(1);
             new_high = read.pruned_through;
             tracing::info!(
                 cursor = high,
@@ -189,7 +193,10 @@ async fn prune(store: SqlStore) {
             .await
         {
             Ok(0) => {}
-            Ok(records) => tracing::debug!(records, "change log pruned"),
+            Ok(records) => {
+                metrics::counter!(crate::admin::names::CHANGES_PRUNED).increment(records);
+                tracing::debug!(records, "change log pruned");
+            }
             Err(e) => tracing::warn!(error = %e, "pruning the change log failed; retrying later"),
         }
     }
