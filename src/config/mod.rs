@@ -5,6 +5,8 @@
 //! own, so one typo does not hide the next: `check-config` lists them all.
 mod duration;
 mod raw;
+mod redact;
+mod routes;
 mod upstream;
 mod validate;
 

@@ -414,7 +414,7 @@ fn store_urls_never_show_a_password_even_with_an_at_sign_or_in_the_query() {
         "postgres://gw@db.internal/gateway",
         "postgres://db.internal:5432/gateway?sslmode=require",
     ] {
-        assert_eq!(validate::redact_url(url), url);
+        assert_eq!(redact::redact_url(url), url);
     }
     let errs = problems(&format!(
         "{MINIMAL}\n[rate_limit]\nbackend = \"redis\"\nredis_url = \"http://:p@ss@cache\"\n"
