@@ -350,22 +350,28 @@ impl Gateway {
                 user_key = format!("user:{}", s.session.user_id);
                 &user_key
             }
-            // One bucket per organization, whichever credential spends it.
-            // A session has no organization of its own: it spends the one
-            // the request names directly when the user is a member of it
-            // (stage 5 has not run yet: a stranger naming it must not drain
-            // its bucket), else its user's.
+            // One bucket per organization (its bare id), whichever
+            // credential spends it. A session has no organization of its
+            // own: it spends the one the request names directly when the
+            // user is a member of it (stage 5 has not run yet: a stranger
+            // naming it must not drain its bucket), else one of its user,
+            // as `user <id>` (ids hold no space, so no organization's).
             (PolicyKey::Organization, Some(p)) => {
-                let hint = match p.home_organization() {
-                    Some(org) => Some(Cow::Borrowed(org)),
-                    None => requested_org_hint(entry, head, path_param)
-                        .filter(|org| p.role_in(org).is_some()),
+                let named = || {
+                    requested_org_hint(entry, head, path_param)
+                        .filter(|org| p.role_in(org).is_some())
                 };
-                user_key = match hint {
-                    Some(org) => format!("org:{org}"),
-                    None => format!("user:{}", p.user_id()),
-                };
-                &user_key
+                match p.home_organization().map(Cow::Borrowed).or_else(named) {
+                    Some(Cow::Borrowed(org)) => org,
+                    Some(Cow::Owned(org)) => {
+                        user_key = org;
+                        &user_key
+                    }
+                    None => {
+                        user_key = format!("user {}", p.user_id());
+                        &user_key
+                    }
+                }
             }
             _ => conn.peer_ip(),
         };
