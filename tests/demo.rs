@@ -97,12 +97,7 @@ async fn the_demo_serves_what_it_prints_and_cleans_up_on_sigterm() {
     assert!(listed.to_string().contains("\"acme\""), "{listed}");
 
     // SIGTERM, as a terminal's Ctrl-C or a supervisor would stop it.
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    signal(child.id(), "TERM");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

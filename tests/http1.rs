@@ -640,6 +640,25 @@ async fn a_head_arriving_in_pieces_is_served() {
 
 // === Responses without Content-Length from the upstream ===
 
+/// Reads one request head off `s` (the gateway sends these raw upstreams
+/// none with a body), keeping what follows in `buf`: its target, or `None`
+/// once the connection ends or stays silent for 10 s.
+async fn next_target(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    };
+    let head: Vec<u8> = buf.drain(..end).collect();
+    let head = String::from_utf8_lossy(&head);
+    Some(head.split(' ').nth(1).unwrap_or("/").to_string())
+}
+
 /// A raw HTTP/1.1 upstream: `GET …/chunked` is answered chunked in several
 /// writes (one chunk with an extension); any other path with no framing at
 /// all, the body ending at the close. Returns its address and its task.
@@ -654,22 +673,9 @@ async fn raw_upstream() -> (SocketAddr, tokio::task::JoinHandle<()>) {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    // One request head (the gateway sends GETs without a body).
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
-                            .await
-                        {
-                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
+                    let Some(target) = next_target(&mut s, &mut buf).await else {
+                        return;
                     };
-                    let head: Vec<u8> = buf.drain(..end).collect();
-                    let head = String::from_utf8_lossy(&head);
-                    let target = head.split(' ').nth(1).unwrap_or("/").to_string();
                     if target.contains("/chunked") {
                         let pieces: [&[u8]; 4] = [
                             b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -817,23 +823,10 @@ async fn canned_upstream(answers: &'static [(&'static str, &'static [u8])]) -> S
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    // One request head (the gateway sends these without a body).
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
-                            .await
-                        {
-                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
+                    let Some(target) = next_target(&mut s, &mut buf).await else {
+                        return;
                     };
-                    let head: Vec<u8> = buf.drain(..end).collect();
-                    let head = String::from_utf8_lossy(&head);
-                    let target = head.split(' ').nth(1).unwrap_or("/");
-                    let Some((_, answer)) = answers.iter().find(|(k, _)| target.ends_with(k))
+                    let Some((_, answer)) = answers.iter().find(|(k, _)| target.ends_with(*k))
                     else {
                         return;
                     };
@@ -1096,11 +1089,7 @@ async fn sigterm_closes_a_connection_that_sent_nothing_and_lets_the_request_in_f
     let mut fresh = Client::connect(gw.addr).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = std::time::Instant::now();
-    std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(gw.child.id().to_string())
-        .status()
-        .unwrap();
+    signal(gw.child.id(), "TERM");
     // No request on it: closed at once, not after header_read_timeout.
     assert!(
         fresh.closed_within(Duration::from_secs(1)).await,

@@ -42,11 +42,7 @@ impl OneConnection {
 }
 
 fn hup(gw: &Gateway) {
-    std::process::Command::new("kill")
-        .arg("-HUP")
-        .arg(gw.child.id().to_string())
-        .status()
-        .unwrap();
+    signal(gw.child.id(), "HUP");
 }
 
 fn limited_world(up: &MockUpstream, requests: i64) -> TestConfig {
@@ -475,13 +471,14 @@ async fn sigterm_lets_an_http2_stream_in_flight_finish() {
     assert_eq!(status.code(), Some(0));
 }
 
-/// A gateway starting on a "PostgreSQL" that accepts and never answers: its
-/// start waits on it for `query_timeout`, as it would on a slow store or
-/// long migrations. Returns the process, the silent store's task and the
-/// config (its directory lives as long as it does).
-async fn starting_on_a_silent_store(
+/// Starts a gateway on a "PostgreSQL" that accepts and never answers (its
+/// start waits on it for `query_timeout`, as on a slow store or long
+/// migrations), sends it signal `name` 700 ms in, and waits for it to exit:
+/// its exit status, and how long after the signal it came.
+async fn signal_while_starting(
     query_timeout: &str,
-) -> (std::process::Child, tokio::task::JoinHandle<()>, TestConfig) {
+    name: &str,
+) -> (std::process::ExitStatus, Duration) {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store = silent.local_addr().unwrap();
     let held = tokio::spawn(async move {
@@ -496,7 +493,7 @@ async fn starting_on_a_silent_store(
     cfg.set("store.kind", "postgres");
     cfg.set("store.url", format!("postgres://postgres@{store}/test"));
     cfg.set("store.query_timeout", query_timeout);
-    let child = std::process::Command::new(BIN)
+    let mut child = std::process::Command::new(BIN)
         .arg("run")
         .arg("--config")
         .arg(cfg.write())
@@ -504,25 +501,22 @@ async fn starting_on_a_silent_store(
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    (child, held, cfg)
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let sent = Instant::now();
+    signal(child.id(), name);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    held.abort();
+    (status, took)
 }
 
 #[tokio::test]
 async fn a_sighup_while_the_gateway_is_starting_does_not_kill_it() {
     use std::os::unix::process::ExitStatusExt;
-    let (child, held, _cfg) = starting_on_a_silent_store("3s").await;
     // `systemctl reload` right after `systemctl start` (the unit is Type=exec).
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    std::process::Command::new("kill")
-        .arg("-HUP")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    let mut child = child;
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
-    held.abort();
+    let (status, _) = signal_while_starting("3s", "HUP").await;
     // The store never answered, so the start fails; but by its own hand.
     assert_eq!(
         (status.signal(), status.code()),
@@ -534,30 +528,14 @@ async fn a_sighup_while_the_gateway_is_starting_does_not_kill_it() {
 #[tokio::test]
 async fn a_sigterm_while_the_gateway_is_starting_stops_it_at_once() {
     use std::os::unix::process::ExitStatusExt;
-    let (child, held, _cfg) = starting_on_a_silent_store("20s").await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let sent = Instant::now();
-    std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    let mut child = child;
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
-    held.abort();
+    let (status, took) = signal_while_starting("20s", "TERM").await;
     // Not the signal's default (killed), nor a wait for the store's 20 s.
     assert_eq!(
         (status.signal(), status.code()),
         (None, Some(0)),
         "{status:?}"
     );
-    assert!(
-        sent.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        sent.elapsed()
-    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 #[tokio::test]

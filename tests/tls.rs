@@ -78,56 +78,14 @@ async fn self_signed_mode_starts_without_files() {
 
 // === header_read_timeout from the accept, and the drain ===
 
-/// Accepts any server certificate (the gateway's is self-signed).
-#[derive(Debug)]
-struct AnyCertificate;
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// A TLS connector offering ALPN `alpn`, trusting any certificate.
+/// A TLS connector offering ALPN `alpn`, trusting any certificate (the
+/// gateway's is self-signed).
 fn connector(alpn: &[u8]) -> tokio_rustls::TlsConnector {
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    tls_connector(
         rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(AnyCertificate))
-    .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+        alpn,
+        Arc::default(),
+    )
 }
 
 /// A self-signed TLS gateway with `header_read_timeout` of `hrt`.

@@ -109,13 +109,7 @@ impl SqlStore {
             .await
             .db()?;
             let changes = if rows.len() > usize::try_from(CHANGES_BATCH).unwrap_or(usize::MAX) {
-                let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
-                    .fetch_one(&mut *conn)
-                    .await
-                    .db()?
-                    .try_get(0)
-                    .db()?;
-                vec![(max.unwrap_or(after), Change::All)]
+                vec![(max_seq(&mut conn).await?.unwrap_or(after), Change::All)]
             } else {
                 rows.iter()
                     .map(|r| {
@@ -143,13 +137,8 @@ impl SqlStore {
     pub async fn latest_change_seq(&self) -> Result<i64, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            let max: Option<i64> = sqlx::query("SELECT MAX(seq) FROM changes")
-                .fetch_one(&mut *conn)
-                .await
-                .db()?
-                .try_get(0)
-                .db()?;
-            Ok(max.unwrap_or(0).max(pruned_through(&mut conn).await?))
+            let max = max_seq(&mut conn).await?.unwrap_or(0);
+            Ok(max.max(pruned_through(&mut conn).await?))
         })
         .await
     }
@@ -247,6 +236,16 @@ impl SqlStore {
         }
         Ok(deleted)
     }
+}
+
+/// The newest seq in the change log; `None` when it is empty.
+async fn max_seq(conn: &mut AnyConnection) -> Result<Option<i64>, StoreError> {
+    sqlx::query("SELECT MAX(seq) FROM changes")
+        .fetch_one(&mut *conn)
+        .await
+        .db()?
+        .try_get(0)
+        .db()
 }
 
 /// The pruning horizon: the highest seq ever pruned (0: none yet).

@@ -351,12 +351,19 @@ impl Gateway {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        signal(self.child.id(), "TERM");
         self.child.wait().unwrap()
     }
+}
+
+/// Sends signal `name` (`TERM`, `HUP`, …) to process `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{name} {pid}");
 }
 
 impl Drop for Gateway {
@@ -510,6 +517,23 @@ impl rustls::client::danger::ServerCertVerifier for Remember {
     }
 }
 
+/// A TLS connector offering `provider`'s suites in its order and ALPN
+/// `alpn`, trusting any certificate and putting the last one seen in `seen`.
+pub fn tls_connector(
+    provider: rustls::crypto::CryptoProvider,
+    alpn: &[u8],
+    seen: Arc<Mutex<Vec<u8>>>,
+) -> tokio_rustls::TlsConnector {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Remember(seen)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
 /// A TLS connection to `addr` offering `provider`'s suites in its order and
 /// ALPN `http/1.1`, trusting any certificate: the stream, and the certificate
 /// the server showed.
@@ -518,14 +542,7 @@ pub async fn tls_connect(
     provider: rustls::crypto::CryptoProvider,
 ) -> (tokio_rustls::client::TlsStream<TcpStream>, Vec<u8>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Remember(seen.clone())))
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tls_connector(provider, b"http/1.1", seen.clone());
     let tcp = TcpStream::connect(addr).await.unwrap();
     let stream = connector
         .connect("localhost".try_into().unwrap(), tcp)
