@@ -11,7 +11,7 @@ pub use principal::{Principal, Scopes};
 use record::{method_label, request_id, status_label};
 
 use crate::body::RequestBody;
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::{CONTENT_LENGTH, HOST};
 use http::{request, Request, Response};
 use http_body::Body as _;
 use http_body_util::Limited;
@@ -30,8 +30,8 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{
-    check_head, check_target, decode_segment, find_secret_param, path_holds_secret, Query,
-    QueryError, RouteMatch,
+    check_head, check_target, decode_segment, find_secret_param, named_host, path_holds_secret,
+    Query, QueryError, RouteMatch,
 };
 use crate::server::{ConnInfo, Reply, RequestId, Stamp};
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
@@ -499,12 +499,13 @@ impl Gateway {
                 }
                 Target::Http(upstream) => upstream,
             };
-            // Taken out of the map (no copy): the upstream gets the target's own.
-            let host = head.headers.remove(HOST).or_else(|| {
-                let authority = head.uri.authority()?;
-                HeaderValue::from_str(authority.as_str()).ok()
-            });
-            let host = host.as_ref().and_then(|h| h.to_str().ok());
+            // Taken out of the map (no copy): the upstream gets the target's
+            // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
+            // `:authority` (HTTP/2 only) is cloned, not copied: it shares the
+            // bytes received.
+            let host_field = head.headers.remove(HOST);
+            let authority = head.uri.authority().cloned();
+            let host = named_host(authority.as_ref(), host_field.as_ref());
             sanitize_request(&mut head.headers);
             let identity = match &grant {
                 Some(g) => {

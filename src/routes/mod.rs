@@ -5,7 +5,7 @@ mod query;
 mod target;
 
 pub use query::{decode_segment, find_secret_param, path_holds_secret, Query, QueryError};
-pub use target::{check_head, check_target, TargetError};
+pub use target::{check_head, check_target, named_host, TargetError};
 
 use http::header::HeaderValue;
 use http::Method;

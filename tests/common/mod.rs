@@ -441,6 +441,9 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
 // === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
 pub mod scale;
 
+// === an HTTP/2 client (prior knowledge, the `h2` crate) ===
+pub mod h2c;
+
 /// A running gateway and its recording upstream, for tests that attack it or
 /// speak raw HTTP to it.
 pub struct World {
