@@ -654,6 +654,60 @@ async fn secrets_never_appear_in_logs_metrics_error_bodies_or_upstream_requests(
     }
 }
 
+/// The access-log line of the request whose id is `id` (waits for it).
+async fn access_line(w: &World, id: &str) -> serde_json::Value {
+    for _ in 0..250 {
+        let found = w.gw.log.lock().unwrap().iter().find_map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            (v["message"] == "request" && v["request_id"] == id).then_some(v)
+        });
+        if let Some(v) = found {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no access-log line for request {id}:\n{}", w.gw.log_text());
+}
+
+#[tokio::test]
+async fn extension_methods_reach_the_access_log_only_as_a_bounded_label() {
+    let w = world().await;
+    // A long extension method that could be a secret a client misplaced.
+    let token: String = (0..200)
+        .map(|i| char::from(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[(i * 7 + 3) % 36]))
+        .collect();
+    let method = format!("MPG_SECRETLIKE{token}");
+    for (i, (target, status)) in [(CLUSTERS, 405), ("/public/ping", 405), ("/nowhere", 404)]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("extension-method-h1-{i}");
+        let req = format!(
+            "{method} {target} HTTP/1.1\r\nHost: a\r\nX-Request-Id: {id}\r\n{}Connection: close\r\n\r\n",
+            auth(&w)
+        );
+        let res = raw(w.gw.addr, req.as_bytes()).await;
+        assert_eq!(res.status, status, "{target}: {}", res.body);
+        assert_eq!(access_line(&w, &id).await["method"], "OTHER");
+    }
+    let mut h2 = h2c::connect(w.gw.addr).await;
+    let mut req = h2c::request(w.gw.addr, &method, CLUSTERS);
+    req.headers_mut()
+        .insert("x-request-id", "extension-method-h2".parse().unwrap());
+    let res = h2.send(req).await.unwrap();
+    assert_eq!(res.status, 405, "{res:?}");
+    assert_eq!(
+        access_line(&w, "extension-method-h2").await["method"],
+        "OTHER"
+    );
+    let log = w.gw.log_text();
+    assert!(
+        !log.contains(&token[..40]),
+        "the method reached the log:\n{log}"
+    );
+    assert_eq!(w.up.count(), 0);
+}
+
 // === HTTP/2 ===
 
 /// An authenticated h2 request for `path` whose `:authority` is `authority`.

@@ -79,7 +79,9 @@ impl Gateway {
             let this = &*self;
             let started = crate::clock::now();
             let request_id = request_id(&head.headers);
-            let method = head.method.clone();
+            // The bounded label, never the method as sent: an extension
+            // method is unbounded text, and may be a misplaced secret.
+            let method = method_label(&head.method);
             let mut out = Outcome {
                 route: None,
                 decision: None,
@@ -103,7 +105,7 @@ impl Gateway {
             };
             request_metrics
                 .requests
-                .increment((method_label(&method), status_label(status)));
+                .increment((method, status_label(status)));
             request_metrics.latency.record(
                 crate::clock::now()
                     .saturating_duration_since(started)
@@ -112,7 +114,7 @@ impl Gateway {
             tracing::info!(
                 target: "access",
                 request_id = request_id.as_str(),
-                method = %method,
+                method,
                 route,
                 status,
                 latency_us = started.elapsed().as_micros() as u64,
