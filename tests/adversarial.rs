@@ -385,6 +385,70 @@ async fn spoofed_identity_headers_never_reach_the_upstream() {
     assert!(!w.up.last().headers.contains_key("forwarded"));
 }
 
+/// Client-sent headers that frameworks route on or take the client's
+/// address from, in the spellings a client may use (any case, `_` for `-`).
+const ROUTING_AND_CLIENT_IP: [(&str, &str); 12] = [
+    ("X-Original-URL", "/admin"),
+    ("x-rewrite-url", "/admin"),
+    ("X_Original_Url", "/admin"),
+    ("True-Client-IP", "6.6.6.6"),
+    ("X-CLIENT-IP", "6.6.6.6"),
+    ("Client-Ip", "6.6.6.6"),
+    ("client_ip", "6.6.6.6"),
+    ("CF-Connecting-IP", "6.6.6.6"),
+    ("X-Cluster-Client-IP", "6.6.6.6"),
+    ("x_cluster_client_ip", "6.6.6.6"),
+    ("X-Real-IP", "6.6.6.6"),
+    ("X-REAL-IP", "6.6.6.6"),
+];
+
+/// Asserts that none of [`ROUTING_AND_CLIENT_IP`] reached the upstream.
+fn assert_no_routing_or_client_ip_header(seen: &Seen, what: &str) {
+    for (name, value) in seen.headers.iter() {
+        let folded = name.as_str().replace('_', "-");
+        assert!(
+            !ROUTING_AND_CLIENT_IP
+                .iter()
+                .any(|(n, _)| n.replace('_', "-").eq_ignore_ascii_case(&folded)),
+            "{what}: {name} forwarded"
+        );
+        let v = value.to_str().unwrap_or("");
+        assert!(
+            !v.contains("/admin") && !v.contains("6.6.6.6"),
+            "{what}: {name}: {v}"
+        );
+    }
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1", "{what}");
+}
+
+#[tokio::test]
+async fn routing_and_client_ip_headers_never_reach_the_upstream_over_h1_or_h2() {
+    let w = world().await;
+    let lines: String = ROUTING_AND_CLIENT_IP
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    let mut h2 = h2c::connect(w.gw.addr).await;
+    let addr = w.gw.addr.to_string();
+    for target in ["/public/ping", CLUSTERS] {
+        let res = raw_get(w.gw.addr, target, &format!("{}{lines}", auth(&w))).await;
+        assert_eq!(res.status, 200, "{target}: {}", res.body);
+        assert_no_routing_or_client_ip_header(&w.up.last(), &format!("HTTP/1.1 {target}"));
+        // HTTP/2 names are lower case on the wire.
+        let mut req = h2_get(&w, &addr, target);
+        for (name, value) in ROUTING_AND_CLIENT_IP {
+            req.headers_mut().append(
+                http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let res = h2.send(req).await.unwrap();
+        assert_eq!(res.status, 200, "{target}: {res:?}");
+        assert_no_routing_or_client_ip_header(&w.up.last(), &format!("HTTP/2 {target}"));
+    }
+    assert_eq!(w.up.count(), 4);
+}
+
 #[tokio::test]
 async fn method_override_headers_are_stripped_before_forwarding() {
     let w = world().await;
