@@ -573,24 +573,33 @@ async fn head_is_answered_without_body_bytes_and_the_connection_goes_on() {
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(res.json()["method"], "GET");
     assert_eq!(res.json()["uri"], "/public/ping?h=2");
-    // HEAD on a path with no HEAD route: 405 naming what is allowed, also
-    // without a body, and the connection still goes on.
+    // HEAD on a GET route (RFC 9110 §9.3.2): forwarded as HEAD, the
+    // upstream's Content-Length and no body, and the connection goes on.
     c.send(format!(
-        "HEAD {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}\r\n",
+        "HEAD {CLUSTERS}&h=3 HTTP/1.1\r\nHost: a\r\n{}\r\n",
         auth(&w)
     ))
     .await;
     let res = c.response_to("HEAD").await;
-    assert_eq!(res.status, 405, "{res:?}");
-    assert!(
-        res.header("allow").is_some_and(|a| a.contains("GET")),
-        "{res:?}"
-    );
+    assert_eq!(res.status, 200, "{res:?}");
+    let length: usize = res.header("content-length").unwrap().parse().unwrap();
+    assert!(length > 0, "{res:?}");
+    assert!(res.header("x-ratelimit-remaining").is_some(), "{res:?}");
     c.quiet_for(Duration::from_millis(300)).await;
-    c.send(get_clusters(&w, "&h=3")).await;
+    assert_eq!(w.up.last().method, "HEAD");
+    // HEAD on a path with no GET or HEAD route: 405 naming what is allowed,
+    // also without a body, and the connection still goes on.
+    c.send("HEAD /api/v1/api-keys/key_x/revoke HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    let res = c.response_to("HEAD").await;
+    assert_eq!(res.status, 405, "{res:?}");
+    assert_eq!(res.header("allow"), Some("POST"), "{res:?}");
+    c.quiet_for(Duration::from_millis(300)).await;
+    c.send(get_clusters(&w, "&h=4")).await;
     let res = c.response().await;
     assert_eq!(res.status, 200, "{}", res.text());
-    assert_eq!(w.up.count(), 3);
+    assert_eq!(res.json()["method"], "GET");
+    assert_eq!(w.up.count(), 4);
 }
 
 // === Malformed and slow heads ===

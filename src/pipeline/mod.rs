@@ -11,8 +11,8 @@ pub use principal::{Principal, Scopes};
 use record::{method_label, request_id, status_label};
 
 use crate::body::RequestBody;
-use http::header::{CONTENT_LENGTH, HOST};
-use http::{request, Request, Response};
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::Limited;
 use std::borrow::Cow;
@@ -82,6 +82,7 @@ impl Gateway {
             // The bounded label, never the method as sent: an extension
             // method is unbounded text, and may be a misplaced secret.
             let method = method_label(&head.method);
+            let head_request = head.method == Method::HEAD;
             let mut out = Outcome {
                 route: None,
                 decision: None,
@@ -90,10 +91,13 @@ impl Gateway {
             };
             let bytes_in = body.size_hint().exact();
             let stages = this.stages(&mut head, body, &conn, &request_id, &mut out);
-            let res = match stages.await {
+            let mut res = match stages.await {
                 Ok(res) => res,
                 Err(err) => this.rescue(err, &request_id),
             };
+            if head_request {
+                res = without_body(res);
+            }
             let route = out
                 .route
                 .map(|i| this.routes[i].route.path.as_str())
@@ -596,6 +600,26 @@ impl Gateway {
         }
         err.into_response()
     }
+}
+
+/// The answer to a `HEAD` request: the status and fields the `GET` answer
+/// has, and no body (RFC 9110 §9.3.2). A body of known size (the key
+/// service's, the gateway's own errors) says it in `Content-Length`, as the
+/// `GET` answer does; an upstream's `HEAD` answer has no body and keeps the
+/// length it sent. Done here for both servers: hyper's HTTP/2 server would
+/// send the body.
+fn without_body(res: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = res.into_parts();
+    let status = parts.status;
+    let no_length = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if !no_length && !parts.headers.contains_key(CONTENT_LENGTH) {
+        if let Some(n) = body.size_hint().exact() {
+            parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
+    Response::from_parts(parts, body.into_bodyless())
 }
 
 /// For session routes keyed by organization: the organization the request
