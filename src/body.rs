@@ -38,6 +38,40 @@ impl Body {
     pub(crate) fn take_relayed(&mut self) -> Option<RelayedFields> {
         self.relayed.take()
     }
+
+    /// This body as a `HEAD` answer's: no bytes and no size of its own (the
+    /// length to send is the response's `Content-Length` field), the
+    /// relayed fields kept.
+    pub(crate) fn into_bodyless(mut self) -> Self {
+        Body {
+            inner: BoxBody::new(Bodyless),
+            relayed: self.relayed.take(),
+        }
+    }
+}
+
+/// The body of a `HEAD` answer: ended, its size unknown (an exact size of
+/// 0 would be written as `Content-Length: 0`).
+struct Bodyless;
+
+impl http_body::Body for Bodyless {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::default()
+    }
 }
 
 impl std::fmt::Debug for Body {

@@ -390,7 +390,7 @@ async fn routing_answers_404_405_and_400_for_ambiguous_targets() {
         (status, body["error"].as_str()),
         (405, Some("MethodNotAllowed"))
     );
-    assert_eq!(headers["allow"], "GET, POST");
+    assert_eq!(headers["allow"], "GET, HEAD, POST");
     let auth = format!("Authorization: Bearer {}\r\n", w.seed.key);
     for target in [
         "/api/v1/../v1/clusters?organization_id=acme",
@@ -715,4 +715,194 @@ async fn a_query_parameter_that_does_not_decode_is_named_in_details_field() {
     assert_eq!(status, 400);
     assert_eq!(body["details"]["field"], "query", "{body}");
     assert_eq!(w.up.count(), 0);
+}
+
+// === HEAD wherever GET is served ===
+
+/// `method target` over HTTP/1.1 (`Connection: close`), read raw.
+async fn raw_request(w: &World, method: &str, target: &str, token: Option<&str>) -> RawResponse {
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: a\r\n{auth}Connection: close\r\n\r\n");
+    raw(w.gw.addr, req.as_bytes()).await
+}
+
+/// Fields that differ from one response to the next: compared by name only.
+const PER_RESPONSE: [&str; 5] = [
+    "date",
+    "x-request-id",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
+/// A response's fields, lower-cased and sorted, values of [`PER_RESPONSE`]
+/// and `Content-Length` left out.
+fn comparable<'a>(fields: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = fields
+        .map(|(n, v)| {
+            let n = n.to_ascii_lowercase();
+            let v = if PER_RESPONSE.contains(&n.as_str()) || n == "content-length" {
+                String::new()
+            } else {
+                v.to_string()
+            };
+            (n, v)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Asserts that `head` is `get`'s answer without its body: the same status
+/// and fields, `Content-Length` the length of the GET's body, no body byte.
+fn assert_head_is_get_without_body(head: &RawResponse, get: &RawResponse, what: &str) {
+    assert_eq!(head.status, get.status, "{what}: {head:?} vs {get:?}");
+    assert_eq!(head.body, "", "{what}: a HEAD answer with body bytes");
+    assert_ne!(
+        get.body, "",
+        "{what}: the GET answer has no body to compare"
+    );
+    assert_eq!(
+        head.header("content-length"),
+        Some(get.body.len().to_string().as_str()),
+        "{what}: {head:?}"
+    );
+    let fields =
+        |r: &RawResponse| comparable(r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    assert_eq!(fields(head), fields(get), "{what}");
+}
+
+#[tokio::test]
+async fn head_on_a_get_route_passes_every_stage_and_answers_without_a_body() {
+    let w = world(|_| {}).await;
+    let key = Some(w.seed.key.as_str());
+    // Forwarded as HEAD: the upstream's answer (a fixed 409 with
+    // Retry-After) with its length, and no body.
+    let busy = "/api/v1/busy?organization_id=acme";
+    let get = raw_request(&w, "GET", busy, key).await;
+    assert_eq!(get.status, 409, "{get:?}");
+    let head = raw_request(&w, "HEAD", busy, key).await;
+    assert_head_is_get_without_body(&head, &get, "forwarded");
+    assert_eq!(head.header("retry-after"), Some("7"));
+    let seen = w.up.last();
+    assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("HEAD", busy));
+    assert_eq!(w.up.count(), 2);
+
+    // Each stage refuses a HEAD as it refuses the GET: 401 (with
+    // WWW-Authenticate), 400 naming the field, 404 for another
+    // organization, 403 for a missing scope.
+    let write_only = create_key(&w.path, "acme", "alice", "clusters:write").0;
+    for (what, target, token) in [
+        ("401", CLUSTERS, None),
+        ("401 invalid", CLUSTERS, Some("mpg_not_a_key")),
+        ("400", "/api/v1/clusters", key),
+        ("404", "/api/v1/clusters?organization_id=globex", key),
+        ("403", CLUSTERS, Some(write_only.as_str())),
+    ] {
+        let get = raw_request(&w, "GET", target, token).await;
+        let head = raw_request(&w, "HEAD", target, token).await;
+        assert_eq!(head.status.to_string(), what[..3], "{what}: {head:?}");
+        assert_head_is_get_without_body(&head, &get, what);
+    }
+    assert_eq!(w.up.count(), 2, "a refused HEAD reached the upstream");
+
+    // HEAD spends the route's tokens: three HEADs empty the bucket of 3,
+    // and the GET after them is refused.
+    let limited = "/api/v1/limited?organization_id=acme";
+    for remaining in ["2", "1", "0"] {
+        let head = raw_request(&w, "HEAD", limited, key).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        assert_eq!(head.header("x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(head.body, "");
+    }
+    let head = raw_request(&w, "HEAD", limited, key).await;
+    let get = raw_request(&w, "GET", limited, key).await;
+    assert_eq!(get.status, 429);
+    assert_head_is_get_without_body(&head, &get, "429");
+    assert!(head.header("retry-after").is_some());
+    assert_eq!(w.up.count(), 5);
+}
+
+#[tokio::test]
+async fn head_over_http2_has_the_get_answers_fields_and_no_data() {
+    let w = world(|_| {}).await;
+    let mut h2 = common::h2c::connect(w.gw.addr).await;
+    let request = |method: &str, target: &str, token: Option<&str>| {
+        let mut req = common::h2c::request(w.gw.addr, method, target);
+        if let Some(t) = token {
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        req
+    };
+    let key = Some(w.seed.key.as_str());
+    for (target, token, status) in [
+        ("/api/v1/busy?organization_id=acme", key, 409),
+        (CLUSTERS, None, 401),
+        ("/api/v1/clusters", key, 400),
+    ] {
+        let get = h2.send(request("GET", target, token)).await.unwrap();
+        let head = h2.send(request("HEAD", target, token)).await.unwrap();
+        assert_eq!((get.status, head.status), (status, status), "{target}");
+        assert!(
+            head.ended_with_headers && head.body.is_empty(),
+            "{target}: {head:?}"
+        );
+        assert!(!get.body.is_empty(), "{target}");
+        assert_eq!(
+            head.headers["content-length"],
+            get.body.len().to_string(),
+            "{target}"
+        );
+        let fields = |h: &http::HeaderMap| {
+            comparable(h.iter().map(|(n, v)| (n.as_str(), v.to_str().unwrap())))
+        };
+        assert_eq!(fields(&head.headers), fields(&get.headers), "{target}");
+    }
+    assert_eq!(w.up.last().method, "HEAD");
+    // The connection goes on after them.
+    let res = h2.send(request("GET", CLUSTERS, key)).await.unwrap();
+    assert_eq!(res.status, 200);
+    assert_eq!(res.json()["method"], "GET");
+}
+
+#[tokio::test]
+async fn head_on_the_key_services_get_routes_is_its_get_answer_without_a_body() {
+    let w = world(|_| {}).await;
+    let session = Some(w.seed.session.as_str());
+    let one = format!("/api/v1/api-keys/{}", w.seed.key_id);
+    let mut h2 = common::h2c::connect(w.gw.addr).await;
+    for target in ["/api/v1/api-keys?organization_id=acme", one.as_str()] {
+        let get = raw_request(&w, "GET", target, session).await;
+        assert_eq!(get.status, 200, "{get:?}");
+        assert_eq!(get.header("content-type"), Some("application/json"));
+        let head = raw_request(&w, "HEAD", target, session).await;
+        assert_head_is_get_without_body(&head, &get, target);
+        let mut req = common::h2c::request(w.gw.addr, "HEAD", target);
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", w.seed.session).parse().unwrap(),
+        );
+        let head = h2.send(req).await.unwrap();
+        assert_eq!(head.status, 200, "{head:?}");
+        assert!(head.ended_with_headers && head.body.is_empty(), "{head:?}");
+        assert_eq!(head.headers["content-length"], get.body.len().to_string());
+        assert_eq!(head.headers["content-type"], "application/json");
+    }
+    // An API key on the session route: 401, as for the GET.
+    let head = raw_request(&w, "HEAD", &one, Some(&w.seed.key)).await;
+    let get = raw_request(&w, "GET", &one, Some(&w.seed.key)).await;
+    assert_eq!(head.status, 401);
+    assert_head_is_get_without_body(&head, &get, "wrong credential type");
+    // The POST-only revoke route: 405 naming POST alone, no body.
+    let head = raw_request(&w, "HEAD", &format!("{one}/revoke"), session).await;
+    assert_eq!(head.status, 405, "{head:?}");
+    assert_eq!(head.header("allow"), Some("POST"));
+    assert_eq!(head.body, "");
+    // PUT on the key's path: Allow lists HEAD beside GET.
+    let put = raw_request(&w, "PUT", &one, session).await;
+    assert_eq!(put.status, 405, "{put:?}");
+    assert_eq!(put.header("allow"), Some("GET, HEAD, DELETE"));
 }

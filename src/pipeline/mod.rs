@@ -12,7 +12,7 @@ use record::{method_label, request_id, status_label};
 
 use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
-use http::{request, Request, Response};
+use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::Limited;
 use std::borrow::Cow;
@@ -30,8 +30,8 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
 use crate::ratelimit::Decision;
 use crate::routes::{
-    check_head, check_target, decode_segment, find_secret_param, path_holds_secret, Query,
-    QueryError, RouteMatch,
+    check_head, check_target, decode_segment, find_secret_param, named_host, path_holds_secret,
+    Query, QueryError, RouteMatch,
 };
 use crate::server::{ConnInfo, Reply, RequestId, Stamp};
 use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
@@ -79,7 +79,10 @@ impl Gateway {
             let this = &*self;
             let started = crate::clock::now();
             let request_id = request_id(&head.headers);
-            let method = head.method.clone();
+            // The bounded label, never the method as sent: an extension
+            // method is unbounded text, and may be a misplaced secret.
+            let method = method_label(&head.method);
+            let head_request = head.method == Method::HEAD;
             let mut out = Outcome {
                 route: None,
                 decision: None,
@@ -88,10 +91,13 @@ impl Gateway {
             };
             let bytes_in = body.size_hint().exact();
             let stages = this.stages(&mut head, body, &conn, &request_id, &mut out);
-            let res = match stages.await {
+            let mut res = match stages.await {
                 Ok(res) => res,
                 Err(err) => this.rescue(err, &request_id),
             };
+            if head_request {
+                res = without_body(res);
+            }
             let route = out
                 .route
                 .map(|i| this.routes[i].route.path.as_str())
@@ -103,7 +109,7 @@ impl Gateway {
             };
             request_metrics
                 .requests
-                .increment((method_label(&method), status_label(status)));
+                .increment((method, status_label(status)));
             request_metrics.latency.record(
                 crate::clock::now()
                     .saturating_duration_since(started)
@@ -112,7 +118,7 @@ impl Gateway {
             tracing::info!(
                 target: "access",
                 request_id = request_id.as_str(),
-                method = %method,
+                method,
                 route,
                 status,
                 latency_us = started.elapsed().as_micros() as u64,
@@ -499,12 +505,13 @@ impl Gateway {
                 }
                 Target::Http(upstream) => upstream,
             };
-            // Taken out of the map (no copy): the upstream gets the target's own.
-            let host = head.headers.remove(HOST).or_else(|| {
-                let authority = head.uri.authority()?;
-                HeaderValue::from_str(authority.as_str()).ok()
-            });
-            let host = host.as_ref().and_then(|h| h.to_str().ok());
+            // Taken out of the map (no copy): the upstream gets the target's
+            // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
+            // `:authority` (HTTP/2 only) is cloned, not copied: it shares the
+            // bytes received.
+            let host_field = head.headers.remove(HOST);
+            let authority = head.uri.authority().cloned();
+            let host = named_host(authority.as_ref(), host_field.as_ref());
             sanitize_request(&mut head.headers);
             let identity = match &grant {
                 Some(g) => {
@@ -593,6 +600,26 @@ impl Gateway {
         }
         err.into_response()
     }
+}
+
+/// The answer to a `HEAD` request: the status and fields the `GET` answer
+/// has, and no body (RFC 9110 §9.3.2). A body of known size (the key
+/// service's, the gateway's own errors) says it in `Content-Length`, as the
+/// `GET` answer does; an upstream's `HEAD` answer has no body and keeps the
+/// length it sent. Done here for both servers: hyper's HTTP/2 server would
+/// send the body.
+fn without_body(res: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = res.into_parts();
+    let status = parts.status;
+    let no_length = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if !no_length && !parts.headers.contains_key(CONTENT_LENGTH) {
+        if let Some(n) = body.size_hint().exact() {
+            parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
+    Response::from_parts(parts, body.into_bodyless())
 }
 
 /// For session routes keyed by organization: the organization the request

@@ -28,7 +28,8 @@ pub(super) fn request_id(headers: &http::HeaderMap) -> RequestId {
     RequestId::Made(hex)
 }
 
-/// Methods as bounded metric labels (anything unusual is `OTHER`).
+/// Methods as bounded labels for metrics and the access log (anything
+/// unusual is `OTHER`).
 pub(super) fn method_label(m: &http::Method) -> &'static str {
     match m.as_str() {
         "GET" => "GET",

@@ -180,25 +180,36 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 }
 
 /// Client headers the gateway never passes on, however spelled: identity it
-/// vouches for itself, client-address claims, method overrides (an
-/// upstream honouring one would run a method the route was not authorized
-/// for), every `Proxy-*` (DESIGN.md §5), and `Proxy` itself (httpoxy,
+/// vouches for itself; client-address claims (`X-Forwarded-*`,
+/// `Forwarded`, `X-Real-Ip`, `True-Client-Ip`, `X-Client-Ip`, `Client-Ip`,
+/// `CF-Connecting-Ip`, `X-Cluster-Client-Ip`: frameworks take the client's
+/// address from them); routing overrides (`X-Original-Url`,
+/// `X-Rewrite-Url`: Symfony, Laminas and IIS-style stacks route on them, past
+/// the path the gateway authorized); method overrides (an upstream
+/// honouring one would run a method the route was not authorized for);
+/// every `Proxy-*` (DESIGN.md §5), and `Proxy` itself (httpoxy,
 /// CVE-2016-5385: a CGI-style upstream reads it as `HTTP_PROXY` and sends
 /// its own requests through the client's proxy).
 fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
     // Names are lower case: most (`accept`, `user-agent`, …) are settled
-    // by their first byte.
+    // by their first byte, and the rest mostly by their length.
     match n.as_bytes().first() {
         Some(b'x') => {
             starts_with_folded(n, "x-mpg-")
                 || starts_with_folded(n, "x-forwarded-")
                 || exact("x-real-ip")
+                || exact("x-client-ip")
+                || exact("x-cluster-client-ip")
+                || exact("x-original-url")
+                || exact("x-rewrite-url")
                 || exact("x-http-method-override")
                 || exact("x-method-override")
                 || exact("x-http-method")
         }
+        Some(b'c') => exact("client-ip") || exact("cf-connecting-ip"),
+        Some(b't') => exact("true-client-ip"),
         Some(b'f') => n == "forwarded",
         Some(b'p') => exact("proxy") || starts_with_folded(n, "proxy-"),
         _ => false,
@@ -206,9 +217,9 @@ fn is_spoofable(name: &HeaderName) -> bool {
 }
 
 /// Removes `Authorization`, `Host`, hop-by-hop and `Connection`-named headers,
-/// every client-sent `X-Mpg-*`, `X-Forwarded-*`, `Forwarded`, `X-Real-Ip`,
-/// `Proxy` and `Proxy-*` (also spelled with `_`), and the method-override
-/// headers.
+/// and every client-sent header [`is_spoofable`] names (also spelled with
+/// `_`): identity, client-address claims, routing and method overrides,
+/// `Proxy` and `Proxy-*`.
 pub fn sanitize_request(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
     // One look at the names present; only those are removed (a removal
@@ -592,13 +603,33 @@ mod tests {
             ("proxy-foo", "1"),
             ("proxy_bar", "2"),
             ("proxyish", "kept"),
+            ("x-original-url", "/admin"),
+            ("x_rewrite_url", "/admin"),
+            ("true-client-ip", "6.6.6.6"),
+            ("x-client-ip", "6.6.6.6"),
+            ("client_ip", "6.6.6.6"),
+            ("cf-connecting-ip", "6.6.6.6"),
+            ("x-cluster-client-ip", "6.6.6.6"),
+            ("client-ips", "kept"),
+            ("cf-ray", "kept"),
+            ("true-client", "kept"),
+            ("content-type", "kept"),
         ]);
         sanitize_request(&mut h);
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(
             left,
-            ["proxyish", "x-http-methods", "x-mpgx", "x-real-ip-note"]
+            [
+                "cf-ray",
+                "client-ips",
+                "content-type",
+                "proxyish",
+                "true-client",
+                "x-http-methods",
+                "x-mpgx",
+                "x-real-ip-note"
+            ]
         );
     }
 

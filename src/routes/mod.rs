@@ -5,7 +5,7 @@ mod query;
 mod target;
 
 pub use query::{decode_segment, find_secret_param, path_holds_secret, Query, QueryError};
-pub use target::{check_head, check_target, TargetError};
+pub use target::{check_head, check_target, named_host, TargetError};
 
 use http::header::HeaderValue;
 use http::Method;
@@ -79,11 +79,13 @@ impl<T> Router<T> {
         }
     }
 
-    /// Looks up `method` and `path`; allocates nothing.
+    /// Looks up `method` and `path`; allocates nothing. `HEAD` finds the
+    /// path's `GET` route unless it has a `HEAD` route of its own (RFC 9110
+    /// §9.3.2: wherever GET is served, HEAD is served too).
     pub fn at<'r, 'p>(&'r self, method: &Method, path: &'p str) -> RouteMatch<'r, 'p, T> {
         match self.paths.at(path) {
-            Ok(m) => match m.value.methods.iter().find(|(mm, _)| mm == method) {
-                Some((_, value)) => RouteMatch::Found {
+            Ok(m) => match m.value.find(method) {
+                Some(value) => RouteMatch::Found {
                     value,
                     params: Params(m.params),
                 },
@@ -92,6 +94,18 @@ impl<T> Router<T> {
                 },
             },
             Err(_) => RouteMatch::NotFound,
+        }
+    }
+}
+
+impl<T> PathEntry<T> {
+    /// The value for `method`: its own route, else for `HEAD` the `GET` one.
+    fn find(&self, method: &Method) -> Option<&T> {
+        let route = |m: &Method| self.methods.iter().find(|(mm, _)| mm == m);
+        match route(method) {
+            Some((_, value)) => Some(value),
+            None if *method == Method::HEAD => route(&Method::GET).map(|(_, value)| value),
+            None => None,
         }
     }
 }
@@ -119,9 +133,15 @@ impl<T> RouterBuilder<T> {
     pub fn build(self) -> Result<Router<T>, RouteError> {
         let mut paths = matchit::Router::new();
         for (template, methods) in self.templates {
+            // `HEAD` goes with `GET` (see `Router::at`).
+            let implied_head = methods.iter().any(|(m, _)| *m == Method::GET)
+                && !methods.iter().any(|(m, _)| *m == Method::HEAD);
             let allow = methods
                 .iter()
-                .map(|(m, _)| m.as_str())
+                .flat_map(|(m, _)| {
+                    let head = (*m == Method::GET && implied_head).then_some("HEAD");
+                    std::iter::once(m.as_str()).chain(head)
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             let allow =
@@ -170,14 +190,13 @@ mod tests {
     fn method_not_allowed_lists_the_methods_and_unknown_paths_are_not_found() {
         let r = router();
         match r.at(&Method::PUT, "/api/v1/clusters") {
-            RouteMatch::MethodNotAllowed { allow } => assert_eq!(allow, "GET, POST"),
+            RouteMatch::MethodNotAllowed { allow } => assert_eq!(allow, "GET, HEAD, POST"),
             _ => panic!("expected 405"),
         }
-        // HEAD is not implied by GET.
-        assert!(matches!(
-            r.at(&Method::HEAD, "/api/v1/api-keys/x"),
-            RouteMatch::MethodNotAllowed { .. }
-        ));
+        match r.at(&Method::HEAD, "/api/v1/api-keys/x/revoke") {
+            RouteMatch::MethodNotAllowed { allow } => assert_eq!(allow, "POST"),
+            _ => panic!("expected 405"),
+        }
         for path in [
             "/api/v1/cluster",
             "/api/v1/clusters/x",
@@ -189,6 +208,44 @@ mod tests {
                 matches!(r.at(&Method::GET, path), RouteMatch::NotFound),
                 "{path}"
             );
+        }
+    }
+
+    #[test]
+    fn head_is_served_by_the_get_route_unless_it_has_its_own() {
+        let r = router();
+        assert!(matches!(
+            r.at(&Method::HEAD, "/api/v1/clusters"),
+            RouteMatch::Found { value: 1, .. }
+        ));
+        match r.at(&Method::HEAD, "/api/v1/api-keys/key_abc") {
+            RouteMatch::Found { value, params } => {
+                assert_eq!(*value, 3);
+                assert_eq!(params.get("id"), Some("key_abc"));
+            }
+            _ => panic!("HEAD did not find the GET route"),
+        }
+        // Only HEAD falls back, and only to GET.
+        assert!(matches!(
+            r.at(&Method::OPTIONS, "/api/v1/clusters"),
+            RouteMatch::MethodNotAllowed { .. }
+        ));
+        let mut b = Router::builder();
+        b.insert(Method::GET, "/a", 1).unwrap();
+        b.insert(Method::HEAD, "/a", 2).unwrap();
+        b.insert(Method::POST, "/b", 3).unwrap();
+        let r = b.build().unwrap();
+        assert!(matches!(
+            r.at(&Method::HEAD, "/a"),
+            RouteMatch::Found { value: 2, .. }
+        ));
+        match r.at(&Method::PUT, "/a") {
+            RouteMatch::MethodNotAllowed { allow } => assert_eq!(allow, "GET, HEAD"),
+            _ => panic!("expected 405"),
+        }
+        match r.at(&Method::HEAD, "/b") {
+            RouteMatch::MethodNotAllowed { allow } => assert_eq!(allow, "POST"),
+            _ => panic!("expected 405"),
         }
     }
 

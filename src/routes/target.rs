@@ -1,6 +1,7 @@
 //! The request-target check of DESIGN.md §3 stage 1: anything that two
 //! parsers could read as two different paths is refused before routing.
-use http::header::HOST;
+use http::header::{HeaderValue, HOST};
+use http::uri::Authority;
 use http::{HeaderMap, Uri, Version};
 use std::fmt;
 
@@ -21,8 +22,9 @@ pub enum TargetError {
     ControlOrInvalidByte,
     /// `%` not followed by two hex digits.
     BadPercentEncoding,
-    /// HTTP/1.1 without exactly one `Host`, a `Host` that is not a plain
-    /// `host[:port]`, or (HTTP/2) a `host` that disagrees with `:authority`.
+    /// No host named (HTTP/1.0 aside), two `Host` fields, a `Host` or
+    /// `:authority` that is not a plain `host[:port]`, or (HTTP/2) a `host`
+    /// that disagrees with `:authority`.
     BadHost,
 }
 
@@ -37,7 +39,7 @@ impl fmt::Display for TargetError {
             TargetError::ControlOrInvalidByte => "the target has a control or non-ASCII byte",
             TargetError::BadPercentEncoding => "the target has a malformed percent escape",
             TargetError::BadHost => {
-                "the Host header is missing, repeated, malformed or disagrees with the target"
+                "the Host header or :authority is missing, repeated or not a plain host[:port], or they disagree"
             }
         })
     }
@@ -81,10 +83,16 @@ pub fn check_target(uri: &Uri, version: Version) -> Result<(), TargetError> {
     Ok(())
 }
 
-/// Stage 1, the head: one plain `Host` that agrees with the target. Runs
-/// after [`check_target`]; reads headers only, no allocation. (Framing is
-/// hyper's: with both `Transfer-Encoding` and `Content-Length` it drops the
-/// latter, reads chunked and closes the connection afterwards, RFC 9112 §6.1.)
+/// Stage 1, the head: the host the request names, checked the same way
+/// whichever field carries it (HTTP/1.1 `Host`, HTTP/2 `:authority` and
+/// `host`): at most one `Host`, each value a plain `host[:port]` (no
+/// userinfo, so a credential put there is refused before anything could
+/// log or forward it), and on HTTP/2 an `:authority` and a `host` that name
+/// the same authority (RFC 9113 §8.3.1; nginx answers 400 as well). A
+/// request must name its host: HTTP/1.1 by `Host` (RFC 9112 §3.2), HTTP/2
+/// by either field (nginx: "client sent neither"); only HTTP/1.0 may omit
+/// it. Runs after [`check_target`]; reads headers only, no allocation.
+/// (Framing is the HTTP/1.1 reader's: see `crate::h1`.)
 pub fn check_head(uri: &Uri, version: Version, headers: &HeaderMap) -> Result<(), TargetError> {
     let mut hosts = headers.get_all(HOST).iter();
     let host = hosts.next();
@@ -94,18 +102,59 @@ pub fn check_head(uri: &Uri, version: Version, headers: &HeaderMap) -> Result<()
     let host = match host {
         Some(v) if plain_authority(v.as_bytes()) => Some(v.as_bytes()),
         Some(_) => return Err(TargetError::BadHost),
-        // HTTP/1.1 requires Host (RFC 9112 §3.2); HTTP/1.0 and h2 may omit it.
-        None if version == Version::HTTP_11 => return Err(TargetError::BadHost),
         None => None,
     };
-    // On h2 both `:authority` and `host` may be present: they must agree
-    // (RFC 9113 §8.3.1), or a backend may route on the other one.
-    if let (Some(host), Some(authority)) = (host, uri.authority()) {
-        if !host.eq_ignore_ascii_case(authority.as_str().as_bytes()) {
-            return Err(TargetError::BadHost);
+    // Only an HTTP/2 request has an authority in its URI (stage 1 refuses
+    // absolute-form on HTTP/1.x): its `:authority`.
+    let authority = match uri.authority() {
+        Some(a) if plain_authority(a.as_str().as_bytes()) => Some(a.as_str().as_bytes()),
+        Some(_) => return Err(TargetError::BadHost),
+        None => None,
+    };
+    match (host, authority) {
+        (None, None) if version != Version::HTTP_10 => Err(TargetError::BadHost),
+        (Some(host), Some(authority)) if !same_authority(host, authority, uri.scheme_str()) => {
+            Err(TargetError::BadHost)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The host a request named, for `X-Forwarded-Host`: its `:authority`, else
+/// its `Host`. Only for a request [`check_head`] passed, which makes both
+/// plain and, when both are there, the same.
+pub fn named_host<'a>(
+    authority: Option<&'a Authority>,
+    host: Option<&'a HeaderValue>,
+) -> Option<&'a str> {
+    match authority {
+        Some(a) => Some(a.as_str()),
+        None => host.and_then(|h| h.to_str().ok()),
+    }
+}
+
+/// Whether two plain `host[:port]` values name the same authority after the
+/// scheme-based normalization RFC 9113 §8.3.1 asks of an intermediary
+/// (RFC 3986 §6.2.2-3): the host in any case, an empty port or the
+/// scheme's default one the same as none.
+fn same_authority(a: &[u8], b: &[u8], scheme: Option<&str>) -> bool {
+    let default_port: &[u8] = match scheme {
+        Some("https") => b"443",
+        Some("http") => b"80",
+        _ => b"",
+    };
+    // A plain value's port follows its last colon, unless that colon is
+    // inside an IP literal.
+    fn split(v: &[u8]) -> (&[u8], &[u8]) {
+        match v.iter().rposition(|&b| b == b':') {
+            Some(i) if !v[i..].contains(&b']') => (&v[..i], &v[i + 1..]),
+            _ => (v, b""),
         }
     }
-    Ok(())
+    let port = |p: &[u8]| p.is_empty() || p == default_port;
+    let ((host_a, port_a), (host_b, port_b)) = (split(a), split(b));
+    let same_port = port_a == port_b || (port(port_a) && port(port_b));
+    host_a.eq_ignore_ascii_case(host_b) && same_port
 }
 
 /// Whether a `Host` value is exactly `host[:port]` (RFC 3986 §3.2.2-3):
@@ -386,6 +435,75 @@ mod tests {
             head(h2, "http://a.example/x", &[("host", "b.example")]),
             Err(BadHost)
         );
+    }
+
+    #[test]
+    fn authority_gets_the_host_check_and_must_agree_with_host() {
+        use TargetError::*;
+        let h2 = Version::HTTP_2;
+        // Whatever `Host` may not be, `:authority` may not be either
+        // (those `http::Uri` parses at all).
+        for bad in [
+            "user@a.example",
+            "mpg_secret@a.example",
+            "user:pass@a.example:8443",
+            "a,b",
+            "a:x",
+            "a:123456",
+            ":80",
+            "[::1]x",
+            "[fe80::1%25eth0]",
+        ] {
+            let Ok(uri) = format!("http://{bad}/x").parse::<Uri>() else {
+                panic!("{bad:?} does not parse as an authority");
+            };
+            assert_eq!(
+                check_head(&uri, h2, &HeaderMap::new()),
+                Err(BadHost),
+                "{bad:?}"
+            );
+        }
+        // A request names its host: by `:authority` or `host` on h2.
+        assert_eq!(head(h2, "/x", &[]), Err(BadHost));
+        assert_eq!(head(h2, "/x", &[("host", "a.example")]), Ok(()));
+        assert_eq!(head(h2, "/x", &[("host", "u@a.example")]), Err(BadHost));
+        // Scheme-based normalization: case, and an empty or default port.
+        for (target, host) in [
+            ("https://a.example/x", "a.example:443"),
+            ("https://a.example:443/x", "A.EXAMPLE"),
+            ("http://a.example:/x", "a.example:80"),
+            ("http://[::1]:80/x", "[::1]"),
+        ] {
+            assert_eq!(
+                head(h2, target, &[("host", host)]),
+                Ok(()),
+                "{target} {host}"
+            );
+        }
+        for (target, host) in [
+            ("https://a.example/x", "a.example:80"),
+            ("http://a.example:8080/x", "a.example"),
+            ("http://[::1]/x", "[::2]"),
+            ("http://a.example/x", "a.example.evil"),
+        ] {
+            assert_eq!(
+                head(h2, target, &[("host", host)]),
+                Err(BadHost),
+                "{target} {host}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_named_host_is_the_authority_else_the_host_field() {
+        let uri: Uri = "https://a.example:8443/x".parse().unwrap();
+        let host = http::HeaderValue::from_static("a.example:8443");
+        assert_eq!(
+            named_host(uri.authority(), Some(&host)),
+            Some("a.example:8443")
+        );
+        assert_eq!(named_host(None, Some(&host)), Some("a.example:8443"));
+        assert_eq!(named_host(None, None), None);
     }
 
     proptest! {

@@ -406,28 +406,53 @@ impl RawResponse {
 
 /// Writes `raw` bytes as-is and reads one response (connection closed after).
 pub async fn raw(addr: SocketAddr, raw: &[u8]) -> RawResponse {
+    raw_exchange(addr, raw).await.0
+}
+
+/// Writes `raw` bytes as-is (a write the server cuts short is not an
+/// error) and reads until the server closes the connection, for at most
+/// 5 s: the response (whatever followed its head is its body), and whether
+/// the server closed the connection.
+pub async fn raw_exchange(addr: SocketAddr, raw: &[u8]) -> (RawResponse, bool) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(raw).await.unwrap();
+    let _ = s.write_all(raw).await;
     let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| {
-            l.split_once(':')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        })
-        .collect();
-    RawResponse {
-        status,
-        headers,
-        body: body.to_string(),
+    let mut chunk = [0u8; 8192];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (RawResponse::parse(&buf), closed)
+}
+
+impl RawResponse {
+    /// The first response in `bytes`; status 0 when there is none.
+    pub fn parse(bytes: &[u8]) -> RawResponse {
+        let text = String::from_utf8_lossy(bytes).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| {
+                l.split_once(':')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            })
+            .collect();
+        RawResponse {
+            status,
+            headers,
+            body: body.to_string(),
+        }
     }
 }
 
@@ -440,6 +465,9 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
 
 // === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
 pub mod scale;
+
+// === an HTTP/2 client (prior knowledge, the `h2` crate) ===
+pub mod h2c;
 
 /// A running gateway and its recording upstream, for tests that attack it or
 /// speak raw HTTP to it.
