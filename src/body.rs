@@ -3,6 +3,7 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
 use crate::proxy::relayed::RelayedFields;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Error type carried by streamed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -109,7 +110,12 @@ enum Kind {
     Empty,
     /// Received whole with its head: given out at once.
     Full(Option<Bytes>),
-    Hyper(hyper::body::Incoming),
+    Hyper {
+        body: hyper::body::Incoming,
+        /// Seen to have ended, so that dropping it need not ask h2 again
+        /// (each ask takes the connection's lock).
+        ended: AtomicBool,
+    },
     Streamed(Streamed),
 }
 
@@ -162,7 +168,10 @@ impl RequestBody {
 impl From<hyper::body::Incoming> for RequestBody {
     fn from(body: hyper::body::Incoming) -> Self {
         RequestBody {
-            kind: Kind::Hyper(body),
+            kind: Kind::Hyper {
+                body,
+                ended: AtomicBool::new(false),
+            },
         }
     }
 }
@@ -170,8 +179,14 @@ impl From<hyper::body::Incoming> for RequestBody {
 impl Drop for RequestBody {
     fn drop(&mut self) {
         // Only a body the handler left unread costs more than this test.
-        if matches!(&self.kind, Kind::Hyper(b) if !http_body::Body::is_end_stream(b)) {
-            if let Kind::Hyper(body) = std::mem::replace(&mut self.kind, Kind::Empty) {
+        let unread = match &mut self.kind {
+            Kind::Hyper { body, ended } => {
+                !*ended.get_mut() && !http_body::Body::is_end_stream(body)
+            }
+            _ => false,
+        };
+        if unread {
+            if let Kind::Hyper { body, .. } = std::mem::replace(&mut self.kind, Kind::Empty) {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(drain_h2(body));
                 }
@@ -222,9 +237,13 @@ impl http_body::Body for RequestBody {
         match &mut self.get_mut().kind {
             Kind::Empty => Poll::Ready(None),
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d)))),
-            Kind::Hyper(b) => std::pin::Pin::new(b)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
+            Kind::Hyper { body, ended } => {
+                let frame = std::pin::Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) = frame {
+                    ended.store(true, Ordering::Relaxed);
+                }
+                frame.map_err(|e| Box::new(e) as BoxError)
+            }
             Kind::Streamed(s) => {
                 if s.ended {
                     return Poll::Ready(None);
@@ -258,7 +277,13 @@ impl http_body::Body for RequestBody {
         match &self.kind {
             Kind::Empty => true,
             Kind::Full(data) => data.is_none(),
-            Kind::Hyper(b) => b.is_end_stream(),
+            Kind::Hyper { body, ended } => {
+                let end = body.is_end_stream();
+                if end {
+                    ended.store(true, Ordering::Relaxed);
+                }
+                end
+            }
             Kind::Streamed(s) => s.ended || s.hint.exact() == Some(0),
         }
     }
@@ -269,7 +294,7 @@ impl http_body::Body for RequestBody {
             Kind::Full(data) => {
                 http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Hyper(b) => b.size_hint(),
+            Kind::Hyper { body, .. } => body.size_hint(),
             Kind::Streamed(s) => s.hint,
         }
     }
