@@ -291,15 +291,15 @@ async fn next_piece<S: AsyncRead + Unpin>(
 
 /// Reads the rest of a request body after its answer and throws it away,
 /// within the drain bounds ([`DRAIN_MAX_BYTES`] read off the socket,
-/// [`DRAIN_TIME`] in all, [`DRAIN_IDLE`] for each read) or until
-/// `stopping` resolves. Returns whether the body ended, and so the next
-/// request can be read; otherwise the client stopped sending, closed, sent
-/// bad framing, or a bound was passed.
+/// [`DRAIN_TIME`] in all, [`DRAIN_IDLE`] for each read). Returns whether
+/// the body ended, and so the next request can be read; otherwise the
+/// client stopped sending, closed, sent bad framing, or a bound was passed.
+/// A shutdown does not cut it short: closing on a client still sending can
+/// lose it the answer, and `shutdown_grace` bounds the wait.
 pub(super) async fn discard<S: AsyncRead + Unpin>(
     io: &mut S,
     rbuf: &mut BytesMut,
     mut decoder: Decoder,
-    mut stopping: Pin<&mut impl Future<Output = ()>>,
 ) -> bool {
     let deadline = crate::clock::now() + DRAIN_TIME;
     let mut left = DRAIN_MAX_BYTES;
@@ -313,12 +313,9 @@ pub(super) async fn discard<S: AsyncRead + Unpin>(
             }
         }
         let by = deadline.min(crate::clock::now() + DRAIN_IDLE);
-        tokio::select! {
-            read = tokio::time::timeout_at(by.into(), read_more(io, rbuf)) => match read {
-                Ok(Ok(n)) if n > 0 && n as u64 <= left => left -= n as u64,
-                _ => return false,
-            },
-            () = stopping.as_mut() => return false,
+        match tokio::time::timeout_at(by.into(), read_more(io, rbuf)).await {
+            Ok(Ok(n)) if n > 0 && n as u64 <= left => left -= n as u64,
+            _ => return false,
         }
     }
 }

@@ -230,7 +230,7 @@ where
                 let _ = io.shutdown().await;
             }
             // Boxed: a connection's own future keeps no room for it.
-            let ended = Box::pin(discard(io, &mut rbuf, decoder, stopping.as_mut())).await;
+            let ended = Box::pin(discard(io, &mut rbuf, decoder)).await;
             if !keep_alive || !ended {
                 if keep_alive {
                     let _ = io.shutdown().await;
