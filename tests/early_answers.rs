@@ -170,13 +170,15 @@ async fn h2_a_drain_past_its_bounds_resets_the_stream_with_no_error() {
 
 // === HTTP/1.1 ===
 
-/// Writes `head` and a `length`-byte body on a fresh connection, then
-/// `after` (the next request), while reading everything the gateway sends
-/// until it closes: (what was read, what writing gave).
+/// Writes `head` and a `length`-byte body (in 64 KiB chunks when `chunked`)
+/// on a fresh connection, then `after` (the next request), while reading
+/// everything the gateway sends until it closes: (what was read, what
+/// writing gave).
 async fn h1_upload(
     w: &World,
     head: &str,
     length: usize,
+    chunked: bool,
     after: &str,
 ) -> (String, std::io::Result<()>) {
     let tcp = TcpStream::connect(w.gw.addr).await.unwrap();
@@ -188,8 +190,17 @@ async fn h1_upload(
         let mut left = length;
         while left > 0 {
             let n = left.min(piece.len());
+            if chunked {
+                wr.write_all(format!("{n:x}\r\n").as_bytes()).await?;
+            }
             wr.write_all(&piece[..n]).await?;
+            if chunked {
+                wr.write_all(b"\r\n").await?;
+            }
             left -= n;
+        }
+        if chunked {
+            wr.write_all(b"0\r\n\r\n").await?;
         }
         wr.write_all(after.as_bytes()).await
     });
@@ -206,42 +217,40 @@ async fn h1_upload(
 async fn http1_early_answers_read_past_the_body_and_keep_the_connection() {
     let w = gateway().await;
     let ping = "GET /public/ping HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
-    for (auth, length, status, error) in [
-        (
-            "Bearer mpg_notakey".to_string(),
-            2 * MIB,
-            401,
-            "Unauthorized",
-        ),
-        (
-            format!("Bearer {}", w.seed.key),
-            MAX_BODY + MIB,
-            413,
-            "PayloadTooLarge",
-        ),
+    let key = format!("Bearer {}", w.seed.key);
+    for (auth, length, chunked, status, error) in [
+        ("Bearer mpg_notakey", 2 * MIB, false, 401, "Unauthorized"),
+        ("Bearer mpg_notakey", 2 * MIB, true, 401, "Unauthorized"),
+        // Refused for its declared length, before a byte of it is read.
+        (&key, MAX_BODY + MIB, false, 413, "PayloadTooLarge"),
+        // Refused once max_body_bytes of it have gone to the upstream.
+        (&key, MAX_BODY + MIB, true, 413, "PayloadTooLarge"),
     ] {
         // No `Expect: 100-continue`: the whole body comes at once, as a
         // client that reads nothing until it has sent everything sends it.
+        let framing = if chunked {
+            "Transfer-Encoding: chunked".to_string()
+        } else {
+            format!("Content-Length: {length}")
+        };
         let head = format!(
-            "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\nAuthorization: {auth}\r\nContent-Length: {length}\r\n\r\n"
+            "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\nAuthorization: {auth}\r\n{framing}\r\n\r\n"
         );
-        let (read, wrote) = h1_upload(&w, &head, length, ping).await;
+        let (read, wrote) = h1_upload(&w, &head, length, chunked, ping).await;
         assert!(
             wrote.is_ok(),
-            "{status}: the upload was cut off: {wrote:?}\n{read}"
+            "{status} {framing}: the upload was cut off: {wrote:?}\n{read}"
         );
-        let (first, second) = read
-            .split_once("\r\n\r\n")
-            .unwrap_or((&read, ""));
+        let (first, second) = read.split_once("\r\n\r\n").unwrap_or((&read, ""));
         assert!(first.starts_with(&format!("HTTP/1.1 {status} ")), "{read}");
         assert!(
             !first.to_ascii_lowercase().contains("connection: close"),
-            "{status}: the connection was not kept:\n{read}"
+            "{status} {framing}: the connection was not kept:\n{read}"
         );
         assert!(second.contains(&format!("\"error\":\"{error}\"")), "{read}");
         assert!(
             second.contains("HTTP/1.1 200 OK"),
-            "{status}: the next request was not served:\n{read}"
+            "{status} {framing}: the next request was not served:\n{read}"
         );
     }
 }
@@ -254,7 +263,7 @@ async fn http1_a_body_past_the_drain_bound_is_answered_then_cut() {
         "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer mpg_notakey\r\nContent-Length: {length}\r\n\r\n"
     );
     let started = Instant::now();
-    let (read, wrote) = h1_upload(&w, &head, length, "").await;
+    let (read, wrote) = h1_upload(&w, &head, length, false, "").await;
     assert!(read.starts_with("HTTP/1.1 413 "), "{read}");
     assert!(
         read.to_ascii_lowercase().contains("connection: close"),
