@@ -3,6 +3,7 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
 use crate::proxy::relayed::RelayedFields;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Error type carried by streamed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -112,8 +113,29 @@ pub fn empty() -> Body {
     Body::new(Empty::<Bytes>::new().map_err(|never| match never {}))
 }
 
+/// After an answer sent before the request body ended (a refusal, or a
+/// target that answered early), what is left of the body is read and thrown
+/// away, so that the client's upload ends normally: HTTP/2 without a
+/// `RST_STREAM` (older nghttp2-based clients, curl 7.88 among them, fail a
+/// request whose stream is reset while they are still sending, even after
+/// its whole response), HTTP/1.1 with the connection kept (or closed only
+/// once the client has stopped sending). At most this many bytes are read;
+/// past it the stream is reset, or the connection closed. Several times the
+/// default `max_body_bytes`, tens of milliseconds of reading on a LAN: an
+/// upload somewhat over the limit finishes cleanly, a huge one is cut.
+pub(crate) const DRAIN_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// The longest the rest of a body is read for, from when the answer is
+/// ready (nginx's `lingering_time`).
+pub(crate) const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(30);
+/// The longest the drain waits for the client's next bytes (nginx's
+/// `lingering_timeout`): a client that stopped sending without ending its
+/// body has its stream reset (or its connection closed) this soon.
+pub(crate) const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A request's body as handlers receive it, from either server: hyper's
-/// (HTTP/2) or ours (HTTP/1.1, see [`crate::h1`]).
+/// (HTTP/2) or ours (HTTP/1.1, see [`crate::h1`]). An HTTP/2 body dropped
+/// before its end is drained ([`DRAIN_MAX_BYTES`]); an HTTP/1.1 one is
+/// drained by its connection.
 pub struct RequestBody {
     kind: Kind,
 }
@@ -122,7 +144,12 @@ enum Kind {
     Empty,
     /// Received whole with its head: given out at once.
     Full(Option<Bytes>),
-    Hyper(hyper::body::Incoming),
+    Hyper {
+        body: hyper::body::Incoming,
+        /// Seen to have ended, so that dropping it need not ask h2 again
+        /// (each ask takes the connection's lock).
+        ended: AtomicBool,
+    },
     Streamed(Streamed),
 }
 
@@ -175,7 +202,59 @@ impl RequestBody {
 impl From<hyper::body::Incoming> for RequestBody {
     fn from(body: hyper::body::Incoming) -> Self {
         RequestBody {
-            kind: Kind::Hyper(body),
+            kind: Kind::Hyper {
+                body,
+                ended: AtomicBool::new(false),
+            },
+        }
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        // Only a body the handler left unread costs more than this test.
+        let unread = match &mut self.kind {
+            Kind::Hyper { body, ended } => {
+                !*ended.get_mut() && !http_body::Body::is_end_stream(body)
+            }
+            _ => false,
+        };
+        if unread {
+            if let Kind::Hyper { body, .. } = std::mem::replace(&mut self.kind, Kind::Empty) {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(drain_h2(body));
+                }
+            }
+        }
+    }
+}
+
+/// Reads what is left of an HTTP/2 request body and throws it away (reading
+/// gives the client its flow-control window back), within the drain bounds.
+/// The stream stays open meanwhile: h2 resets it (`NO_ERROR`, RFC 9113
+/// §8.1) only when the last handle on it goes, which is here, after the
+/// client's `END_STREAM` or once a bound is passed.
+async fn drain_h2(mut body: hyper::body::Incoming) {
+    use tokio::time::{timeout_at, Instant};
+    let deadline = Instant::now() + DRAIN_TIME;
+    let mut left = DRAIN_MAX_BYTES;
+    loop {
+        let by = deadline.min(Instant::now() + DRAIN_IDLE);
+        match timeout_at(by, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if n > left {
+                    tracing::debug!("request body left unread past the drain limit: stream reset");
+                    return;
+                }
+                left -= n;
+            }
+            // The body ended, or the client reset the stream.
+            Ok(None | Some(Err(_))) => return,
+            Err(_) => {
+                tracing::debug!("request body not ended within the drain time: stream reset");
+                return;
+            }
         }
     }
 }
@@ -192,9 +271,13 @@ impl http_body::Body for RequestBody {
         match &mut self.get_mut().kind {
             Kind::Empty => Poll::Ready(None),
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d)))),
-            Kind::Hyper(b) => std::pin::Pin::new(b)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
+            Kind::Hyper { body, ended } => {
+                let frame = std::pin::Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) = frame {
+                    ended.store(true, Ordering::Relaxed);
+                }
+                frame.map_err(|e| Box::new(e) as BoxError)
+            }
             Kind::Streamed(s) => {
                 if s.ended {
                     return Poll::Ready(None);
@@ -228,7 +311,13 @@ impl http_body::Body for RequestBody {
         match &self.kind {
             Kind::Empty => true,
             Kind::Full(data) => data.is_none(),
-            Kind::Hyper(b) => b.is_end_stream(),
+            Kind::Hyper { body, ended } => {
+                let end = body.is_end_stream();
+                if end {
+                    ended.store(true, Ordering::Relaxed);
+                }
+                end
+            }
             Kind::Streamed(s) => s.ended || s.hint.exact() == Some(0),
         }
     }
@@ -239,7 +328,7 @@ impl http_body::Body for RequestBody {
             Kind::Full(data) => {
                 http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Hyper(b) => b.size_hint(),
+            Kind::Hyper { body, .. } => body.size_hint(),
             Kind::Streamed(s) => s.hint,
         }
     }

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, Notify};
 use super::head::Framing;
 use super::read_more;
 use super::response::send;
-use crate::body::BoxError;
+use crate::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
 use crate::server::Reply;
 
 /// A chunk-size line (with its extensions) longer than this is refused.
@@ -31,7 +31,7 @@ pub(crate) enum Decoder {
     ChunkEnd,
     Trailers(usize),
     Done,
-    /// Abandoned (an error, or the handler dropped the body): never done.
+    /// Abandoned after an error: never done.
     Broken,
 }
 
@@ -144,21 +144,56 @@ enum BodyError {
     Stalled,
     #[error("reading the request body: {0}")]
     Io(#[from] io::Error),
+    /// Not an error of the body's: the handler dropped it.
+    #[error("the handler dropped the request body")]
+    Unwanted,
+}
+
+/// What is left of the request body once the handler has answered.
+#[derive(Debug)]
+pub(super) enum Rest {
+    /// Read to its end.
+    Read,
+    /// Not all read: the decoder where reading stopped, and whether the
+    /// client still waits for a `100 Continue` it was never sent (and so
+    /// may or may not send the body: the connection cannot be kept).
+    Unread { decoder: Decoder, expecting: bool },
+    /// Cut off (bad framing, the client gone or stalled): the connection
+    /// cannot carry another request.
+    Broken,
+}
+
+impl Rest {
+    /// Whether the connection can carry another request once the rest is
+    /// read past: within [`DRAIN_MAX_BYTES`] when its length is known.
+    pub(super) fn keeps_alive(&self) -> bool {
+        match self {
+            Rest::Read => true,
+            Rest::Unread {
+                expecting: true, ..
+            }
+            | Rest::Broken => false,
+            Rest::Unread {
+                decoder: Decoder::Length(left),
+                ..
+            } => *left <= DRAIN_MAX_BYTES,
+            Rest::Unread { .. } => true,
+        }
+    }
 }
 
 /// Runs the handler while feeding it the request body as it asks; returns
-/// its response and whether the body was read to its end. `idle_timeout`
-/// bounds each wait for the client: to take the `100 Continue`, and to send
-/// more of a body the handler is waiting for (nginx's
-/// `client_body_timeout`; nothing else ends a stalled upload to the
-/// built-in key service).
+/// its response and what is left of the body. `idle_timeout` bounds each
+/// wait for the client: to take the `100 Continue`, and to send more of a
+/// body the handler is waiting for (nginx's `client_body_timeout`; nothing
+/// else ends a stalled upload to the built-in key service).
 pub(super) async fn drive<S>(
     io: &mut S,
     rbuf: &mut BytesMut,
     mut handler: Pin<Box<impl Future<Output = Reply>>>,
     mut feed: Feed,
     idle_timeout: Duration,
-) -> io::Result<(Reply, bool)>
+) -> io::Result<(Reply, Rest)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -168,15 +203,23 @@ where
         tokio::select! {
             biased;
             res = &mut handler => {
-                // A body that is already buffered is read past, so the
-                // connection can stay open.
+                // A body that is already buffered is read past.
                 while !feed.decoder.is_done() {
                     match feed.decoder.decode(rbuf) {
                         Ok(Some(_)) => {}
-                        Ok(None) | Err(_) => break,
+                        Ok(None) => break,
+                        Err(_) => feed.decoder = Decoder::Broken,
                     }
                 }
-                return Ok((res, feed.decoder.is_done()));
+                let rest = match feed.decoder {
+                    Decoder::Done => Rest::Read,
+                    Decoder::Broken => Rest::Broken,
+                    decoder => Rest::Unread {
+                        decoder,
+                        expecting: feed.expect_continue && !wanted,
+                    },
+                };
+                return Ok((res, rest));
             }
             () = feed.want.notified(), if !wanted => {
                 wanted = true;
@@ -187,6 +230,8 @@ where
             piece = next_piece(io, rbuf, &mut feed.decoder, feed.tx.as_ref(), idle_timeout), if feeding => {
                 match piece {
                     Ok(()) => {}
+                    // The rest is read past once the handler has answered.
+                    Err(BodyError::Unwanted) => feed.tx = None,
                     Err(e) => {
                         tracing::debug!(error = %e, "request body not read to its end");
                         if let Some(tx) = feed.tx.take() {
@@ -217,9 +262,7 @@ async fn next_piece<S: AsyncRead + Unpin>(
 ) -> Result<(), BodyError> {
     let Some(tx) = tx else { return Ok(()) };
     let Ok(permit) = tx.reserve().await else {
-        // The handler dropped the body: read no further.
-        *decoder = Decoder::Broken;
-        return Ok(());
+        return Err(BodyError::Unwanted);
     };
     loop {
         match decoder.decode(rbuf).map_err(BodyError::Framing)? {
@@ -242,6 +285,37 @@ async fn next_piece<S: AsyncRead + Unpin>(
                     return Err(BodyError::Eof);
                 }
             }
+        }
+    }
+}
+
+/// Reads the rest of a request body after its answer and throws it away,
+/// within the drain bounds ([`DRAIN_MAX_BYTES`] read off the socket,
+/// [`DRAIN_TIME`] in all, [`DRAIN_IDLE`] for each read). Returns whether
+/// the body ended, and so the next request can be read; otherwise the
+/// client stopped sending, closed, sent bad framing, or a bound was passed.
+/// A shutdown does not cut it short: closing on a client still sending can
+/// lose it the answer, and `shutdown_grace` bounds the wait.
+pub(super) async fn discard<S: AsyncRead + Unpin>(
+    io: &mut S,
+    rbuf: &mut BytesMut,
+    mut decoder: Decoder,
+) -> bool {
+    let deadline = crate::clock::now() + DRAIN_TIME;
+    let mut left = DRAIN_MAX_BYTES;
+    loop {
+        loop {
+            match decoder.decode(rbuf) {
+                Ok(Some(_)) => {}
+                Ok(None) if decoder.is_done() => return true,
+                Ok(None) => break,
+                Err(_) => return false,
+            }
+        }
+        let by = deadline.min(crate::clock::now() + DRAIN_IDLE);
+        match tokio::time::timeout_at(by.into(), read_more(io, rbuf)).await {
+            Ok(Ok(n)) if n > 0 && n as u64 <= left => left -= n as u64,
+            _ => return false,
         }
     }
 }

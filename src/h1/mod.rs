@@ -39,7 +39,7 @@ use crate::clock;
 use crate::error::GatewayError;
 use crate::server::{ConnInfo, Handler};
 pub(crate) use body::Decoder;
-use body::{drive, Feed};
+use body::{discard, drive, Feed, Rest};
 pub(crate) use head::{ends_in_chunked, field_name, has_token, parse_length, Framing};
 use head::{parse_head, Head, HeadError};
 use response::write_response;
@@ -165,6 +165,9 @@ where
         } = head;
         let head_request = req.method() == Method::HEAD;
         let http10 = req.version() == Version::HTTP_10;
+        // A body the handler answered before reading to its end: read past
+        // after the answer (see `crate::body::DRAIN_MAX_BYTES`).
+        let mut unread = None;
         let res = match framing {
             Framing::Empty => {
                 let req = req.map(|()| RequestBody::empty());
@@ -193,9 +196,13 @@ where
                     decoder: Decoder::new(framing),
                     expect_continue,
                 };
-                let (res, complete) = drive(io, &mut rbuf, fut, feed, limits.idle_timeout).await?;
-                // Unread body bytes would be taken for the next request.
-                keep_alive &= complete;
+                let (res, rest) = drive(io, &mut rbuf, fut, feed, limits.idle_timeout).await?;
+                // Unread body bytes would be taken for the next request: the
+                // connection is kept only for a rest that will be read past.
+                keep_alive &= rest.keeps_alive();
+                if let Rest::Unread { decoder, .. } = rest {
+                    unread = Some(decoder);
+                }
                 res
             }
         };
@@ -213,6 +220,24 @@ where
             limits.idle_timeout,
         )
         .await?;
+        if let Some(decoder) = unread {
+            // The client may still be sending: closing now, with its bytes
+            // unread, would reset the connection, and a reset can reach the
+            // client before it has read the answer. The rest is read and
+            // thrown away (after our FIN when the connection is to close:
+            // nginx's lingering close), then the connection goes on or closes.
+            if !keep_alive {
+                let _ = io.shutdown().await;
+            }
+            // Boxed: a connection's own future keeps no room for it.
+            let ended = Box::pin(discard(io, &mut rbuf, decoder)).await;
+            if !keep_alive || !ended {
+                if keep_alive {
+                    let _ = io.shutdown().await;
+                }
+                return Ok(Ended::Closed);
+            }
+        }
         if !keep_alive {
             let _ = io.shutdown().await;
             return Ok(Ended::Closed);

@@ -34,7 +34,8 @@ pub struct Seen {
 /// A real HTTP/1.1 upstream on 127.0.0.1:0 that records what reaches it.
 ///
 /// Paths: `/api/v1/slow` sleeps 3 s; `/api/v1/busy` answers 409 with
-/// `Retry-After: 7`; anything else echoes the request as JSON.
+/// `Retry-After: 7`; `/api/v1/large` answers [`LARGE_BODY`] bytes of
+/// [`large_body`]; anything else echoes the request as JSON.
 pub struct MockUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -87,6 +88,21 @@ impl Drop for MockUpstream {
     }
 }
 
+/// The length of the mock upstream's `/api/v1/large` answer.
+pub const LARGE_BODY: usize = 4 * 1024 * 1024;
+
+/// The mock upstream's `/api/v1/large` answer: lines of digits, so that a
+/// client's copy can be checked byte for byte.
+pub fn large_body() -> Bytes {
+    let line = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde\n";
+    line.iter()
+        .copied()
+        .cycle()
+        .take(LARGE_BODY)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
 async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Seen>>>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -106,6 +122,10 @@ async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Seen>>>) -> Respon
             tokio::time::sleep(Duration::from_secs(3)).await;
             Response::new(Full::new(Bytes::from_static(b"late")))
         }
+        "/api/v1/large" => Response::builder()
+            .header("content-type", "text/plain")
+            .body(Full::new(large_body()))
+            .unwrap(),
         "/api/v1/busy" => Response::builder()
             .status(StatusCode::CONFLICT)
             .header("retry-after", "7")
