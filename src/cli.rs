@@ -202,7 +202,9 @@ impl From<StoreError> for Failure {
             StoreError::NotFound(_) | StoreError::Conflict(_) | StoreError::Invalid(_) => {
                 Failure::input(e.to_string())
             }
-            StoreError::Unavailable(_) | StoreError::Timeout => Failure::runtime(e.to_string()),
+            StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
+                Failure::runtime(e.to_string())
+            }
         }
     }
 }

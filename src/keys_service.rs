@@ -342,7 +342,7 @@ fn store_error(e: StoreError) -> GatewayError {
             message: what.into(),
             field: None,
         },
-        StoreError::Unavailable(_) | StoreError::Timeout => {
+        StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
             tracing::warn!(error = %e, "key store unavailable");
             GatewayError::ServiceUnavailable {
                 what: "the key store".into(),

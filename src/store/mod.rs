@@ -10,6 +10,7 @@ mod schema;
 pub mod sql;
 mod sql_accounts;
 mod sql_changes;
+mod sql_connect;
 mod sql_keys;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -38,7 +39,12 @@ pub struct StoreConfig {
 /// Errors of the store boundary. Messages never hold a secret.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// The store could not be reached or failed (the gateway answers 503).
+    /// The store could not be reached: a connect refused or failed, a
+    /// connection lost, or the cache's circuit breaker open after such a
+    /// failure (the gateway answers 503).
+    #[error("key store unreachable")]
+    Unreachable(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// The store answered with an error (the gateway answers 503).
     #[error("key store unavailable")]
     Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync>),
     /// A query did not finish within `query_timeout` (the gateway answers 503).
@@ -58,7 +64,10 @@ pub enum StoreError {
 impl StoreError {
     /// True for the errors that mean "store down", not "bad request".
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout)
+        matches!(
+            self,
+            StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout
+        )
     }
 }
 
@@ -231,7 +240,9 @@ pub trait KeyStore: Send + Sync + 'static {
     /// The session with this token hash and its user's memberships, if any.
     /// Called on a cache miss or when a cached entry is older than `cache_ttl`.
     async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError>;
-    /// Cheap liveness check, called by readiness probes.
+    /// Cheap liveness check, called by readiness probes and, while the
+    /// cache's circuit breaker is open, by its probe. Fails fast when the
+    /// store refuses connections.
     async fn ping(&self) -> Result<(), StoreError>;
 }
 

@@ -4,6 +4,7 @@
 //! deadline; the change log lives in `sql_changes.rs`, accounts and sessions
 //! in `sql_accounts.rs`, API keys in `sql_keys.rs`.
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
+use super::sql_connect::ConnectCheck;
 use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError};
 use crate::auth::SecretHash;
 use crate::clock::unix_now;
@@ -28,6 +29,8 @@ pub struct SqlStore {
     pub(super) timeout: Duration,
     /// Kept for `LISTEN` (PostgreSQL); may hold a password, so never logged.
     pub(super) url: Arc<str>,
+    /// Fails an acquire at once when the server refuses connections.
+    connect_check: Arc<ConnectCheck>,
 }
 
 impl fmt::Debug for SqlStore {
@@ -40,8 +43,27 @@ impl fmt::Debug for SqlStore {
 }
 
 /// Any driver/database failure: the store is unusable for this request.
+/// A connection that could not be made or was lost is
+/// [`StoreError::Unreachable`] (the cache's circuit breaker opens at once),
+/// no pooled connection within the deadline is [`StoreError::Timeout`], and
+/// an error the server answered with is [`StoreError::Unavailable`].
 pub(super) fn unavailable(e: sqlx::Error) -> StoreError {
-    StoreError::Unavailable(Arc::new(e))
+    use sqlx::Error as E;
+    let lost = match &e {
+        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolClosed | E::WorkerCrashed => true,
+        // Class 08: connection exception; 57P0x: the server shutting down
+        // or not yet accepting connections.
+        E::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        E::PoolTimedOut => return StoreError::Timeout,
+        _ => false,
+    };
+    if lost {
+        StoreError::Unreachable(Arc::new(e))
+    } else {
+        StoreError::Unavailable(Arc::new(e))
+    }
 }
 
 /// `map_err(unavailable)` with less noise.
@@ -140,6 +162,7 @@ impl SqlStore {
             dialect,
             timeout: cfg.query_timeout,
             url: url.into(),
+            connect_check: Arc::default(),
         })
     }
 
@@ -170,9 +193,28 @@ impl SqlStore {
         result
     }
 
-    /// A pooled connection; a dead server shows up here as Unavailable.
+    /// A pooled connection; a dead server shows up here as Unreachable, at
+    /// once when it refuses connections (see `sql_connect.rs`).
     pub(super) async fn conn(&self) -> Result<PoolConnection<Any>, StoreError> {
-        self.pool.acquire().await.db()
+        self.acquiring(self.pool.acquire()).await
+    }
+
+    /// Awaits `acquire` (anything that starts with a pool acquire); on
+    /// PostgreSQL a refused connect fails it at once instead of at the
+    /// acquire deadline. SQLite opens files: nothing to refuse.
+    async fn acquiring<T>(
+        &self,
+        acquire: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match self.dialect {
+            Dialect::Sqlite => acquire.await.db(),
+            Dialect::Postgres => {
+                let opts = self.pool.connect_options();
+                self.connect_check
+                    .acquire(&opts, self.timeout, acquire)
+                    .await
+            }
+        }
     }
 
     /// A write transaction (SQLite: `BEGIN IMMEDIATE`, so a read-then-write
@@ -182,10 +224,12 @@ impl SqlStore {
             Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE"),
             Dialect::Postgres => self.pool.begin_with("BEGIN"),
         };
-        tokio::time::timeout(self.timeout.saturating_mul(2), begin)
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
-            .db()
+        let begin = async {
+            tokio::time::timeout(self.timeout.saturating_mul(2), begin)
+                .await
+                .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+        };
+        self.acquiring(begin).await
     }
 
     /// Commits `tx` under the deadline.

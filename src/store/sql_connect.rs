@@ -1,0 +1,98 @@
+//! Telling "the server refuses connections" from "the pool is busy".
+//!
+//! sqlx's pool takes a refused connect for a server that is still starting
+//! and retries it, with backoff, until the acquire deadline
+//! (`store.query_timeout`). A PostgreSQL that refuses connects in a
+//! millisecond would so hold every query that needs a new connection for the
+//! whole timeout. An acquire still pending after [`CHECK_AFTER`] (a pooled
+//! connection takes microseconds, a new one a few milliseconds) is therefore
+//! raced against one direct connection attempt, which the pool does not
+//! retry: if the server refuses it, the acquire fails at once. Every waiting
+//! acquire shares one attempt and its outcome for [`REUSE`], so a busy pool
+//! costs the server at most one extra connection per [`REUSE`].
+use super::StoreError;
+use sqlx::any::AnyConnectOptions;
+use sqlx::{AnyConnection, Connection};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// An acquire this slow may be stuck retrying a refused connect.
+pub(super) const CHECK_AFTER: Duration = Duration::from_millis(20);
+/// A direct attempt's outcome is shared this long by every waiting acquire.
+pub(super) const REUSE: Duration = Duration::from_millis(100);
+
+/// The shared direct connection attempt (one per pool).
+#[derive(Default)]
+pub(super) struct ConnectCheck {
+    /// The last attempt's outcome and when it finished.
+    last: Mutex<Option<(Instant, Result<(), StoreError>)>>,
+    /// Held while an attempt runs: concurrent acquires wait for its outcome.
+    running: tokio::sync::Mutex<()>,
+}
+
+impl ConnectCheck {
+    /// Waits for `acquire` (a pool acquire, or anything that starts with
+    /// one), failing early with [`StoreError::Unreachable`] when the server
+    /// refuses a direct connection meanwhile. `deadline` bounds an attempt.
+    pub(super) async fn acquire<T>(
+        &self,
+        opts: &AnyConnectOptions,
+        deadline: Duration,
+        acquire: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        let mut acquire = pin!(acquire);
+        if let Ok(done) = tokio::time::timeout(CHECK_AFTER, &mut acquire).await {
+            return done.map_err(super::sql::unavailable);
+        }
+        tokio::select! {
+            done = &mut acquire => done.map_err(super::sql::unavailable),
+            refused = self.refused(opts, deadline) => Err(refused),
+        }
+    }
+
+    /// Resolves only once a direct attempt fails; while the server accepts,
+    /// tries again every [`REUSE`].
+    async fn refused(&self, opts: &AnyConnectOptions, deadline: Duration) -> StoreError {
+        loop {
+            if let Err(e) = self.attempt(opts, deadline).await {
+                return e;
+            }
+            tokio::time::sleep(REUSE).await;
+        }
+    }
+
+    /// One direct connection (opened and closed), or the outcome of one
+    /// that finished less than [`REUSE`] ago.
+    async fn attempt(
+        &self,
+        opts: &AnyConnectOptions,
+        deadline: Duration,
+    ) -> Result<(), StoreError> {
+        if let Some(outcome) = self.recent() {
+            return outcome;
+        }
+        let _one = self.running.lock().await;
+        if let Some(outcome) = self.recent() {
+            return outcome;
+        }
+        let connect = async { AnyConnection::connect_with(opts).await?.close().await };
+        let outcome = match tokio::time::timeout(deadline, connect).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Unreachable(Arc::new(e))),
+            Err(_) => Err(StoreError::Timeout),
+        };
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((Instant::now(), outcome.clone()));
+        outcome
+    }
+
+    fn recent(&self) -> Option<Result<(), StoreError>> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() < REUSE)
+            .map(|(_, outcome)| outcome.clone())
+    }
+}
