@@ -98,6 +98,7 @@ fn warm_cache(rt: &tokio::runtime::Runtime, n: usize) -> (CachedKeyStore, Vec<St
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
             capacity: 1_000_000,
+            negative_capacity: 100_000,
             stale_if_error: Duration::from_secs(60),
         },
     );

@@ -29,10 +29,19 @@ pub mod names {
     pub const RATE_LIMIT_BACKEND_ERRORS: &str = "mpg_rate_limit_backend_errors_total";
     /// Histogram: seconds per call to the shared rate-limit backend (Redis), by `backend`.
     pub const RATE_LIMIT_BACKEND_SECONDS: &str = "mpg_rate_limit_backend_duration_seconds";
-    /// Gauge: key-cache entries.
+    /// Gauge: key-cache entries, positive and negative.
     pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
+    /// Gauge: "not found" key-cache entries (a bound of their own:
+    /// `store.negative_cache_capacity` per tier).
+    pub const CACHE_NEGATIVE_ENTRIES: &str = "mpg_key_cache_negative_entries";
     /// Counter: store lookups that failed (unavailable or timeout).
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
+    /// Gauge: 1 while the key store's circuit breaker is open (or probing), else 0.
+    pub const STORE_BREAKER_OPEN: &str = "mpg_store_breaker_open";
+    /// Counter: circuit breaker transitions by `to` (`open`, `closed`).
+    pub const STORE_BREAKER_TRANSITIONS: &str = "mpg_store_breaker_transitions_total";
+    /// Counter: probes of an open circuit breaker by `result` (`ok`, `failed`).
+    pub const STORE_BREAKER_PROBES: &str = "mpg_store_breaker_probes_total";
     /// Counter: whole-cache clears by the change follower, by `reason`
     /// (`store_gap`, `change_log_pruned`).
     pub const CACHE_CLEARS: &str = "mpg_key_cache_clears_total";
@@ -257,8 +266,9 @@ impl Admin {
             "/healthz" => json_response(StatusCode::OK, &json!({ "status": "ok" })),
             "/readyz" => self.ready().await,
             "/metrics" => {
-                metrics::gauge!(names::CACHE_ENTRIES)
-                    .set(self.live.current().keys.entry_count() as f64);
+                let keys = &self.live.current().keys;
+                metrics::gauge!(names::CACHE_ENTRIES).set(keys.entry_count() as f64);
+                metrics::gauge!(names::CACHE_NEGATIVE_ENTRIES).set(keys.negative_count() as f64);
                 let mut res = Response::new(body::full(self.metrics.render()));
                 res.headers_mut().insert(
                     CONTENT_TYPE,

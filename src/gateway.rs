@@ -143,6 +143,7 @@ impl Gateway {
                 ttl: s.cache_ttl,
                 negative_ttl: s.negative_cache_ttl,
                 capacity: s.cache_capacity,
+                negative_capacity: s.negative_cache_capacity,
                 stale_if_error: s.stale_if_error,
             },
         );

@@ -166,8 +166,10 @@ pub struct StoreSettings {
     pub cache_ttl: Duration,
     /// Unknown keys and tokens are remembered this long.
     pub negative_cache_ttl: Duration,
-    /// Cache entries at most.
+    /// Positive cache entries at most, per tier (API keys, sessions).
     pub cache_capacity: u64,
+    /// "Not found" cache entries at most, per tier, apart from `cache_capacity`.
+    pub negative_cache_capacity: u64,
     /// Cached valid entries are still served this long while the store is down.
     pub stale_if_error: Duration,
     /// Every store query gives up after this.

@@ -118,6 +118,7 @@ pub(crate) struct RawStore {
     #[serde(with = "serde_str")]
     pub(crate) negative_cache_ttl: Duration,
     pub(crate) cache_capacity: u64,
+    pub(crate) negative_cache_capacity: u64,
     #[serde(with = "serde_str")]
     pub(crate) stale_if_error: Duration,
     #[serde(with = "serde_str")]
@@ -133,6 +134,7 @@ impl Default for RawStore {
             cache_ttl: secs(30),
             negative_cache_ttl: secs(5),
             cache_capacity: 1_000_000,
+            negative_cache_capacity: 100_000,
             stale_if_error: secs(60),
             query_timeout: secs(2),
         }

@@ -31,6 +31,8 @@ fn a_small_file_gets_every_default() {
     assert_eq!(s.server.limits.max_body_bytes, 1_048_576);
     assert_eq!(s.store.url, "sqlite://data/gateway.db?mode=rwc");
     assert_eq!(s.store.cache_ttl, Duration::from_secs(30));
+    assert_eq!(s.store.cache_capacity, 1_000_000);
+    assert_eq!(s.store.negative_cache_capacity, 100_000);
     assert_eq!(s.rate_limit.policies.len(), 1);
     assert_eq!(s.rate_limit.policies[0].name, "default");
     assert_eq!(s.rate_limit.policies[0].quota.requests.get(), 100);
@@ -101,6 +103,7 @@ listen = "nowhere"
 idle_timeout = "forever"
 [store]
 cache_ttl = "0s"
+negative_cache_capacity = 0
 [rate_limit.policies.default]
 requests = 0
 per = "1m"
@@ -126,6 +129,7 @@ upstream = "clusters"
     for prefix in [
         "server.limits.idle_timeout: invalid duration \"forever\"",
         "store.cache_ttl: must be longer than zero",
+        "store.negative_cache_capacity: must be greater than zero",
         "rate_limit.policies.default.requests: must be at least 1",
         "roles.viewer[0]: unknown permission \"clusters:raed\"",
         "upstreams.clusters.targets[0]: invalid target",

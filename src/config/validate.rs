@@ -370,12 +370,16 @@ fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
     if raw.cache_capacity == 0 {
         p.add("store.cache_capacity", "must be greater than zero");
     }
+    if raw.negative_cache_capacity == 0 {
+        p.add("store.negative_cache_capacity", "must be greater than zero");
+    }
     StoreSettings {
         url,
         display,
         cache_ttl: raw.cache_ttl,
         negative_cache_ttl: raw.negative_cache_ttl,
         cache_capacity: raw.cache_capacity,
+        negative_cache_capacity: raw.negative_cache_capacity,
         stale_if_error: raw.stale_if_error,
         query_timeout: raw.query_timeout,
     }

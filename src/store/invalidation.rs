@@ -316,6 +316,7 @@ mod tests {
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
             capacity: 100,
+            negative_capacity: 100,
             stale_if_error: Duration::from_secs(0),
         };
         let cache = CachedKeyStore::new(Arc::new(store.clone()) as Arc<dyn KeyStore>, cfg);

@@ -1,9 +1,12 @@
 //! One cache tier (API keys or sessions): a bounded map (quick_cache's
-//! S3-FIFO cache) from secret hash to a timestamped [`Slot`], single-flight
-//! loading on a miss or refresh, stale serving while the store is down, and
-//! the guard that keeps a load racing an invalidation from caching what the
-//! invalidation removed.
-use super::{CacheConfig, Cached, ChangeLog, StoreHealth};
+//! S3-FIFO cache) from secret hash to a timestamped [`Slot`] for the secrets
+//! the store knows, [`Negatives`] apart for those it does not, single-flight
+//! loading on a miss or refresh, stale serving while the store is down (at
+//! once while the [`Breaker`] is open), and the guard that keeps a load
+//! racing an invalidation from caching what the invalidation removed.
+use super::breaker::{Breaker, CircuitOpen};
+use super::negative::Negatives;
+use super::{CacheConfig, Cached, ChangeLog};
 use crate::auth::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -24,15 +27,15 @@ pub(super) type Loader<T> =
     fn(Arc<dyn KeyStore>, SecretHash) -> BoxFuture<'static, Result<Option<T>, StoreError>>;
 
 /// A shared in-flight load every concurrent caller awaits.
-type Flight<T> = Shared<BoxFuture<'static, Result<Slot<T>, StoreError>>>;
+type Flight<T> = Shared<BoxFuture<'static, Result<Option<Arc<T>>, StoreError>>>;
 
 /// A cached answer and when the store gave it (tokio clock, so tests can
 /// advance time instead of sleeping).
 pub(super) struct Slot<T> {
     /// When the query that produced this answer started.
     loaded_at: Instant,
-    /// `None`: the store knows no such secret (negative entry).
-    pub(super) value: Option<Arc<T>>,
+    /// What the store said.
+    value: Arc<T>,
 }
 
 impl<T> Clone for Slot<T> {
@@ -47,18 +50,12 @@ impl<T> Clone for Slot<T> {
 impl<T> Slot<T> {
     /// Young enough to answer without asking the store.
     fn is_fresh(&self, now: Instant, cfg: &CacheConfig) -> bool {
-        let ttl = if self.value.is_some() {
-            cfg.ttl
-        } else {
-            cfg.negative_ttl
-        };
-        now.saturating_duration_since(self.loaded_at) < ttl
+        now.saturating_duration_since(self.loaded_at) < cfg.ttl
     }
 
-    /// A positive entry still inside `ttl + stale_if_error`.
+    /// Still inside `ttl + stale_if_error`: served while the store is down.
     fn can_serve_stale(&self, now: Instant, cfg: &CacheConfig) -> bool {
-        self.value.is_some()
-            && now.saturating_duration_since(self.loaded_at) < cfg.ttl + cfg.stale_if_error
+        now.saturating_duration_since(self.loaded_at) < cfg.ttl + cfg.stale_if_error
     }
 }
 
@@ -71,11 +68,12 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One cache tier.
 pub(super) struct Tier<T> {
     entries: Entries<T>,
+    negatives: Arc<Negatives>,
     inflight: Mutex<HashMap<SecretHash, Flight<T>>>,
     store: Arc<dyn KeyStore>,
     loader: Loader<T>,
     log: Arc<ChangeLog>,
-    health: Arc<StoreHealth>,
+    breaker: Arc<Breaker>,
     cfg: CacheConfig,
     lookups: Lookups,
 }
@@ -94,7 +92,7 @@ type Entries<T> = Cache<
     DefaultLifecycle<SecretHash, Slot<T>>,
 >;
 
-/// `mpg_cache_lookups_total` handles, made once (not looked up per request).
+/// `mpg_key_cache_lookups_total` handles, made once (not looked up per request).
 struct Lookups {
     hit: metrics::Counter,
     stale: metrics::Counter,
@@ -102,12 +100,13 @@ struct Lookups {
 }
 
 impl<T: Cached> Tier<T> {
-    /// A tier holding at most `cfg.capacity` entries.
+    /// A tier holding at most `cfg.capacity` positive and
+    /// `cfg.negative_capacity` negative entries.
     pub(super) fn new(
         store: Arc<dyn KeyStore>,
         loader: Loader<T>,
         log: Arc<ChangeLog>,
-        health: Arc<StoreHealth>,
+        breaker: Arc<Breaker>,
         cfg: CacheConfig,
     ) -> Arc<Self> {
         // The key is a digest already: a seeded foldhash spreads it as well
@@ -121,11 +120,12 @@ impl<T: Cached> Tier<T> {
         );
         Arc::new(Tier {
             entries,
+            negatives: Negatives::new(cfg.negative_capacity, cfg.negative_ttl),
             inflight: Mutex::new(HashMap::new()),
             store,
             loader,
             log,
-            health,
+            breaker,
             cfg,
             lookups: Lookups {
                 hit: metrics::counter!(CACHE_LOOKUPS, "result" => "hit"),
@@ -136,45 +136,65 @@ impl<T: Cached> Tier<T> {
     }
 
     /// The answer for `hash`: fresh from cache, else loaded (single-flight),
-    /// else — store down — a stale positive entry inside the stale window.
+    /// else (store down) a stale positive entry inside the stale window. While
+    /// the breaker is open nothing waits on the store: stale or an error at once.
     pub(super) async fn get(
         self: &Arc<Self>,
         hash: &SecretHash,
     ) -> Result<Option<Arc<T>>, StoreError> {
         let now = Instant::from_std(crate::clock::now());
         let cached = self.entries.get(hash);
-        if let Some(slot) = &cached {
-            if slot.is_fresh(now, &self.cfg) {
+        match &cached {
+            Some(slot) if slot.is_fresh(now, &self.cfg) => {
                 self.lookups.hit.increment(1);
-                return Ok(slot.value.clone());
+                return Ok(Some(slot.value.clone()));
             }
-            // The store just failed: serve stale now rather than make every
-            // request wait out another timeout.
-            if slot.can_serve_stale(now, &self.cfg) && self.health.recently_failed(now) {
-                self.lookups.stale.increment(1);
-                return Ok(slot.value.clone());
+            Some(_) => {}
+            None if self.negatives.is_fresh(hash, now) => {
+                self.lookups.hit.increment(1);
+                return Ok(None);
             }
+            None => {}
+        }
+        if self.breaker.is_open() {
+            return self.stale_or(cached, now, circuit_open());
         }
         self.lookups.miss.increment(1);
-        match self.load(*hash).await {
-            Ok(slot) => Ok(slot.value),
-            Err(e) if e.is_unavailable() => match cached {
-                Some(slot)
-                    if slot.can_serve_stale(Instant::from_std(crate::clock::now()), &self.cfg) =>
-                {
-                    tracing::warn!(error = %e, "key store down; serving stale cache entry");
-                    Ok(slot.value)
-                }
-                _ => Err(e),
-            },
-            Err(e) => Err(e),
+        // A load started before the store went down waits out its timeout on
+        // its own task; its callers are answered as soon as the breaker opens.
+        let loaded = tokio::select! {
+            biased;
+            loaded = self.load(*hash) => loaded,
+            () = self.breaker.opened() => Err(circuit_open()),
+        };
+        match loaded {
+            Err(e) if e.is_unavailable() => {
+                self.stale_or(cached, Instant::from_std(crate::clock::now()), e)
+            }
+            other => other,
+        }
+    }
+
+    /// `cached` if it may still be served stale at `now`, else `err`.
+    fn stale_or(
+        &self,
+        cached: Option<Slot<T>>,
+        now: Instant,
+        err: StoreError,
+    ) -> Result<Option<Arc<T>>, StoreError> {
+        match cached {
+            Some(slot) if slot.can_serve_stale(now, &self.cfg) => {
+                self.lookups.stale.increment(1);
+                Ok(Some(slot.value))
+            }
+            _ => Err(err),
         }
     }
 
     /// Joins the in-flight load of `hash` or starts one. The load runs as its
     /// own task, so it completes (and leaves the in-flight map) even if every
     /// caller gives up.
-    async fn load(self: &Arc<Self>, hash: SecretHash) -> Result<Slot<T>, StoreError> {
+    async fn load(self: &Arc<Self>, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
         let flight = {
             let mut inflight = lock(&self.inflight);
             match inflight.get(&hash) {
@@ -202,62 +222,81 @@ impl<T: Cached> Tier<T> {
 
     /// Queries the store and caches the answer, unless an invalidation that
     /// touches it arrived meanwhile (then asks again).
-    async fn fetch(&self, hash: SecretHash) -> Result<Slot<T>, StoreError> {
+    async fn fetch(&self, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
         let mut last = None;
         for _ in 0..MAX_LOAD_ATTEMPTS {
             let start_epoch = self.log.epoch();
             let started = Instant::now();
             let value = match (self.loader)(Arc::clone(&self.store), hash).await {
-                Ok(value) => value.map(Arc::new),
+                Ok(value) => value,
                 Err(e) => {
-                    if e.is_unavailable() {
-                        self.health.failed(Instant::now());
-                    }
+                    self.breaker.failed(&e);
                     return Err(e);
                 }
             };
-            self.health.succeeded();
+            self.breaker.succeeded();
+            let Some(value) = value.map(Arc::new) else {
+                // Gone (deleted since it was cached) or never there.
+                if self.entries.contains_key(&hash) {
+                    self.entries.remove(&hash);
+                }
+                self.negatives.insert(hash, started);
+                return Ok(None);
+            };
+            let raced = || {
+                self.log
+                    .changed_since(start_epoch, |c| value.affected_by(c))
+            };
+            if raced() {
+                last = Some(value);
+                continue;
+            }
+            self.negatives.remove(&hash);
             let slot = Slot {
                 loaded_at: started,
-                value,
+                value: Arc::clone(&value),
             };
-            let raced = |slot: &Slot<T>| {
-                slot.value
-                    .as_ref()
-                    .is_some_and(|v| self.log.changed_since(start_epoch, |c| v.affected_by(c)))
-            };
-            if raced(&slot) {
-                last = Some(slot);
-                continue;
-            }
-            self.entries.insert(hash, slot.clone());
+            self.entries.insert(hash, slot);
             // An invalidation between the check and the insert would miss
             // the new entry: look once more now that it is visible.
-            if raced(&slot) {
+            if raced() {
                 self.entries.remove(&hash);
-                last = Some(slot);
+                last = Some(value);
                 continue;
             }
-            return Ok(slot);
+            return Ok(Some(value));
         }
-        last.ok_or(StoreError::Timeout)
+        last.map(Some).ok_or(StoreError::Timeout)
     }
 
     /// Drops every entry `change` affects.
     pub(super) fn invalidate(&self, change: &Change) {
         if matches!(change, Change::All) {
             self.entries.clear();
+            self.negatives.clear();
             return;
         }
         // A walk over every entry, one shard's write lock at a time (a
         // change is rare: a key revoked or edited, a membership changed).
-        self.entries.retain(|_, slot: &Slot<T>| {
-            !slot.value.as_ref().is_some_and(|v| v.affected_by(change))
-        });
+        self.entries
+            .retain(|_, slot: &Slot<T>| !slot.value.affected_by(change));
     }
 
-    /// Number of cached entries.
+    /// Number of cached entries, positive and negative.
     pub(super) fn entry_count(&self) -> u64 {
-        self.entries.len() as u64
+        self.entries.len() as u64 + self.negatives.len()
     }
+
+    /// Number of negative entries.
+    pub(super) fn negative_count(&self) -> u64 {
+        self.negatives.len()
+    }
+}
+
+/// The error of a lookup refused because the breaker is open (made once:
+/// an outage may refuse many lookups a second).
+fn circuit_open() -> StoreError {
+    static OPEN: std::sync::LazyLock<Arc<CircuitOpen>> =
+        std::sync::LazyLock::new(|| Arc::new(CircuitOpen));
+    StoreError::Unreachable(OPEN.clone())
 }

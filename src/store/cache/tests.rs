@@ -1,0 +1,473 @@
+//! The cache decorator's tests, against a fake store, on tokio's paused clock.
+use super::*;
+use crate::auth::hash_secret;
+use crate::store::{ApiKeyRecord, SessionRecord};
+use breaker::{OPEN_AFTER_FAILURES, PROBE_EVERY};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use tokio::time::Instant;
+
+/// A store that counts queries, can fail, and answers from a snapshot
+/// taken when the query starts (so a slow query can race a change).
+#[derive(Default)]
+struct FakeStore {
+    keys: Mutex<HashMap<SecretHash, ApiKeyAuth>>,
+    sessions: Mutex<HashMap<SecretHash, SessionAuth>>,
+    calls: AtomicUsize,
+    /// What lookups fail with, if anything.
+    failure: Mutex<Option<StoreError>>,
+    delay_ms: AtomicU64,
+    /// Pings fail while set.
+    ping_fails: AtomicBool,
+    pings: AtomicUsize,
+}
+
+impl FakeStore {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Lookups fail with `e` from now on (None: they answer again).
+    fn fail_with(&self, e: Option<StoreError>) {
+        *lock(&self.failure) = e;
+    }
+
+    /// The store refuses connections: lookups and pings fail at once.
+    fn down(&self) {
+        self.fail_with(Some(refused()));
+        self.ping_fails.store(true, Ordering::SeqCst);
+    }
+
+    /// The store answers again.
+    fn up(&self) {
+        self.fail_with(None);
+        self.ping_fails.store(false, Ordering::SeqCst);
+    }
+
+    async fn answer<T: Clone>(
+        &self,
+        map: &Mutex<HashMap<SecretHash, T>>,
+        hash: &SecretHash,
+    ) -> Result<Option<T>, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let failure = lock(&self.failure).clone();
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let snapshot = lock(map).get(hash).cloned();
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        Ok(snapshot)
+    }
+}
+
+#[async_trait::async_trait]
+impl KeyStore for FakeStore {
+    async fn find_api_key(&self, hash: &SecretHash) -> Result<Option<ApiKeyAuth>, StoreError> {
+        self.answer(&self.keys, hash).await
+    }
+    async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
+        self.answer(&self.sessions, hash).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.pings.fetch_add(1, Ordering::SeqCst);
+        if self.ping_fails.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        Ok(())
+    }
+}
+
+/// What a PostgreSQL that refuses connections fails with.
+fn refused() -> StoreError {
+    StoreError::Unreachable(Arc::new(std::io::Error::from(
+        std::io::ErrorKind::ConnectionRefused,
+    )))
+}
+
+fn key(id: &str, org: &str, user: &str, role: &str) -> ApiKeyAuth {
+    ApiKeyAuth {
+        key: ApiKeyRecord {
+            id: id.into(),
+            name: "n".into(),
+            organization_id: org.into(),
+            user_id: user.into(),
+            scopes: vec!["clusters:read".into()],
+            prefix: "AbCdEfGh".into(),
+            created_at: 0,
+            expires_at: None,
+            revoked_at: None,
+            last_used_at: None,
+        },
+        role: Some(role.into()),
+    }
+}
+
+fn session(id: &str, user: &str) -> SessionAuth {
+    SessionAuth {
+        session: SessionRecord {
+            id: id.into(),
+            user_id: user.into(),
+            created_at: 0,
+            expires_at: i64::MAX,
+        },
+        memberships: vec![("acme".into(), "admin".into())],
+    }
+}
+
+const CFG: CacheConfig = CacheConfig {
+    ttl: Duration::from_secs(30),
+    negative_ttl: Duration::from_secs(5),
+    capacity: 1000,
+    negative_capacity: 1000,
+    stale_if_error: Duration::from_secs(60),
+};
+
+fn setup() -> (Arc<FakeStore>, CachedKeyStore) {
+    let store = Arc::new(FakeStore::default());
+    lock(&store.keys).insert(hash_secret("k1"), key("key_1", "acme", "alice", "admin"));
+    lock(&store.keys).insert(hash_secret("k2"), key("key_2", "acme", "bob", "admin"));
+    lock(&store.sessions).insert(hash_secret("s1"), session("ses_1", "alice"));
+    lock(&store.sessions).insert(hash_secret("s2"), session("ses_2", "bob"));
+    let cache = CachedKeyStore::new(store.clone(), CFG);
+    (store, cache)
+}
+
+async fn key_id(cache: &CachedKeyStore, secret: &str) -> Option<String> {
+    let found = cache.api_key(&hash_secret(secret)).await;
+    found.ok().flatten().map(|a| a.key.id.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_of_100_concurrent_lookups_makes_one_query() {
+    let (store, cache) = setup();
+    store.delay_ms.store(50, Ordering::SeqCst);
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { key_id(&cache, "k1").await })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.ok().flatten().as_deref(), Some("key_1"));
+    }
+    assert_eq!(store.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fresh_hits_skip_the_store_until_ttl() {
+    let (store, cache) = setup();
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_secrets_are_cached_for_negative_ttl() {
+    let (store, cache) = setup();
+    assert_eq!(key_id(&cache, "nope").await, None);
+    assert_eq!(key_id(&cache, "nope").await, None);
+    assert_eq!(store.calls(), 1);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(key_id(&cache, "nope").await, None);
+    assert_eq!(store.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_entry_served_while_store_down_then_error() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert_eq!(key_id(&cache, "nope").await, None);
+    store.down();
+    tokio::time::advance(Duration::from_secs(31)).await;
+    // Past ttl, refresh fails: stale positive entry served.
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 3);
+    // The breaker is open: stale is served without another attempt.
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 3);
+    // A negative entry is never served stale.
+    let err = cache.api_key(&hash_secret("nope")).await;
+    assert!(matches!(err, Err(StoreError::Unreachable(_))), "{err:?}");
+    // Past ttl + stale_if_error: the error.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let err = cache.api_key(&hash_secret("k1")).await;
+    assert!(matches!(err, Err(StoreError::Unreachable(_))), "{err:?}");
+    assert_eq!(store.calls(), 3);
+    // Store back: the next probe closes the breaker, and lookups are fresh again.
+    store.up();
+    tokio::time::sleep(PROBE_EVERY * 2).await;
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_by_key_id_drops_only_that_key() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert!(key_id(&cache, "k2").await.is_some());
+    lock(&store.keys).remove(&hash_secret("k1"));
+    cache.invalidate(&Change::ApiKey { id: "key_1".into() });
+    assert_eq!(key_id(&cache, "k1").await, None);
+    assert!(key_id(&cache, "k2").await.is_some());
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_by_member_drops_that_users_keys_and_sessions() {
+    let (store, cache) = setup();
+    for s in ["k1", "k2"] {
+        assert!(key_id(&cache, s).await.is_some());
+    }
+    for s in ["s1", "s2"] {
+        assert!(cache
+            .session(&hash_secret(s))
+            .await
+            .ok()
+            .flatten()
+            .is_some());
+    }
+    assert_eq!(store.calls(), 4);
+    lock(&store.keys).insert(hash_secret("k1"), key("key_1", "acme", "alice", "viewer"));
+    cache.invalidate(&Change::Member {
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+    });
+    let k1 = cache.api_key(&hash_secret("k1")).await.ok().flatten();
+    assert_eq!(k1.and_then(|a| a.role.clone()).as_deref(), Some("viewer"));
+    assert!(cache.session(&hash_secret("s1")).await.is_ok());
+    assert_eq!(store.calls(), 6);
+    // bob's entries stayed.
+    assert!(key_id(&cache, "k2").await.is_some());
+    assert!(cache.session(&hash_secret("s2")).await.is_ok());
+    assert_eq!(store.calls(), 6);
+    cache.invalidate(&Change::Session { id: "ses_2".into() });
+    assert!(cache.session(&hash_secret("s2")).await.is_ok());
+    assert_eq!(store.calls(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_all_drops_everything() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert!(cache.session(&hash_secret("s1")).await.is_ok());
+    assert_eq!(cache.entry_count(), 2);
+    cache.invalidate(&Change::All);
+    assert_eq!(cache.entry_count(), 0);
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidation_during_a_load_is_not_undone_by_it() {
+    let (store, cache) = setup();
+    store.delay_ms.store(100, Ordering::SeqCst);
+    let c = cache.clone();
+    let lookup = tokio::spawn(async move {
+        let found = c.api_key(&hash_secret("k1")).await;
+        found.ok().flatten().and_then(|a| a.role.clone())
+    });
+    // Let the load take its snapshot, then change the role under it.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    lock(&store.keys).insert(hash_secret("k1"), key("key_1", "acme", "alice", "viewer"));
+    cache.invalidate(&Change::Member {
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+    });
+    assert_eq!(lookup.await.ok().flatten().as_deref(), Some("viewer"));
+    let again = cache.api_key(&hash_secret("k1")).await.ok().flatten();
+    assert_eq!(
+        again.and_then(|a| a.role.clone()).as_deref(),
+        Some("viewer")
+    );
+    assert_eq!(store.calls(), 2);
+}
+
+#[tokio::test]
+async fn capacity_is_bounded() {
+    let store = Arc::new(FakeStore::default());
+    for i in 0..100 {
+        let id = format!("key_{i}");
+        lock(&store.keys).insert(hash_secret(&id), key(&id, "acme", "alice", "admin"));
+    }
+    let cache = CachedKeyStore::new(
+        store.clone(),
+        CacheConfig {
+            capacity: 10,
+            ..CFG
+        },
+    );
+    for i in 0..100 {
+        let _ = cache.api_key(&hash_secret(&format!("key_{i}"))).await;
+    }
+    assert!(cache.entry_count() <= 10, "{}", cache.entry_count());
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_the_store_is_seen_down_no_lookup_waits_on_it_until_a_probe_finds_it() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert!(key_id(&cache, "k2").await.is_some());
+    store.down();
+    tokio::time::advance(CFG.ttl + Duration::from_secs(1)).await;
+    // The first due lookup sees the failure and is served stale...
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    let calls = store.calls();
+    // ...and from then on no lookup asks the store or waits: due keys are
+    // served stale at once, an unseen key is refused at once.
+    let started = Instant::now();
+    for _ in 0..100 {
+        assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+        assert_eq!(key_id(&cache, "k2").await.as_deref(), Some("key_2"));
+        let err = cache.api_key(&hash_secret("unseen")).await;
+        assert!(matches!(err, Err(StoreError::Unreachable(_))), "{err:?}");
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(store.calls(), calls);
+    // Meanwhile one probe pings the store every PROBE_EVERY.
+    tokio::time::sleep(PROBE_EVERY * 10 + PROBE_EVERY / 2).await;
+    let pings = store.pings.load(Ordering::SeqCst);
+    assert!((9..=11).contains(&pings), "{pings} pings");
+    assert_eq!(store.calls(), calls);
+    // Back, with k2 deleted meanwhile: seen within one probe interval.
+    store.up();
+    lock(&store.keys).remove(&hash_secret("k2"));
+    let back = Instant::now();
+    while key_id(&cache, "k2").await.is_some() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(back.elapsed() <= PROBE_EVERY, "{:?}", back.elapsed());
+    assert_eq!(key_id(&cache, "unseen").await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lookups_waiting_on_a_hung_query_are_answered_when_the_breaker_opens() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    tokio::time::advance(CFG.ttl + Duration::from_secs(1)).await;
+    // The refresh of k1 hangs, as a query on a connection that went dead does.
+    store.delay_ms.store(2_000, Ordering::SeqCst);
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..50)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { (key_id(&cache, "k1").await, started.elapsed()) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Then another lookup finds the store refusing connections.
+    store.down();
+    let err = cache.api_key(&hash_secret("unseen")).await;
+    assert!(matches!(err, Err(StoreError::Unreachable(_))), "{err:?}");
+    for waiter in waiters {
+        let (found, took) = waiter.await.unwrap();
+        assert_eq!(found.as_deref(), Some("key_1"));
+        assert!(took < Duration::from_millis(20), "{took:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_slow_query_does_not_open_the_breaker_but_several_in_a_row_do() {
+    let (store, cache) = setup();
+    assert!(key_id(&cache, "k1").await.is_some());
+    assert!(key_id(&cache, "k2").await.is_some());
+    tokio::time::advance(CFG.ttl + Duration::from_secs(1)).await;
+    store.fail_with(Some(StoreError::Timeout));
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(store.calls(), 3);
+    // The next lookup still asks the store, and a success clears the count.
+    store.fail_with(None);
+    assert_eq!(key_id(&cache, "k2").await.as_deref(), Some("key_2"));
+    assert_eq!(store.calls(), 4);
+    store.fail_with(Some(StoreError::Timeout));
+    for i in 0..OPEN_AFTER_FAILURES {
+        let err = cache.api_key(&hash_secret(&format!("u{i}"))).await;
+        assert!(matches!(err, Err(StoreError::Timeout)), "{err:?}");
+    }
+    let calls = store.calls();
+    let err = cache.api_key(&hash_secret("u-next")).await;
+    assert!(matches!(err, Err(StoreError::Unreachable(_))), "{err:?}");
+    assert_eq!(store.calls(), calls, "an open breaker asked the store");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_answers_pings_but_fails_lookups_does_not_flap_the_breaker() {
+    let (store, cache) = setup();
+    store.fail_with(Some(refused()));
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let _ = cache.api_key(&hash_secret(&format!("u{i}"))).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Each reopening soon after a close waits twice as long before its probe.
+    let pings = store.pings.load(Ordering::SeqCst);
+    assert!(
+        (3..=8).contains(&pings),
+        "{pings} probes (and as many closes) in 3 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_unknown_secrets_stays_in_its_own_bound_keeps_known_keys_and_expires() {
+    const KNOWN: usize = 500;
+    const FLOOD: usize = 200_000;
+    const BOUND: u64 = 1_000;
+    let store = Arc::new(FakeStore::default());
+    for i in 0..KNOWN {
+        let id = format!("key_{i}");
+        lock(&store.keys).insert(hash_secret(&id), key(&id, "acme", "alice", "admin"));
+    }
+    let cache = CachedKeyStore::new(
+        store.clone(),
+        CacheConfig {
+            capacity: 1_000,
+            negative_capacity: BOUND,
+            ..CFG
+        },
+    );
+    for i in 0..KNOWN {
+        assert!(key_id(&cache, &format!("key_{i}")).await.is_some());
+    }
+    for i in 0..FLOOD {
+        let found = cache.api_key(&hash_secret(&format!("unknown-{i}"))).await;
+        assert!(matches!(found, Ok(None)));
+    }
+    assert_eq!(store.calls(), KNOWN + FLOOD);
+    let negatives = cache.negative_count();
+    assert!(negatives <= BOUND, "{negatives} negative entries");
+    assert!(negatives >= BOUND / 2, "{negatives} negative entries");
+    // Every known key is still cached: no store query.
+    for i in 0..KNOWN {
+        assert!(key_id(&cache, &format!("key_{i}")).await.is_some());
+    }
+    assert_eq!(store.calls(), KNOWN + FLOOD);
+    assert_eq!(cache.entry_count(), KNOWN as u64 + negatives);
+    // Kept while fresh, swept within SWEEP_EVERY once expired.
+    tokio::time::sleep(CFG.negative_ttl - Duration::from_millis(100)).await;
+    assert_eq!(cache.negative_count(), negatives);
+    tokio::time::sleep(negative::SWEEP_EVERY + Duration::from_millis(100)).await;
+    assert_eq!(cache.negative_count(), 0);
+    assert_eq!(cache.entry_count(), KNOWN as u64);
+}
+
+#[test]
+fn change_log_overflow_counts_as_changed() {
+    let log = ChangeLog::default();
+    assert!(!log.changed_since(0, |_| true));
+    for _ in 0..(RECENT_CHANGES + 5) {
+        log.record(&Change::Session { id: "x".into() });
+    }
+    assert!(log.changed_since(0, |_| false));
+    let now = log.epoch();
+    log.record(&Change::Session { id: "x".into() });
+    assert!(!log.changed_since(now, |_| false));
+    assert!(log.changed_since(now, |_| true));
+}
