@@ -204,6 +204,163 @@ async fn a_store_outage_serves_cached_keys_answers_503_and_recovers_without_rest
     assert!(!log.contains(&seed.key) && !log.contains(&uncached));
 }
 
+/// One request of the load: when it started (since the load began), how long it took, its status.
+type Sample = (Duration, Duration, u16);
+
+/// `tasks` clients, each on one keep-alive connection, cycling through `keys` on `gw`
+/// until `stop` is set (at most `limit`); every request is recorded.
+fn load(
+    gw: &Gateway,
+    keys: &[String],
+    tasks: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    limit: Duration,
+) -> (Instant, Vec<tokio::task::JoinHandle<Vec<Sample>>>) {
+    let began = Instant::now();
+    let handles = (0..tasks)
+        .map(|t| {
+            let (url, keys, stop) = (gw.url(CLUSTERS), keys.to_vec(), stop.clone());
+            tokio::spawn(async move {
+                let http = client();
+                let mut samples = Vec::new();
+                let mut i = t;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < limit {
+                    let at = began.elapsed();
+                    let status = match http
+                        .get(&url)
+                        .bearer_auth(&keys[i % keys.len()])
+                        .send()
+                        .await
+                    {
+                        Ok(res) => res.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    samples.push((at, began.elapsed() - at, status));
+                    i += 1;
+                }
+                samples
+            })
+        })
+        .collect();
+    (began, handles)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_at_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let db = PgDb::create().await;
+    let proxy = TcpProxy::start(host_port(&db.url)).await;
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.postgres(&db.url);
+    let direct = cfg.write_as("direct.toml");
+    cfg.postgres(&via(&db.url, proxy.addr)).admin_on();
+    // Entries come due every second; a lookup that waited on the store would wait 2 s.
+    cfg.set("store.cache_ttl", "1s");
+    cfg.set("store.stale_if_error", "60s");
+    cfg.set("store.query_timeout", "2s");
+    cfg.set("rate_limit.policies.default.requests", 1_000_000);
+    cfg.set("rate_limit.policies.default.per", "1s");
+    let path = cfg.write();
+    let seed = seed(&direct, "acme", "alice", "owner", "clusters:read");
+    let mut keys = vec![seed.key.clone()];
+    keys.extend((0..3).map(|_| new_key(&direct, "alice").0));
+    let (revoked, revoked_id) = new_key(&direct, "alice");
+    let (unseen, _) = new_key(&direct, "alice");
+    let gw = Gateway::start(&path);
+    // The change follower clears the cache when it starts; then cache every key.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for key in keys.iter().chain([&revoked]) {
+        assert_eq!(status_of(&gw, key).await, 200);
+    }
+
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (began, tasks) = load(&gw, &keys, 4, &stop, Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    proxy.set(ProxyMode::Refuse);
+    let cut = began.elapsed();
+    // Every cached entry comes due at least twice during the outage.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let started = Instant::now();
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&unseen)
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(res.status(), 503, "an unseen key during the outage");
+    assert!(
+        took < Duration::from_millis(200),
+        "the unseen key's 503 took {took:?}"
+    );
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    // Revoked while the gateway cannot hear it: served stale until the store is back.
+    cli_ok(&direct, &["keys", "revoke", &revoked_id]);
+    assert_eq!(status_of(&gw, &revoked).await, 200);
+    proxy.set(ProxyMode::Open);
+    let back = began.elapsed();
+    let took = until_status(&gw, &unseen, 200, Duration::from_secs(5)).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_millis(500)),
+        "a key unseen during the outage was served {took:?} after the store came back"
+    );
+    let took = until_status(&gw, &revoked, 401, Duration::from_secs(5)).await;
+    assert!(
+        took.is_some_and(|t| t < Duration::from_millis(500)),
+        "a revocation made during the outage applied {took:?} after the store came back"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut samples = Vec::new();
+    for task in tasks {
+        samples.extend(task.await.unwrap());
+    }
+
+    let during: Vec<&Sample> = samples
+        .iter()
+        .filter(|(at, took, _)| *at + *took > cut && *at < back)
+        .collect();
+    assert!(
+        during.len() >= 100,
+        "only {} requests during the outage",
+        during.len()
+    );
+    let slowest = during.iter().map(|(_, took, _)| *took).max().unwrap();
+    eprintln!(
+        "{} requests in all, {} during the outage, the slowest {slowest:?}",
+        samples.len(),
+        during.len()
+    );
+    assert!(
+        slowest < Duration::from_millis(200),
+        "a cached key waited {slowest:?} during the outage"
+    );
+    let failed: Vec<&Sample> = samples
+        .iter()
+        .filter(|(_, _, status)| *status != 200)
+        .collect();
+    assert!(failed.is_empty(), "cached keys refused: {failed:?}");
+
+    // One opening, one closing, each logged once.
+    let text = metrics(gw.admin.expect("admin listener")).await;
+    for to in ["open", "closed"] {
+        let label = format!("to=\"{to}\"");
+        let n = metric_sum(&text, "mpg_store_breaker_transitions_total", &[&label]);
+        assert_eq!(n, 1.0, "{to}: {text}");
+    }
+    assert_eq!(metric_sum(&text, "mpg_store_breaker_open", &[]), 0.0);
+    let log = gw.log_text();
+    assert_eq!(log.matches("key store circuit open").count(), 1, "{log}");
+    assert_eq!(log.matches("circuit closed").count(), 1);
+    assert!(!log.contains(&unseen) && !keys.iter().any(|k| log.contains(k.as_str())));
+}
+
 /// Unix seconds now.
 fn unix_now() -> i64 {
     std::time::SystemTime::now()

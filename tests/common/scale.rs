@@ -178,23 +178,48 @@ pub enum ProxyMode {
     Cut = 1,
     /// Accepts and never answers (a store that hangs).
     Blackhole = 2,
+    /// Closes every connection and stops listening: connects are refused
+    /// (RST) in well under a millisecond, as to a server that is down.
+    Refuse = 3,
 }
 
-/// A TCP proxy on 127.0.0.1:0 to `target` that a test can cut and restore.
+/// A TCP proxy on 127.0.0.1 to `target` that a test can cut and restore.
 pub struct TcpProxy {
     pub addr: SocketAddr,
+    target: SocketAddr,
     mode: Arc<AtomicU8>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    accept: JoinHandle<()>,
+    /// The accept loop (owns the listener); None while refusing.
+    accept: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl TcpProxy {
     pub async fn start(target: SocketAddr) -> TcpProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // A port below the ephemeral range: no outgoing connection can take
+        // it while the proxy refuses, so it can listen there again.
+        let listener = loop {
+            let port = rand::random_range(20_000..32_000);
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                break l;
+            }
+        };
         let addr = listener.local_addr().unwrap();
-        let mode = Arc::new(AtomicU8::new(ProxyMode::Open as u8));
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (m, c) = (mode.clone(), conns.clone());
+        let proxy = TcpProxy {
+            addr,
+            target,
+            mode: Arc::new(AtomicU8::new(ProxyMode::Open as u8)),
+            conns: Arc::default(),
+            accept: Mutex::new(None),
+        };
+        proxy.listen(listener);
+        proxy
+    }
+
+    /// Runs the accept loop on `listener`.
+    fn listen(&self, listener: std::net::TcpListener) {
+        listener.set_nonblocking(true).unwrap();
+        let listener = TcpListener::from_std(listener).unwrap();
+        let (m, c, target) = (self.mode.clone(), self.conns.clone(), self.target);
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else {
@@ -207,26 +232,21 @@ impl TcpProxy {
                                 tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                         }
                     }),
-                    1 => {
-                        drop(inbound);
-                        continue;
-                    }
-                    _ => tokio::spawn(async move {
+                    2 => tokio::spawn(async move {
                         let _keep = inbound;
                         tokio::time::sleep(Duration::from_secs(3600)).await;
                     }),
+                    _ => {
+                        drop(inbound);
+                        continue;
+                    }
                 };
                 let mut conns = c.lock().unwrap();
                 conns.retain(|t| !t.is_finished());
                 conns.push(task);
             }
         });
-        TcpProxy {
-            addr,
-            mode,
-            conns,
-            accept,
-        }
+        *self.accept.lock().unwrap() = Some(accept);
     }
 
     /// Switches mode; leaving `Open` drops every connection in flight.
@@ -237,12 +257,29 @@ impl TcpProxy {
                 task.abort();
             }
         }
+        let listening = self.accept.lock().unwrap().is_some();
+        if mode == ProxyMode::Refuse {
+            if let Some(accept) = self.accept.lock().unwrap().take() {
+                accept.abort();
+            }
+        } else if !listening {
+            // The aborted loop drops its listener within moments.
+            for _ in 0..2_000 {
+                if let Ok(listener) = std::net::TcpListener::bind(self.addr) {
+                    return self.listen(listener);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("proxy could not listen on {} again", self.addr);
+        }
     }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
-        self.accept.abort();
+        if let Some(accept) = self.accept.lock().unwrap().take() {
+            accept.abort();
+        }
         for task in self.conns.lock().unwrap().drain(..) {
             task.abort();
         }
