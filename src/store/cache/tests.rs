@@ -433,22 +433,24 @@ async fn a_flood_of_unknown_secrets_stays_in_its_own_bound_keeps_known_keys_and_
             ..CFG
         },
     );
-    for i in 0..KNOWN {
-        assert!(key_id(&cache, &format!("key_{i}")).await.is_some());
-    }
+    // Known keys come and come back during the flood, each every 50 000
+    // unknown ones: with one bound for both, the flood evicted nearly every
+    // known key before its next use.
+    let mut known_lookups = 0;
     for i in 0..FLOOD {
         let found = cache.api_key(&hash_secret(&format!("unknown-{i}"))).await;
         assert!(matches!(found, Ok(None)));
+        if i % 100 == 0 {
+            let id = format!("key_{}", known_lookups % KNOWN);
+            assert!(key_id(&cache, &id).await.is_some());
+            known_lookups += 1;
+        }
     }
-    assert_eq!(store.calls(), KNOWN + FLOOD);
+    assert_eq!(known_lookups, 4 * KNOWN);
+    assert_eq!(store.calls(), FLOOD + KNOWN, "known keys were evicted");
     let negatives = cache.negative_count();
     assert!(negatives <= BOUND, "{negatives} negative entries");
     assert!(negatives >= BOUND / 2, "{negatives} negative entries");
-    // Every known key is still cached: no store query.
-    for i in 0..KNOWN {
-        assert!(key_id(&cache, &format!("key_{i}")).await.is_some());
-    }
-    assert_eq!(store.calls(), KNOWN + FLOOD);
     assert_eq!(cache.entry_count(), KNOWN as u64 + negatives);
     // Kept while fresh, swept within SWEEP_EVERY once expired.
     tokio::time::sleep(CFG.negative_ttl - Duration::from_millis(100)).await;
