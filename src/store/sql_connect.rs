@@ -7,9 +7,12 @@
 //! whole timeout. An acquire still pending after [`CHECK_AFTER`] (a pooled
 //! connection takes microseconds, a new one a few milliseconds) is therefore
 //! raced against one direct connection attempt, which the pool does not
-//! retry: if the server refuses it, the acquire fails at once. Every waiting
-//! acquire shares one attempt and its outcome for [`REUSE`], so a busy pool
-//! costs the server at most one extra connection per [`REUSE`].
+//! retry: if the server refuses it, the acquire fails at once, and if the
+//! server does not complete it within half the query timeout (packets
+//! dropped, a server that accepts and never answers) it fails then, as
+//! unreachable rather than slow. Every waiting acquire shares one attempt and
+//! its outcome for [`REUSE`], so a busy pool costs the server at most one
+//! extra connection per [`REUSE`].
 use super::StoreError;
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection};
@@ -35,8 +38,9 @@ pub(super) struct ConnectCheck {
 
 impl ConnectCheck {
     /// Waits for `acquire` (a pool acquire, or anything that starts with
-    /// one), failing early with [`StoreError::Unreachable`] when the server
-    /// refuses a direct connection meanwhile. `deadline` bounds an attempt.
+    /// one), failing early with [`StoreError::Unreachable`] when a direct
+    /// connection fails meanwhile. `deadline` is the query timeout; an
+    /// attempt gets half of it.
     pub(super) async fn acquire<T>(
         &self,
         opts: &AnyConnectOptions,
@@ -79,10 +83,13 @@ impl ConnectCheck {
             return outcome;
         }
         let connect = async { AnyConnection::connect_with(opts).await?.close().await };
-        let outcome = match tokio::time::timeout(deadline, connect).await {
+        let outcome = match tokio::time::timeout(deadline / 2, connect).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(StoreError::Unreachable(Arc::new(e))),
-            Err(_) => Err(StoreError::Timeout),
+            Err(_) => Err(StoreError::Unreachable(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connect not completed within half the query timeout",
+            )))),
         };
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((Instant::now(), outcome.clone()));

@@ -499,6 +499,31 @@ async fn a_refused_connect_is_unreachable_at_once_not_at_the_query_timeout() {
 }
 
 #[tokio::test]
+async fn a_server_that_accepts_and_never_answers_is_unreachable_within_half_the_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let cfg = StoreConfig {
+        url: format!("postgres://postgres@{addr}/none"),
+        query_timeout: Duration::from_secs(1),
+    };
+    let store = SqlStore::connect(&cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let started = std::time::Instant::now();
+    let err = store.ping().await.err();
+    let took = started.elapsed();
+    assert!(matches!(err, Some(StoreError::Unreachable(_))), "{err:?}");
+    assert!(took < Duration::from_millis(900), "{took:?}");
+    hold.abort();
+}
+
+#[tokio::test]
 async fn sqlite_connections_use_wal_and_busy_timeout() {
     let db = TestDb::sqlite();
     let store = db.store().await;
