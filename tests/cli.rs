@@ -19,7 +19,7 @@ fn check_config_accepts_a_good_file_and_lists_every_problem_of_a_bad_one() {
     let bad = cfg.dir.path().join("bad.toml");
     std::fs::write(
         &bad,
-        "[server]\nlisten = \"nowhere\"\n[server.tls]\ncert = \"missing.pem\"\nkey = \"missing.pem\"\n[upstreams.x]\ntargets = []\n[[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"api_key\"\nupstream = \"y\"\n",
+        "[server]\nlisten = \"nowhere\"\n[server.tls]\ncert = \"missing.pem\"\nkey = \"missing.pem\"\n[store]\nnegative_cache_capacity = 0\n[upstreams.x]\ntargets = []\n[[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"api_key\"\nupstream = \"y\"\n",
     )
     .unwrap();
     let (code, _, err) = cli(&bad, &["check-config"]);
@@ -28,6 +28,7 @@ fn check_config_accepts_a_good_file_and_lists_every_problem_of_a_bad_one() {
         "server.listen",
         "server.tls.cert",
         "server.tls.key",
+        "store.negative_cache_capacity",
         "upstreams.x.targets",
         "routes[0].upstream",
     ] {
