@@ -13,8 +13,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Expired entries are swept this often (or every `negative_cache_ttl`,
-/// if shorter).
+/// if shorter, but not more often than every [`SWEEP_AT_MOST`]).
 pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The shortest sweep period, whatever `negative_cache_ttl` is.
+const SWEEP_AT_MOST: Duration = Duration::from_millis(100);
 
 /// The not-found answers of one tier: secret hash → when the store said so.
 pub(super) struct Negatives {
@@ -89,7 +91,7 @@ impl Negatives {
             return;
         };
         let negatives = Arc::downgrade(self);
-        let every = self.ttl.min(SWEEP_EVERY);
+        let every = self.ttl.clamp(SWEEP_AT_MOST, SWEEP_EVERY);
         runtime.spawn(async move {
             let mut ticker = tokio::time::interval_at(Instant::now() + every, every);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
