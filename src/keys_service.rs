@@ -342,13 +342,7 @@ fn store_error(e: StoreError) -> GatewayError {
             message: what.into(),
             field: None,
         },
-        StoreError::Unavailable(_) | StoreError::Timeout => {
-            tracing::warn!(error = %e, "key store unavailable");
-            GatewayError::ServiceUnavailable {
-                what: "the key store".into(),
-                retry_after: 1,
-            }
-        }
+        StoreError::Unavailable(_) | StoreError::Timeout => crate::pipeline::store_unavailable(e),
     }
 }
 
