@@ -222,3 +222,183 @@ async fn no_keep_alive_client_loses_a_request_to_a_drain_under_load() {
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+// === Upstream outages ===
+
+/// The gateway's WARN lines so far, parsed.
+fn warnings(gw: &Gateway) -> Vec<serde_json::Value> {
+    gw.log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["level"] == "WARN")
+        .collect()
+}
+
+/// Sends `GET /public/ping` from `clients` keep-alive clients at once until
+/// `n` have been answered and `at_least` has passed: the statuses.
+async fn flood(gw: &Gateway, clients: usize, n: usize, at_least: Duration) -> Vec<u16> {
+    let http = client();
+    let url = gw.url("/public/ping");
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (http, url, sent) = (http.clone(), url.clone(), sent.clone());
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                while sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < n
+                    || started.elapsed() < at_least
+                {
+                    let res = http.get(&url).send().await.unwrap();
+                    statuses.push(res.status().as_u16());
+                    let _ = res.bytes().await;
+                    assert!(
+                        started.elapsed() < Duration::from_secs(60),
+                        "flood ran over"
+                    );
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+#[tokio::test]
+async fn an_upstream_outage_is_logged_once_then_counted_then_its_end() {
+    let mut target = Target::start(OK, Duration::ZERO).await;
+    let mut cfg = TestConfig::new(target.addr);
+    cfg.route(PING);
+    cfg.set("log.summary_interval", "1s");
+    let gw = Gateway::start(&cfg.write());
+    assert_eq!(ping(&gw).await, 200);
+
+    // Refused connections: 502 until the target is ejected, then 503.
+    target.stop();
+    let statuses = flood(&gw, 20, 2_000, Duration::from_millis(2_500)).await;
+    assert!(statuses.len() >= 2_000);
+    assert!(
+        statuses.iter().all(|&s| s == 502 || s == 503),
+        "{:?}",
+        statuses
+            .iter()
+            .filter(|&&s| s != 502 && s != 503)
+            .collect::<Vec<_>>()
+    );
+
+    // Back: a probe finds it, and it is used again.
+    target.restart().await;
+    let until = Instant::now() + Duration::from_secs(15);
+    while ping(&gw).await != 200 {
+        assert!(Instant::now() < until, "the target was not used again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let warns = warnings(&gw);
+    let kind = |k: &str| -> Vec<&serde_json::Value> {
+        warns.iter().filter(|w| w["incident"] == k).collect()
+    };
+    let text: Vec<String> = warns.iter().map(|w| w.to_string()).collect();
+    let (down, ongoing, recovered) = (kind("down"), kind("ongoing"), kind("recovered"));
+    assert_eq!(down.len(), 1, "{text:#?}");
+    let line = down[0]["message"].as_str().unwrap();
+    assert!(
+        line.starts_with("upstream clusters failing: ")
+            && line.contains(&target.addr.to_string())
+            && line.contains("cannot connect"),
+        "the first line names the upstream, the target and the cause: {line}"
+    );
+    // One summary per interval (1 s) at most, over the flood's 2.5 s or more.
+    assert!(
+        (1..=4).contains(&ongoing.len()),
+        "{} summaries: {text:#?}",
+        ongoing.len()
+    );
+    let summary = ongoing[0]["message"].as_str().unwrap();
+    assert!(
+        summary.starts_with("upstream clusters still failing: ")
+            && summary.contains(" requests refused in the last "),
+        "{summary}"
+    );
+    assert!(ongoing.iter().all(|o| o["failures"].as_u64() > Some(0)));
+    assert_eq!(recovered.len(), 1, "{text:#?}");
+    assert!(
+        recovered[0]["failures"].as_u64() >= Some(2_000),
+        "the recovery line counts every refusal: {}",
+        recovered[0]
+    );
+    let ejected = warns
+        .iter()
+        .filter(|w| w["message"] == "target ejected")
+        .count();
+    assert_eq!(ejected, 1, "{text:#?}");
+    assert_eq!(
+        warns.len(),
+        down.len() + ongoing.len() + recovered.len() + ejected,
+        "other warnings: {text:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_target_that_comes_back_is_used_again_at_once() {
+    let mut target = Target::start(OK, Duration::ZERO).await;
+    let mut cfg = TestConfig::new(target.addr);
+    cfg.route(PING);
+    cfg.set("upstreams.clusters.max_fails", 1);
+    cfg.set("upstreams.clusters.fail_timeout", "10s");
+    let gw = Gateway::start(&cfg.write());
+    assert_eq!(ping(&gw).await, 200);
+    target.stop();
+    assert_eq!(ping(&gw).await, 502);
+    assert_eq!(ping(&gw).await, 503, "not ejected");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    target.restart().await;
+    let back = Instant::now();
+    while ping(&gw).await != 200 {
+        assert!(
+            back.elapsed() < Duration::from_secs(3),
+            "not used again within 3 s of coming back (fail_timeout is 10 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        back.elapsed() < Duration::from_secs(1),
+        "used again {:?} after it came back",
+        back.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn an_ejected_target_that_still_fails_gets_one_probe_per_back_off() {
+    let target = Target::start(FAIL, Duration::ZERO).await;
+    let mut cfg = TestConfig::new(target.addr);
+    cfg.route(PING);
+    cfg.set("upstreams.clusters.max_fails", 1);
+    cfg.set("upstreams.clusters.fail_timeout", "10s");
+    let gw = Gateway::start(&cfg.write());
+    assert_eq!(ping(&gw).await, 500);
+    let ejected = Instant::now();
+    // 40 clients at once for two seconds: the back-offs are 250 ms, then
+    // 500 ms, 1 s, 2 s, so three probes come in that time.
+    let statuses = flood(&gw, 40, 0, Duration::from_secs(2)).await;
+    let probes = target.requests() - 1;
+    let within = ejected.elapsed();
+    assert!(
+        (2..=4).contains(&probes),
+        "{probes} requests reached the failing target in {within:?}, of {}",
+        statuses.len()
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 500).count(),
+        probes,
+        "the probes' answers are relayed; the rest are 503"
+    );
+    assert!(statuses.iter().all(|&s| s == 500 || s == 503));
+}

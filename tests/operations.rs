@@ -653,16 +653,6 @@ fn upstream_world(targets: &[std::net::SocketAddr]) -> TestConfig {
     cfg
 }
 
-async fn ping(gw: &Gateway) -> u16 {
-    client()
-        .get(gw.url("/public/ping"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 /// `POST /reload`, which must succeed; its JSON answer.
 async fn reload(gw: &Gateway) -> serde_json::Value {
     let res = client()

@@ -515,6 +515,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// `GET /public/ping` (a route tests add, `auth = "none"`): the status.
+pub async fn ping(gw: &Gateway) -> u16 {
+    client()
+        .get(gw.url("/public/ping"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 /// A parsed raw HTTP/1.1 response.
 #[derive(Debug)]
 pub struct RawResponse {
