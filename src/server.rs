@@ -540,7 +540,7 @@ async fn serve_tls<H: Handler>(
         Ok(Err(e)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            handshake_failed(&e);
+            handshake_failed(&crate::logging::Chain(&e));
         }
         Err(_) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout").increment(1);

@@ -312,7 +312,8 @@ async fn an_upstream_outage_is_logged_once_then_counted_then_its_end() {
     assert!(
         line.starts_with("upstream clusters failing: ")
             && line.contains(&target.addr.to_string())
-            && line.contains("cannot connect"),
+            && line.contains("cannot connect")
+            && line.contains("refused"),
         "the first line names the upstream, the target and the cause: {line}"
     );
     // One summary per interval (1 s) at most, over the flood's 2.5 s or more.

@@ -162,6 +162,27 @@ impl Incident {
     }
 }
 
+/// An error and its sources, as `error: source: source`; a source whose
+/// message the text already holds is not repeated. For lines about a
+/// failure, whose cause is often only in a source (a refused connection).
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut text = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            let s = e.to_string();
+            if !text.contains(&s) {
+                text.push_str(": ");
+                text.push_str(&s);
+            }
+            source = e.source();
+        }
+        f.write_str(&text)
+    }
+}
+
 /// Writes at `level`: WARN for a dependency of the gateway, INFO for what
 /// clients cause.
 macro_rules! event_at {
@@ -291,6 +312,22 @@ mod tests {
                 failures: 2,
                 over: Duration::from_secs(10)
             })
+        );
+    }
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot connect: {0}")]
+        struct Outer(#[source] Inner);
+        #[derive(Debug, thiserror::Error)]
+        #[error("tcp connect error")]
+        struct Inner(#[source] std::io::Error);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = Outer(Inner(refused));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "cannot connect: tcp connect error: connection refused"
         );
     }
 

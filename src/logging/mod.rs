@@ -3,7 +3,7 @@
 //! few lines.
 mod incident;
 
-pub use incident::{now_ms, set_summary_interval, Incident, Line, Recovery};
+pub use incident::{now_ms, set_summary_interval, Chain, Incident, Line, Recovery};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;

@@ -644,7 +644,8 @@ static STORE_INCIDENT: crate::logging::Incident = crate::logging::Incident::new(
 pub(crate) fn store_unavailable(e: StoreError) -> GatewayError {
     metrics::counter!(names::STORE_ERRORS).increment(1);
     if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
-        line.log(tracing::Level::WARN, &"key store", "requests refused", &e);
+        let cause = crate::logging::Chain(&e);
+        line.log(tracing::Level::WARN, &"key store", "requests refused", &cause);
     }
     GatewayError::ServiceUnavailable {
         what: "the key store".into(),

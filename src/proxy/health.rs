@@ -34,7 +34,7 @@ use super::pool::Pool;
 use super::transport::Transport;
 use super::upstream::UpstreamError;
 use crate::admin::names;
-use crate::logging::Incident;
+use crate::logging::{Chain, Incident};
 
 /// The first back-off of an ejected target, in ms: its first probe comes
 /// this long after the ejection (or `fail_timeout`, if shorter).
@@ -315,14 +315,15 @@ impl Targets {
             return;
         };
         let subject = format_args!("upstream {}", self.upstream);
+        let cause = Chain(err);
         match target.map(|i| &self.list[i].label) {
             Some(label) => line.log(
                 tracing::Level::WARN,
                 &subject,
                 "requests refused",
-                &format_args!("{label}: {err}"),
+                &format_args!("{label}: {cause}"),
             ),
-            None => line.log(tracing::Level::WARN, &subject, "requests refused", err),
+            None => line.log(tracing::Level::WARN, &subject, "requests refused", &cause),
         }
     }
 }

@@ -311,7 +311,8 @@ impl Remote {
             .increment(1);
         self.down_until.store(probe_time(now), Ordering::Release);
         if let Some(line) = self.incident.failed(now / 1_000_000) {
-            line.log(tracing::Level::WARN, &self.subject(), "calls failed", err);
+            let cause = crate::logging::Chain(err);
+            line.log(tracing::Level::WARN, &self.subject(), "calls failed", &cause);
         }
     }
 
