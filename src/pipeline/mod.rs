@@ -645,7 +645,12 @@ pub(crate) fn store_unavailable(e: StoreError) -> GatewayError {
     metrics::counter!(names::STORE_ERRORS).increment(1);
     if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
         let cause = crate::logging::Chain(&e);
-        line.log(tracing::Level::WARN, &"key store", "requests refused", &cause);
+        line.log(
+            tracing::Level::WARN,
+            &"key store",
+            "requests refused",
+            &cause,
+        );
     }
     GatewayError::ServiceUnavailable {
         what: "the key store".into(),

@@ -312,7 +312,12 @@ impl Remote {
         self.down_until.store(probe_time(now), Ordering::Release);
         if let Some(line) = self.incident.failed(now / 1_000_000) {
             let cause = crate::logging::Chain(err);
-            line.log(tracing::Level::WARN, &self.subject(), "calls failed", &cause);
+            line.log(
+                tracing::Level::WARN,
+                &self.subject(),
+                "calls failed",
+                &cause,
+            );
         }
     }
 
