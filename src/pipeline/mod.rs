@@ -638,9 +638,10 @@ fn query_error(e: QueryError) -> GatewayError {
 static STORE_INCIDENT: crate::logging::Incident = crate::logging::Incident::new();
 
 /// A store that cannot answer is never a 401: the client's key may be fine.
-/// Logged as one incident (a line when it begins, then a count per summary
-/// interval); it ends in the log when a failure comes after a quiet
-/// interval begins a new one.
+/// Logged as one incident: a line when it begins, then a count per summary
+/// interval. No recovery line: watching the store's answers would cost
+/// every lookup, cached ones included; a failure after a quiet interval
+/// begins a new incident.
 pub(crate) fn store_unavailable(e: StoreError) -> GatewayError {
     metrics::counter!(names::STORE_ERRORS).increment(1);
     if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
