@@ -374,6 +374,7 @@ pub async fn start(
     if settings.admin.listen.is_some() {
         crate::admin::metrics_handle();
     }
+    crate::logging::set_summary_interval(settings.log.summary_interval);
     let (tls, resolver) = match &settings.server.tls {
         Some(t) => {
             if *t == crate::config::TlsSettings::SelfSigned {

@@ -343,11 +343,7 @@ fn store_error(e: StoreError) -> GatewayError {
             field: None,
         },
         StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
-            tracing::warn!(error = %e, "key store unavailable");
-            GatewayError::ServiceUnavailable {
-                what: "the key store".into(),
-                retry_after: 1,
-            }
+            crate::pipeline::store_unavailable(e)
         }
     }
 }

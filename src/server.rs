@@ -421,8 +421,11 @@ pub async fn serve<H: Handler>(
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        while connections.try_join_next().is_some() {}
         let (stream, peer) = tokio::select! {
+            // A connection's task is freed only once reaped here, at once:
+            // reaped only when the next connection came, a spike of ten
+            // thousand kept that many tasks' memory after they had closed.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(x) => x,
                 Err(e) => {
@@ -537,11 +540,26 @@ async fn serve_tls<H: Handler>(
         Ok(Err(e)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            handshake_failed(&crate::logging::Chain(&e));
         }
         Err(_) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout").increment(1);
             tracing::debug!(%peer, "TLS handshake timed out");
+            handshake_failed(&"timed out (header_read_timeout)");
         }
+    }
+}
+
+/// Failed TLS handshakes, in the log: at INFO, as nginx logs the ones
+/// clients cause (scanners, old clients, dropped connections), which is
+/// nearly all of them. A success is not watched (it would cost every
+/// handshake an atomic load for a recovery line): a failure after a quiet
+/// interval begins a new incident.
+static TLS_HANDSHAKES_FAILING: crate::logging::Incident = crate::logging::Incident::new();
+
+fn handshake_failed(cause: &dyn std::fmt::Display) {
+    if let Some(line) = TLS_HANDSHAKES_FAILING.failed(crate::logging::now_ms()) {
+        line.log(tracing::Level::INFO, &"TLS handshakes", "failed", cause);
     }
 }
 

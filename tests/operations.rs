@@ -642,47 +642,6 @@ async fn a_pooled_connection_the_target_closed_is_not_reused() {
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A target on 127.0.0.1:0 answering every request head with `answer`
-/// after `delay`, on kept-alive connections: its address, the connections
-/// it accepted and the requests it read.
-async fn counting_target(
-    answer: &'static [u8],
-    delay: Duration,
-) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (accepts, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (a, r) = (accepts.clone(), requests.clone());
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            a.fetch_add(1, Ordering::SeqCst);
-            let r = r.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                let mut got = Vec::new();
-                loop {
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    got.clear();
-                    r.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(delay).await;
-                    if s.write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, accepts, requests)
-}
-
-const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-const FAIL: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n";
-
 /// `clusters` on `targets`, an open `/public/ping` route to it, the admin listener on.
 fn upstream_world(targets: &[std::net::SocketAddr]) -> TestConfig {
     let mut cfg = TestConfig::new(targets[0]);
@@ -692,16 +651,6 @@ fn upstream_world(targets: &[std::net::SocketAddr]) -> TestConfig {
     cfg.set("admin.listen", "127.0.0.1:0");
     cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
     cfg
-}
-
-async fn ping(gw: &Gateway) -> u16 {
-    client()
-        .get(gw.url("/public/ping"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
 }
 
 /// `POST /reload`, which must succeed; its JSON answer.

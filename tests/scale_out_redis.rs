@@ -293,7 +293,7 @@ async fn each_on_backend_error_mode_answers_as_named_and_returns_to_redis() {
         assert_eq!(statuses, want, "on_backend_error = {mode}");
         assert!(
             gw.log_text()
-                .contains("rate-limit backend failed; using fallback"),
+                .contains("rate-limit backend redis (meanwhile"),
             "{mode}: not logged"
         );
         let text = metrics(gw.admin.unwrap()).await;

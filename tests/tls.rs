@@ -192,3 +192,37 @@ async fn sigterm_closes_tls_connections_that_have_not_sent_a_request() {
     assert!(closed_by(&mut silent, by).await);
     assert!(closed_by(&mut fresh, by).await);
 }
+
+#[tokio::test]
+async fn failed_handshakes_are_one_incident_in_the_log_not_a_line_each() {
+    let (_up, _cfg, gw) = tls_gateway("10s").await;
+    // Plain HTTP to the TLS port, 50 times: each handshake fails.
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let by = Instant::now() + Duration::from_secs(5);
+        assert!(closed_by(&mut s, by).await, "a failed handshake left open");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines: Vec<serde_json::Value> = gw
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["subject"] == "TLS handshakes")
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["incident"], "down");
+    assert_eq!(lines[0]["level"], "INFO");
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("TLS handshakes failing: "),
+        "{}",
+        lines[0]
+    );
+}

@@ -153,6 +153,10 @@ pub struct LogSettings {
     pub level: String,
     /// Text or JSON lines.
     pub format: LogFormat,
+    /// A failure repeated on every request (an upstream down, the store or
+    /// the Redis limiter failing) is logged once, then counted in one line
+    /// per this interval while it goes on.
+    pub summary_interval: Duration,
 }
 
 /// `[store]`

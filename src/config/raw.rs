@@ -88,6 +88,8 @@ pub enum LogFormat {
 pub(crate) struct RawLog {
     pub(crate) level: String,
     pub(crate) format: LogFormat,
+    #[serde(with = "serde_str")]
+    pub(crate) summary_interval: Duration,
 }
 
 impl Default for RawLog {
@@ -95,6 +97,7 @@ impl Default for RawLog {
         Self {
             level: "info".into(),
             format: LogFormat::Text,
+            summary_interval: secs(10),
         }
     }
 }

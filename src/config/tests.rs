@@ -275,7 +275,7 @@ fn forwarding_keys_get_defaults_a_user_would_expect() {
     assert_eq!(h.max_connections_per_target, 512);
     assert_eq!(h.idle_timeout, Duration::from_secs(90));
     assert_eq!(h.max_fails, 3);
-    assert_eq!(h.fail_timeout, Duration::from_secs(10));
+    assert_eq!(h.fail_timeout, Duration::from_secs(2));
     assert_eq!(h.health_path, None);
     assert!(!h.http2);
     assert!(h.ca_file.is_none() && h.client_identity.is_none());

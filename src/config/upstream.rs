@@ -15,7 +15,9 @@ const RETRIES: u32 = 1;
 const MAX_CONNECTIONS_PER_TARGET: usize = 512;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_FAILS: u32 = 3;
-const FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest back-off between probes of an ejected target (the first is
+/// 250 ms): a target back after a long outage is used again within it.
+const FAIL_TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 
 pub(super) fn upstream_settings(

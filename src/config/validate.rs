@@ -153,9 +153,11 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
             format!("invalid level or filter {:?}: {e}", log.level),
         );
     }
+    p.positive("log.summary_interval", log.summary_interval);
     let log = LogSettings {
         level: log.level,
         format: log.format,
+        summary_interval: log.summary_interval,
     };
     let store = store_settings(&mut p, store);
     let rate_limit = rate_limit_settings(&mut p, rate_limit);

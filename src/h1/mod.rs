@@ -46,6 +46,11 @@ use response::write_response;
 
 /// One read from the socket, on the stack.
 const READ_CHUNK: usize = 8192;
+/// During a drain, a connection with no request in flight is closed once it
+/// has been quiet this long (at once if it already has): long enough for a
+/// client's next request, sent on a response that did not announce the
+/// close, to arrive and be answered with `Connection: close`.
+const DRAIN_LINGER: Duration = Duration::from_secs(1);
 /// What an HTTP/2 client sends first (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -106,6 +111,10 @@ where
     // channel on every request (about 220 instructions).
     let stopping = crate::gateway::stopped(stop.clone());
     tokio::pin!(stopping);
+    // Set once the drain has been seen while waiting for a request: the
+    // connection then closes at `deadline`, which is no later than
+    // DRAIN_LINGER after it last went quiet.
+    let mut draining = false;
     loop {
         // ---- a request head
         let head = loop {
@@ -127,7 +136,8 @@ where
             }
             // No byte of a request yet (a fresh connection's first, or a
             // keep-alive connection's next): nothing is in flight, so a drain
-            // closes the connection here, once a read has found nothing.
+            // closes the connection here, once a read has found nothing and
+            // it has been quiet for DRAIN_LINGER.
             let waiting = rbuf.is_empty();
             let idle = waiting && !first;
             if timer.deadline().into_std() > deadline {
@@ -146,12 +156,31 @@ where
                 }
                 () = &mut timer => {
                     if clock::now() >= deadline {
-                        tracing::debug!(peer = %conn.peer, idle, "HTTP/1 connection timed out waiting for a request");
+                        tracing::debug!(peer = %conn.peer, idle, draining, "HTTP/1 connection timed out waiting for a request");
                         return Ok(Ended::Closed);
                     }
                     timer.as_mut().reset(deadline.into());
                 }
-                () = &mut stopping, if waiting => return Ok(Ended::Closed),
+                () = &mut stopping, if waiting && !draining => {
+                    // Quiet since the accept or since the last response
+                    // ended: what the deadline was counted from.
+                    let counted = match first {
+                        true => limits.header_read_timeout,
+                        false => limits.idle_timeout,
+                    };
+                    let close_at = deadline
+                        .checked_sub(counted)
+                        .map_or(deadline, |quiet_since| quiet_since + DRAIN_LINGER);
+                    if clock::now() >= close_at {
+                        return Ok(Ended::Closed);
+                    }
+                    // A client that just had a response (one whose head
+                    // went out before the drain, so without `Connection:
+                    // close`) may be sending its next request already: it
+                    // is answered, with `Connection: close`, not reset.
+                    draining = true;
+                    deadline = deadline.min(close_at);
+                }
             }
         };
         first = false;

@@ -588,13 +588,19 @@ impl Gateway {
     }
 
     /// The one place a refusal becomes a response; internals go to the log.
+    /// A dependency's failure (the upstream's, the store's) is logged by
+    /// its incident, once and then counted ([`crate::logging::Incident`]),
+    /// not here per request: this request's own line is at debug.
     fn rescue(&self, err: GatewayError, request_id: &RequestId) -> Response<Body> {
         match &err {
-            GatewayError::Internal(source) | GatewayError::BadGateway(source) => {
+            GatewayError::Internal(source) => {
                 tracing::warn!(request_id = request_id.as_str(), error = %source, status = err.status().as_u16(), "request failed");
             }
+            GatewayError::BadGateway(source) => {
+                tracing::debug!(request_id = request_id.as_str(), error = %source, status = err.status().as_u16(), "request failed");
+            }
             GatewayError::ServiceUnavailable { what, .. } => {
-                tracing::warn!(request_id = request_id.as_str(), %what, "dependency unavailable");
+                tracing::debug!(request_id = request_id.as_str(), %what, "dependency unavailable");
             }
             _ => {}
         }
@@ -655,10 +661,25 @@ fn query_error(e: QueryError) -> GatewayError {
     }
 }
 
+/// The key store's failures, as requests refused for them.
+static STORE_INCIDENT: crate::logging::Incident = crate::logging::Incident::new();
+
 /// A store that cannot answer is never a 401: the client's key may be fine.
-fn store_unavailable(e: StoreError) -> GatewayError {
+/// Logged as one incident: a line when it begins, then a count per summary
+/// interval. No recovery line: watching the store's answers would cost
+/// every lookup, cached ones included; a failure after a quiet interval
+/// begins a new incident.
+pub(crate) fn store_unavailable(e: StoreError) -> GatewayError {
     metrics::counter!(names::STORE_ERRORS).increment(1);
-    tracing::warn!(error = %e, "key store lookup failed");
+    if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
+        let cause = crate::logging::Chain(&e);
+        line.log(
+            tracing::Level::WARN,
+            &"key store",
+            "requests refused",
+            &cause,
+        );
+    }
     GatewayError::ServiceUnavailable {
         what: "the key store".into(),
         retry_after: 1,

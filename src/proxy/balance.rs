@@ -1,9 +1,10 @@
 //! Picking a target among the healthy ones not tried yet for this request:
 //! round robin, or least outstanding requests (ties taken in turn, so equal
-//! targets still share the load).
+//! targets still share the load). An ejected target whose back-off is over
+//! gets the request, as its probe, if this request claims it first.
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::health::Targets;
+use super::health::{Availability, Targets};
 use crate::config::Balance;
 
 /// The balancing state of one upstream.
@@ -20,19 +21,35 @@ impl Balancer {
         }
     }
 
-    /// A target that is up at `now` and not in `skip`, or `None`.
+    /// A target that is up at `now` and not in `skip` (or a half-open one
+    /// whose probe this request claimed), or `None`.
     pub(crate) fn pick(&self, targets: &Targets, skip: &[usize], now: u64) -> Option<usize> {
         let n = targets.list.len();
         let start = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
-        let eligible = (0..n)
-            .map(|k| (start + k) % n)
-            .filter(|i| !skip.contains(i) && targets.is_up(*i, now));
-        match self.policy {
-            Balance::RoundRobin => eligible.into_iter().next(),
-            Balance::LeastOutstanding => {
-                eligible.min_by_key(|&i| targets.list[i].outstanding.load(Ordering::Relaxed))
+        let mut least: Option<(usize, usize)> = None;
+        for i in (0..n).map(|k| (start + k) % n) {
+            if skip.contains(&i) {
+                continue;
+            }
+            match targets.availability(i, now) {
+                Availability::Up => match self.policy {
+                    Balance::RoundRobin => return Some(i),
+                    Balance::LeastOutstanding => {
+                        let load = targets.list[i].outstanding.load(Ordering::Relaxed);
+                        if least.is_none_or(|(_, l)| load < l) {
+                            least = Some((i, load));
+                        }
+                    }
+                },
+                Availability::Out => {}
+                Availability::HalfOpen => {
+                    if targets.claim_probe(i, now) {
+                        return Some(i);
+                    }
+                }
             }
         }
+        least.map(|(i, _)| i)
     }
 }
 
@@ -69,8 +86,32 @@ mod tests {
         let picks: Vec<_> = (0..4).map(|_| b.pick(&t, &[], 2).unwrap()).collect();
         assert!(!picks.contains(&1), "{picks:?}");
         assert_eq!(b.pick(&t, &[0, 2], 2), None);
-        // After the cool-down it is back.
+        // After its back-off, one request probes it; the others do not.
         assert_eq!(b.pick(&t, &[0, 2], 6_000), Some(1));
+        assert_eq!(b.pick(&t, &[0, 2], 6_001), None);
+        let picks: Vec<_> = (0..4).map(|_| b.pick(&t, &[], 6_002).unwrap()).collect();
+        assert!(!picks.contains(&1), "{picks:?}");
+        // The probe succeeded: back in rotation.
+        t.succeeded(1);
+        let picks: Vec<_> = (0..3).map(|_| b.pick(&t, &[], 6_003).unwrap()).collect();
+        assert!(picks.contains(&1), "{picks:?}");
+    }
+
+    #[test]
+    fn a_half_open_target_is_probed_whatever_the_policy_and_only_once() {
+        for policy in [Balance::RoundRobin, Balance::LeastOutstanding] {
+            let t = targets(2);
+            let b = Balancer::new(policy);
+            t.failed(0, 1);
+            // Busy or not, the other target does not hide the probe.
+            t.list[1].outstanding.store(0, Ordering::Relaxed);
+            let picks: Vec<_> = (0..4).map(|_| b.pick(&t, &[], 1_000).unwrap()).collect();
+            assert_eq!(
+                picks.iter().filter(|&&i| i == 0).count(),
+                1,
+                "{policy:?}: {picks:?}"
+            );
+        }
     }
 
     #[test]

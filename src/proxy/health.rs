@@ -1,7 +1,20 @@
 //! Target health: per-target state (requests in flight, consecutive
 //! failures, ejection deadline, the connection permits), passive ejection
-//! after `max_fails` consecutive failures for `fail_timeout`, and the
-//! optional active checker (`health_path` every `health_interval`).
+//! after `max_fails` consecutive failures, and the optional active checker
+//! (`health_path` every `health_interval`).
+//!
+//! An ejected target is probed half-open, as Linkerd's failure accrual
+//! does: once its back-off has passed, one request goes to it; if that
+//! succeeds the target is back at once, else the next probe waits twice as
+//! long. The back-off starts at [`FIRST_PROBE_MS`] and grows to
+//! `fail_timeout`. (nginx instead keeps a target out for the whole
+//! `fail_timeout` and Envoy for its ejection time, so a target that came
+//! back at once still waited.) A target the active checker found failing
+//! stays out until a check passes: each failing check renews its ejection.
+//!
+//! An upstream's refusals (502, 503, 504 the gateway answered for it) are
+//! one [`Incident`] in the log: the first with its cause, then a count per
+//! summary interval, and one line when a target answers again.
 //!
 //! Time is milliseconds since the upstream was built, passed in explicitly
 //! (`now`), so the rules are tested without sleeping.
@@ -19,7 +32,13 @@ use tokio::sync::Semaphore;
 
 use super::pool::Pool;
 use super::transport::Transport;
+use super::upstream::UpstreamError;
 use crate::admin::names;
+use crate::logging::{Chain, Incident};
+
+/// The first back-off of an ejected target, in ms: its first probe comes
+/// this long after the ejection (or `fail_timeout`, if shorter).
+pub(crate) const FIRST_PROBE_MS: u64 = 250;
 
 /// One target of an upstream.
 pub(crate) struct Target {
@@ -31,8 +50,11 @@ pub(crate) struct Target {
     pub(crate) outstanding: AtomicUsize,
     /// Consecutive failures.
     fails: AtomicU32,
-    /// Ejected while `now < ejected_until`; 0 = never ejected.
+    /// 0: in rotation. Else ejected: out while `now < ejected_until`, then
+    /// half-open (one request may claim a probe) until a success.
     ejected_until: AtomicU64,
+    /// Probes claimed since the ejection: the next back-off doubles with each.
+    probes: AtomicU32,
     /// `max_connections_per_target` permits.
     pub(crate) permits: Arc<Semaphore>,
     /// Its idle HTTP/1.1 connections.
@@ -57,6 +79,20 @@ pub(crate) struct Targets {
     fail_timeout_ms: u64,
     /// Replaced or removed by a reload: its active checker stops.
     retired: AtomicBool,
+    /// The upstream's refusals, in the log.
+    incident: Incident,
+}
+
+/// Whether a target takes a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Availability {
+    /// In rotation.
+    Up,
+    /// Ejected, its back-off not over.
+    Out,
+    /// Ejected, its back-off over: the request that claims the probe
+    /// ([`Targets::claim_probe`]) goes to it.
+    HalfOpen,
 }
 
 impl Targets {
@@ -85,6 +121,7 @@ impl Targets {
                     outstanding: AtomicUsize::new(0),
                     fails: AtomicU32::new(0),
                     ejected_until: AtomicU64::new(0),
+                    probes: AtomicU32::new(0),
                     permits: Arc::new(Semaphore::new(max_connections)),
                     pool: Pool::new(max_connections, idle_timeout),
                     ejections: metrics::counter!(names::UPSTREAM_EJECTIONS, &labels),
@@ -101,6 +138,7 @@ impl Targets {
             max_fails,
             fail_timeout_ms: fail_timeout.as_millis() as u64,
             retired: AtomicBool::new(false),
+            incident: Incident::new(),
         }
     }
 
@@ -152,9 +190,50 @@ impl Targets {
         t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
     }
 
-    /// Whether target `i` takes requests at `now`.
+    /// Whether target `i` takes requests at `now` (in rotation, or
+    /// half-open: a probe may go to it).
     pub(crate) fn is_up(&self, i: usize, now: u64) -> bool {
-        self.list[i].ejected_until.load(Ordering::Relaxed) <= now
+        self.availability(i, now) != Availability::Out
+    }
+
+    /// Target `i`'s state at `now`: one atomic load.
+    pub(crate) fn availability(&self, i: usize, now: u64) -> Availability {
+        match self.list[i].ejected_until.load(Ordering::Relaxed) {
+            0 => Availability::Up,
+            until if now < until => Availability::Out,
+            _ => Availability::HalfOpen,
+        }
+    }
+
+    /// Claims the probe of half-open target `i` at `now`: true for the one
+    /// request that gets it. Until that request's outcome, or its back-off
+    /// (twice the last), no other request goes to the target.
+    pub(crate) fn claim_probe(&self, i: usize, now: u64) -> bool {
+        let t = &self.list[i];
+        let until = t.ejected_until.load(Ordering::Relaxed);
+        if until == 0 || now < until {
+            return false;
+        }
+        let probes = t.probes.load(Ordering::Relaxed);
+        let next = now + self.back_off(probes + 1);
+        if t.ejected_until
+            .compare_exchange(until, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        t.probes.store(probes + 1, Ordering::Relaxed);
+        tracing::debug!(upstream = %self.upstream, target = %t.label, probe = probes + 1, "probing an ejected target");
+        true
+    }
+
+    /// The back-off after `probes` failed probes: [`FIRST_PROBE_MS`],
+    /// doubled for each, at most `fail_timeout`.
+    fn back_off(&self, probes: u32) -> u64 {
+        FIRST_PROBE_MS
+            .saturating_mul(1 << probes.min(20))
+            .min(self.fail_timeout_ms)
+            .max(1)
     }
 
     /// Whole seconds until the first ejected target comes back (at least 1).
@@ -169,37 +248,83 @@ impl Targets {
         (first - now).div_ceil(1000).max(1)
     }
 
-    /// Target `i` answered (a status below 500, or a passing check).
+    /// Target `i` answered (a status below 500, or a passing check). A
+    /// healthy target's answer costs two atomic loads; one that had failed
+    /// is back in rotation, and ends the upstream's incident if one is
+    /// under way.
     pub(crate) fn succeeded(&self, i: usize) {
         let t = &self.list[i];
-        if t.fails.load(Ordering::Relaxed) != 0 {
+        // Acquire: a refusal counted in the incident follows its target's
+        // failure (see `refused`), so a target seen failing shows it too.
+        let failed = t.fails.load(Ordering::Acquire) != 0;
+        let ejected = t.ejected_until.load(Ordering::Relaxed) != 0;
+        if !(failed || ejected) {
+            return;
+        }
+        if failed {
             t.fails.store(0, Ordering::Relaxed);
         }
-        if t.ejected_until.load(Ordering::Relaxed) != 0 {
+        if ejected {
             t.ejected_until.store(0, Ordering::Relaxed);
+            t.probes.store(0, Ordering::Relaxed);
             self.state_changed(i);
             tracing::info!(upstream = %self.upstream, target = %t.label, "target back in rotation");
         }
-    }
-
-    /// Target `i` failed (connect error, reset, timeout or 5xx) at `now`. After
-    /// `max_fails` in a row it is ejected for `fail_timeout`; once back, its
-    /// count stays at the threshold, so one more failure ejects it again.
-    pub(crate) fn failed(&self, i: usize, now: u64) {
-        let t = &self.list[i];
-        let n = t.fails.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-        if self.max_fails > 0 && n >= self.max_fails && self.is_up(i, now) {
-            self.eject(i, now, self.fail_timeout_ms, "consecutive failures");
+        if let Some(r) = self.incident.recovered(self.now()) {
+            r.log(
+                tracing::Level::WARN,
+                &format_args!("upstream {}", self.upstream),
+                "requests refused",
+            );
         }
     }
 
-    /// Takes target `i` out of rotation until `now + for_ms`.
-    fn eject(&self, i: usize, now: u64, for_ms: u64, reason: &'static str) {
+    /// Target `i` failed (connect error, reset, timeout or 5xx) at `now`.
+    /// After `max_fails` in a row it is ejected; it is back when a probe
+    /// or a check succeeds.
+    pub(crate) fn failed(&self, i: usize, now: u64) {
         let t = &self.list[i];
-        t.ejected_until.store(now + for_ms, Ordering::Relaxed);
+        let n = t.fails.fetch_add(1, Ordering::Release).saturating_add(1);
+        if self.max_fails > 0 && n >= self.max_fails {
+            self.eject(i, now, "consecutive failures");
+        }
+    }
+
+    /// Takes target `i` out of rotation for the first back-off, unless it
+    /// is out already (a failed probe: its claim set the next back-off).
+    fn eject(&self, i: usize, now: u64, reason: &'static str) {
+        let t = &self.list[i];
+        let for_ms = self.back_off(0);
+        if t.ejected_until
+            .compare_exchange(0, now + for_ms, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        t.probes.store(0, Ordering::Relaxed);
         t.ejections.increment(1);
         self.state_changed(i);
-        tracing::warn!(upstream = %self.upstream, target = %t.label, reason, cool_down_ms = for_ms, "target ejected");
+        tracing::warn!(upstream = %self.upstream, target = %t.label, reason, first_probe_ms = for_ms, "target ejected");
+    }
+
+    /// The gateway answered a request for this upstream with an error
+    /// (`err`; from target `target`, when one was tried): counted in the
+    /// upstream's incident, logged when a line is due.
+    pub(crate) fn refused(&self, target: Option<usize>, err: &UpstreamError) {
+        let Some(line) = self.incident.failed(self.now()) else {
+            return;
+        };
+        let subject = format_args!("upstream {}", self.upstream);
+        let cause = Chain(err);
+        match target.map(|i| &self.list[i].label) {
+            Some(label) => line.log(
+                tracing::Level::WARN,
+                &subject,
+                "requests refused",
+                &format_args!("{label}: {cause}"),
+            ),
+            None => line.log(tracing::Level::WARN, &subject, "requests refused", &cause),
+        }
     }
 }
 
@@ -246,8 +371,7 @@ pub(crate) async fn active_check(
             } else {
                 // Out until a check passes: renewed by each failing check.
                 let cool = t.fail_timeout_ms.max(interval.as_millis() as u64);
-                let was_up = t.is_up(i, now);
-                t.list[i].ejected_until.store(now + cool, Ordering::Relaxed);
+                let was_up = t.list[i].ejected_until.swap(now + cool, Ordering::AcqRel) == 0;
                 if was_up {
                     t.list[i].ejections.increment(1);
                     t.state_changed(i);
@@ -283,25 +407,67 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_failures_eject_for_the_cool_down_and_one_more_ejects_again() {
+    fn consecutive_failures_eject_and_one_probe_per_doubling_back_off_follows() {
         let t = targets(2, 3);
         t.failed(0, 100);
         t.failed(0, 200);
         assert!(t.is_up(0, 300));
         t.failed(0, 300);
-        assert!(!t.is_up(0, 301));
+        assert_eq!(t.availability(0, 301), Availability::Out);
         assert!(t.is_up(1, 301));
-        assert_eq!(t.retry_after(301), 10);
-        assert_eq!(t.retry_after(9_400), 1);
-        // Back after the cool-down; a single failure ejects it again.
-        assert!(t.is_up(0, 10_300));
-        t.failed(0, 10_400);
-        assert!(!t.is_up(0, 10_401));
-        // A success resets everything.
+        assert_eq!(t.retry_after(301), 1);
+        // The first back-off: no probe before it ends, one request after.
+        assert!(!t.claim_probe(0, 549));
+        assert_eq!(t.availability(0, 550), Availability::HalfOpen);
+        assert!(t.claim_probe(0, 550));
+        assert!(!t.claim_probe(0, 550), "one probe at a time");
+        // It failed: out again, for twice as long; no second ejection.
+        t.failed(0, 560);
+        assert_eq!(t.availability(0, 1_049), Availability::Out);
+        assert!(t.claim_probe(0, 1_050));
+        assert_eq!(t.availability(0, 2_049), Availability::Out);
+        // Doubling up to fail_timeout (10 s).
+        let mut at = 2_050;
+        let mut gaps = Vec::new();
+        for _ in 0..6 {
+            while !t.claim_probe(0, at) {
+                at += 1;
+            }
+            gaps.push(at);
+        }
+        let gaps: Vec<u64> = gaps.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps, [2_000, 4_000, 8_000, 10_000, 10_000]);
+        // A probe that succeeds puts it back at once, with a clean count.
         t.succeeded(0);
-        assert!(t.is_up(0, 10_402));
-        t.failed(0, 10_500);
-        assert!(t.is_up(0, 10_501));
+        assert_eq!(t.availability(0, at), Availability::Up);
+        t.failed(0, at);
+        t.failed(0, at);
+        assert!(t.is_up(0, at));
+        t.failed(0, at);
+        assert_eq!(t.availability(0, at + 1), Availability::Out);
+        assert!(t.claim_probe(0, at + 250), "the back-off starts over");
+    }
+
+    #[test]
+    fn a_short_fail_timeout_bounds_the_first_back_off_too() {
+        let list = vec![(
+            Scheme::HTTP,
+            Authority::from_static("127.0.0.1:1000"),
+            "http://127.0.0.1:1000".to_string(),
+        )];
+        let t = Targets::new(
+            "t",
+            list,
+            4,
+            1,
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        );
+        t.failed(0, 1);
+        assert!(!t.claim_probe(0, 100));
+        assert!(t.claim_probe(0, 101));
+        assert!(!t.claim_probe(0, 200));
+        assert!(t.claim_probe(0, 201));
     }
 
     #[test]

@@ -311,13 +311,15 @@ impl Upstream {
                 0 => started,
                 _ => crate::clock::now(),
             };
-            let hold = match self.acquire(&tried, now).await? {
-                Some(h) => h,
-                None => {
-                    return Err(UpstreamError::Unavailable {
+            let hold = match self.acquire(&tried, now).await {
+                Ok(Some(h)) => h,
+                Ok(None) => {
+                    let err = UpstreamError::Unavailable {
                         retry_after: self.targets.retry_after(self.targets.now()),
-                    })
+                    };
+                    return Err(self.refuse(None, err));
                 }
+                Err(err) => return Err(self.refuse(None, err)),
             };
             let i = hold.index;
             attempts += 1;
@@ -356,22 +358,30 @@ impl Upstream {
                 UpstreamError::Connect(_) => hold.failed(),
                 _ => {
                     hold.failed();
-                    return Err(err);
+                    return Err(self.refuse(Some(i), err));
                 }
             }
             drop(hold);
             let untouched = slot.as_ref().is_some_and(TakeOnPoll::untouched);
             if !(attempts_left && untouched) {
-                return Err(err);
+                return Err(self.refuse(Some(i), err));
             }
             if !(0..self.targets.list.len())
                 .any(|j| !tried.contains(&j) && self.targets.is_up(j, self.targets.now()))
             {
-                return Err(err);
+                return Err(self.refuse(Some(i), err));
             }
             self.retry_counter.increment(1);
             tracing::debug!(upstream = %self.name, target = %target.label, error = %err, "connect failed; retrying on another target");
         }
+    }
+
+    /// `err` is what the client gets for this request (from target `i`, if
+    /// one was tried): counted in the upstream's incident, logged when a
+    /// line is due. The failure path only: an answered request pays nothing.
+    fn refuse(&self, i: Option<usize>, err: UpstreamError) -> UpstreamError {
+        self.targets.refused(i, &err);
+        err
     }
 
     /// The response as the client gets it: hop-by-hop headers removed, the

@@ -5,7 +5,8 @@
 //! `on_backend_error` without touching Redis, then one request probes Redis again, and the
 //! first success switches back by itself. If Redis is down at start the limiter starts in
 //! fallback and connects on a later probe. Failures are counted ([`RateLimiter::backend_errors`])
-//! and logged at most once per ten seconds, with the number of failures not logged.
+//! and logged as one [`Incident`]: the first with its cause, then their number once per summary
+//! interval while they go on, and one line when Redis answers again.
 //!
 //! The authentication-failure guard is one more policy, registered after the configured
 //! ones and keyed by client IP; while Redis is down it always falls back to in-process
@@ -18,14 +19,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
+use crate::logging::Incident;
+
 use super::clock::{Clock, SystemClock};
 use super::gcra::{self, Gcra, Op};
 use super::{Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quota, RedisLimiter};
 
 /// How long decisions skip a failed backend before one request probes it again.
 const PROBE_INTERVAL_NANOS: u64 = 1_000_000_000;
-/// At most one backend-failure log line per this interval.
-const WARN_INTERVAL_NANOS: u64 = 10_000_000_000;
 
 /// The rate limiter of DESIGN.md §3 stage 3 and the auth-failure guard of stage 2.
 #[derive(Debug)]
@@ -48,8 +49,8 @@ struct Remote {
     /// 0 while healthy; else the clock time before which Redis is not tried.
     down_until: AtomicU64,
     errors: AtomicU64,
-    last_warn: AtomicU64,
-    unlogged: AtomicU64,
+    /// Its failures in the log (times in ms on the limiter's clock).
+    incident: Incident,
     /// Time per Redis call (made once here, not looked up per decision).
     latency: metrics::Histogram,
 }
@@ -122,8 +123,7 @@ impl RateLimiter {
             limiter: ArcSwapOption::empty(),
             down_until: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            last_warn: AtomicU64::new(0),
-            unlogged: AtomicU64::new(0),
+            incident: Incident::new(),
             latency: metrics::histogram!(
                 crate::admin::names::RATE_LIMIT_BACKEND_SECONDS,
                 "backend" => "redis"
@@ -206,7 +206,7 @@ impl RateLimiter {
             // to move on each request.
             match Box::pin(remote.run(policy, key, op)).await {
                 Ok(decision) => {
-                    remote.mark_up();
+                    remote.mark_up(now);
                     return decision;
                 }
                 Err(err) => remote.mark_down(now, &err),
@@ -293,9 +293,15 @@ impl Remote {
                 .is_ok()
     }
 
-    fn mark_up(&self) {
+    /// A decision came from Redis: a load (no write) while it was healthy.
+    fn mark_up(&self, now: u64) {
+        if self.down_until.load(Ordering::Acquire) == 0 {
+            return;
+        }
         if self.down_until.swap(0, Ordering::AcqRel) != 0 {
-            tracing::info!(backend = "redis", "rate-limit backend answering again");
+            if let Some(r) = self.incident.recovered(now / 1_000_000) {
+                r.log(tracing::Level::WARN, &self.subject(), "calls failed");
+            }
         }
     }
 
@@ -304,25 +310,25 @@ impl Remote {
         metrics::counter!(crate::admin::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
             .increment(1);
         self.down_until.store(probe_time(now), Ordering::Release);
-        let last = self.last_warn.load(Ordering::Acquire);
-        let due = now >= last.saturating_add(WARN_INTERVAL_NANOS) || last == 0;
-        if due
-            && self
-                .last_warn
-                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
-            tracing::warn!(
-                backend = "redis",
-                error = %err,
-                fallback = ?self.on_error,
-                unlogged_failures = unlogged,
-                "rate-limit backend failed; using fallback"
+        if let Some(line) = self.incident.failed(now / 1_000_000) {
+            let cause = crate::logging::Chain(err);
+            line.log(
+                tracing::Level::WARN,
+                &self.subject(),
+                "calls failed",
+                &cause,
             );
-        } else {
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// What the log calls it: the backend and the fallback in use meanwhile.
+    fn subject(&self) -> String {
+        let fallback = match self.on_error {
+            OnBackendError::Local => "in-process limits",
+            OnBackendError::Deny => "refusing",
+            OnBackendError::Allow => "allowing",
+        };
+        format!("rate-limit backend redis (meanwhile {fallback})")
     }
 }
 

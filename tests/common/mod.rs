@@ -156,6 +156,138 @@ async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Seen>>>) -> Respon
     }
 }
 
+/// A 200 with a two-byte body, for [`Target`].
+pub const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+/// A 500 with no body, for [`Target`].
+pub const FAIL: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n";
+
+/// A raw upstream target answering every request head with `answer` after
+/// `delay` (or, made with [`Target::slow_body`], with its head at once and
+/// its body after `delay`), on kept-alive connections, counting the connections it accepted
+/// and the requests it read. Stopping it (or dropping it) closes its port
+/// and every connection it has open; [`Target::restart`] listens on the
+/// same port again.
+pub struct Target {
+    pub addr: SocketAddr,
+    pub accepts: Arc<std::sync::atomic::AtomicUsize>,
+    pub requests: Arc<std::sync::atomic::AtomicUsize>,
+    answer: &'static [u8],
+    delay: Duration,
+    head_first: bool,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Target {
+    /// A target on 127.0.0.1:0.
+    pub async fn start(answer: &'static [u8], delay: Duration) -> Target {
+        Self::bind(answer, delay, false).await
+    }
+
+    /// A target on 127.0.0.1:0 that sends the head of `answer` at once and
+    /// its body `delay` later.
+    pub async fn slow_body(answer: &'static [u8], delay: Duration) -> Target {
+        Self::bind(answer, delay, true).await
+    }
+
+    async fn bind(answer: &'static [u8], delay: Duration, head_first: bool) -> Target {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut t = Target {
+            addr: listener.local_addr().unwrap(),
+            accepts: Arc::default(),
+            requests: Arc::default(),
+            answer,
+            delay,
+            head_first,
+            task: None,
+        };
+        t.serve(listener);
+        t
+    }
+
+    /// Closes the port and every open connection: connects are refused.
+    pub fn stop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    /// Listens on the same port again (after [`Target::stop`]).
+    pub async fn restart(&mut self) {
+        self.stop();
+        let listener = TcpListener::bind(self.addr).await.unwrap();
+        self.serve(listener);
+    }
+
+    pub fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let (a, r) = (self.accepts.clone(), self.requests.clone());
+        let (answer, delay) = (self.answer, self.delay);
+        let split = match self.head_first {
+            true => answer
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map_or(0, |i| i + 4),
+            false => 0,
+        };
+        let (head, body) = answer.split_at(split);
+        self.task = Some(tokio::spawn(async move {
+            // Its connections end with it: dropping the set aborts them.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut s, _)) = listener.accept().await {
+                a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let r = r.clone();
+                connections.spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut got = Vec::new();
+                    loop {
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        got.clear();
+                        r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if s.write_all(head).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(delay).await;
+                        if s.write_all(body).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        }));
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A [`Target`] on 127.0.0.1:0 that runs for the rest of the test: its
+/// address, the connections it accepted and the requests it read.
+pub async fn counting_target(
+    answer: &'static [u8],
+    delay: Duration,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let mut t = Target::start(answer, delay).await;
+    // Detached: a dropped JoinHandle leaves its task running.
+    drop(t.task.take());
+    (t.addr, t.accepts.clone(), t.requests.clone())
+}
+
 /// A config file built from the shipped route table, plain HTTP on port 0.
 pub struct TestConfig {
     pub table: toml::Table,
@@ -401,6 +533,17 @@ pub fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
+}
+
+/// `GET /public/ping` (a route tests add, `auth = "none"`): the status.
+pub async fn ping(gw: &Gateway) -> u16 {
+    client()
+        .get(gw.url("/public/ping"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 /// A parsed raw HTTP/1.1 response.

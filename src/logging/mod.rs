@@ -1,4 +1,9 @@
-//! tracing setup: a human or JSON format on stderr, filtered by `[log] level`.
+//! tracing setup: a human or JSON format on stderr, filtered by `[log] level`;
+//! and [`Incident`], which turns a failure repeated on every request into a
+//! few lines.
+mod incident;
+
+pub use incident::{now_ms, set_summary_interval, Chain, Incident, Line, Recovery};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
