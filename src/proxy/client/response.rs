@@ -290,6 +290,12 @@ fn framing(
         return Ok((BodyFraming::None, keep_alive));
     }
     if let Some(last) = facts.last_coding {
+        // RFC 9112 §6.1: its framing is faulty (hyper refuses it too).
+        if version == Version::HTTP_10 {
+            return Err(ClientError::Invalid(
+                "Transfer-Encoding in an HTTP/1.0 response",
+            ));
+        }
         // A length beside a coding is ignored; the connection is not reused.
         if facts.length_at.is_some() {
             keep_alive = false;
