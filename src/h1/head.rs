@@ -18,16 +18,16 @@ pub(crate) enum Framing {
 
 /// A parsed request head and what it says about the connection.
 #[derive(Debug)]
-pub(super) struct Head {
-    pub(super) req: Request<()>,
-    pub(super) framing: Framing,
-    pub(super) keep_alive: bool,
-    pub(super) expect_continue: bool,
+pub(crate) struct Head {
+    pub(crate) req: Request<()>,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
+    pub(crate) expect_continue: bool,
 }
 
 /// Why a head is refused before any handler sees it.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum HeadError {
+pub(crate) enum HeadError {
     /// 400, saying what.
     Bad(&'static str),
     /// 431: too many header lines, or more bytes than the backstop.
@@ -41,7 +41,7 @@ const FEW_HEADERS: usize = 24;
 
 /// Parses one request head off the front of `buf`; `None` until it is
 /// complete.
-pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
+pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     match parse_head_within::<FEW_HEADERS>(buf) {
         // Nothing was taken from `buf`: again, with room for every line.
         Err(HeadError::TooLarge) => parse_head_within::<MAX_HEADERS>(buf),
@@ -246,10 +246,12 @@ pub(crate) fn field_name(name: &[u8]) -> Result<HeaderName, header::InvalidHeade
 }
 
 /// Whether a comma-separated header value holds `token` (case-insensitive).
+/// A value with bytes outside ASCII holds none, as hyper reads it.
 pub(crate) fn has_token(value: &[u8], token: &str) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    value.is_ascii()
+        && value
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 #[cfg(test)]

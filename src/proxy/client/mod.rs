@@ -43,7 +43,8 @@ use crate::h1::{
     after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Decoder, Framing,
 };
 pub(crate) use response::Incoming;
-use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
+use response::{final_head_ready, Kind, Reader};
+pub(crate) use response::{take_response, BodyFraming};
 pub(crate) use socket::{io, Io};
 
 /// A response head (status line and header fields) longer than this is refused.

@@ -37,7 +37,7 @@ struct Head {
 }
 
 /// How a response body ends.
-pub(super) enum BodyFraming {
+pub(crate) enum BodyFraming {
     /// No body by rule: the answer to a `HEAD`, a 1xx, 204 or 304. Unlike
     /// `Known(Framing::Empty)` (a length of 0), its empty body says nothing
     /// of the length of the representation.
@@ -50,7 +50,7 @@ pub(super) enum BodyFraming {
 /// bytes read), how its body is framed, and whether the connection may carry
 /// another request. `None` while the head is incomplete. Interim (1xx) heads
 /// before it are dropped; a `101` is refused (no upgrades are tunnelled).
-pub(super) fn take_response(
+pub(crate) fn take_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
