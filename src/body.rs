@@ -278,3 +278,23 @@ impl http_body::Body for RequestBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+
+    #[tokio::test]
+    async fn a_limited_body_keeps_its_size_and_fails_past_the_limit() {
+        // `http_body_util::Limited` would say exactly 4 here: a length the
+        // upstream client would declare for a body it never gets whole.
+        let body = Limited::new(full("0123456789"), 4);
+        assert_eq!(body.size_hint().exact(), Some(10));
+        let err = http_body_util::BodyExt::collect(body).await.unwrap_err();
+        assert!(err.is::<TooLarge>(), "{err}");
+        let body = Limited::new(full("0123"), 4);
+        assert_eq!(body.size_hint().exact(), Some(4));
+        let got = http_body_util::BodyExt::collect(body).await.unwrap();
+        assert_eq!(got.to_bytes(), "0123");
+    }
+}

@@ -1355,13 +1355,13 @@ fn answer() -> impl Strategy<Value = (Vec<u8>, bool)> {
         })
 }
 
-/// Generated cases per test: 600 (a second or two in a debug build), or
+/// Generated cases per test: 1000 (two seconds or so in a debug build), or
 /// `PROPTEST_CASES` for a longer hunt.
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(600)
+        .unwrap_or(1000)
 }
 
 proptest! {

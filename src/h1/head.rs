@@ -475,6 +475,13 @@ mod tests {
     }
 
     #[test]
+    fn a_value_with_bytes_outside_ascii_holds_no_token() {
+        assert!(has_token(b"te, Close", "close"));
+        assert!(!has_token(b"close, \x80", "close"));
+        assert!(!has_token(b"closed", "close"));
+    }
+
+    #[test]
     fn only_an_ascii_value_ending_in_chunked_is_chunked() {
         assert!(ends_in_chunked(b"gzip, Chunked"));
         assert!(ends_in_chunked(b"chunked "));

@@ -576,6 +576,20 @@ mod tests {
                 "HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
                 ("error", false),
             ),
+            // RFC 9112 §6.1: an HTTP/1.0 message's coding is faulty framing.
+            (
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("error", false),
+            ),
+            (
+                "HTTP/1.0 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("none", false),
+            ),
+            // A coding with bytes outside ASCII is not chunked (as hyper).
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: \u{e9}, chunked\r\n\r\n",
+                ("close", false),
+            ),
         ];
         for (raw, want) in cases {
             assert_eq!(framing_of(raw), want, "{raw:?}");
