@@ -4,9 +4,11 @@
 //! extensions included), `Expect: 100-continue` (sent only when the body is
 //! wanted), HEAD answered without body bytes, malformed request lines (400),
 //! a head arriving in pieces, chunked and close-delimited upstream responses
-//! re-framed for a keep-alive client, and a chunked body past
-//! `max_body_bytes`. These pin the server side's behaviour whatever HTTP/1
-//! implementation sits under `src/server.rs`.
+//! re-framed for a keep-alive client, a chunked body past `max_body_bytes`,
+//! and framing the reference parser refuses (a chunk-size line with no hex
+//! digit, either way; a list-form `Content-Length`). These pin the server
+//! side's behaviour whatever HTTP/1 implementation sits under
+//! `src/server.rs`; tests/differential.rs holds the parsers to hyper's.
 mod common;
 
 use common::*;
