@@ -93,11 +93,10 @@ impl From<h1::Framing> for Framing {
 pub struct Decoder(h1::Decoder);
 
 impl Decoder {
-    /// A decoder for a body of `framing` (`Empty`, `Length` or `Chunked`;
-    /// a length of 0 is `Empty`, as the parsers give it).
+    /// A decoder for a body of `framing` (`Empty`, `Length` or `Chunked`).
     pub fn new(framing: Framing) -> Self {
         Decoder(h1::Decoder::new(match framing {
-            Framing::Length(n @ 1..) => h1::Framing::Length(n),
+            Framing::Length(n) => h1::Framing::Length(n),
             Framing::Chunked => h1::Framing::Chunked,
             _ => h1::Framing::Empty,
         }))

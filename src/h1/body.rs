@@ -63,7 +63,7 @@ enum Step {
 impl Decoder {
     pub(crate) fn new(framing: Framing) -> Self {
         let state = match framing {
-            Framing::Empty => State::Done,
+            Framing::Empty | Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Length(n),
             Framing::Chunked => State::ChunkSize,
         };
@@ -388,6 +388,7 @@ mod tests {
             decode_all(Framing::Length(5), b"hello"),
             Ok((b"hello".to_vec(), true))
         );
+        assert_eq!(decode_all(Framing::Length(0), b"x"), Ok((Vec::new(), true)));
         assert_eq!(
             decode_all(Framing::Chunked, b"5\r\nhel"),
             Ok((b"hel".to_vec(), false))
