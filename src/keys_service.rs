@@ -306,7 +306,7 @@ async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
 
 fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     loop {
-        if e.is::<http_body_util::LengthLimitError>() {
+        if e.is::<crate::body::TooLarge>() {
             return true;
         }
         match e.source() {

@@ -26,3 +26,5 @@ pub mod server;
 pub mod signals;
 pub mod store;
 pub mod tls;
+#[doc(hidden)]
+pub mod wire;

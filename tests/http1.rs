@@ -4,9 +4,11 @@
 //! extensions included), `Expect: 100-continue` (sent only when the body is
 //! wanted), HEAD answered without body bytes, malformed request lines (400),
 //! a head arriving in pieces, chunked and close-delimited upstream responses
-//! re-framed for a keep-alive client, and a chunked body past
-//! `max_body_bytes`. These pin the server side's behaviour whatever HTTP/1
-//! implementation sits under `src/server.rs`.
+//! re-framed for a keep-alive client, a chunked body past `max_body_bytes`,
+//! and framing the reference parser refuses (a chunk-size line with no hex
+//! digit, either way; a list-form `Content-Length`). These pin the server
+//! side's behaviour whatever HTTP/1 implementation sits under
+//! `src/server.rs`; tests/differential.rs holds the parsers to hyper's.
 mod common;
 
 use common::*;
@@ -932,6 +934,127 @@ async fn an_upstream_body_that_stalls_is_cut_off_after_request_timeout() {
         took >= Duration::from_millis(400) && took < Duration::from_secs(3),
         "{took:?}"
     );
+}
+
+// === Framing the reference parser (hyper) refuses ===
+
+/// A chunked body whose second size line is empty, then what looks like
+/// two more chunks: read as the last chunk, the empty line would end the
+/// body after one byte and leave the rest to be read as the next message.
+const EMPTY_SIZE_LINE: &str = "1\r\nA\r\n\r\n2\r\nBB\r\n0\r\n\r\n";
+
+#[tokio::test]
+async fn a_chunk_size_line_without_a_hex_digit_is_a_400_not_the_last_chunk() {
+    let w = world().await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send(format!(
+        "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n{EMPTY_SIZE_LINE}",
+        auth(&w)
+    ))
+    .await;
+    let res = c.response_to("POST").await;
+    assert_eq!(res.status, 400, "{res:?}");
+    assert_eq!(res.json()["error"], "BadRequest", "{}", res.text());
+    assert!(res.connection_has("close"), "{res:?}");
+    // Nothing after the bad size line was read as a request.
+    assert!(c.closed_within(Duration::from_secs(2)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The upstream may have seen the head, never a body that ended.
+    for seen in w.up.seen.lock().unwrap().iter() {
+        assert!(seen.body.is_empty(), "the upstream got a body: {seen:?}");
+    }
+}
+
+/// An upstream that answers every request with `head` at once, then, after
+/// a pause, `rest` (none: nothing more), then closes.
+async fn two_part_upstream(head: &'static [u8], rest: Option<&'static [u8]>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                if next_target(&mut s, &mut buf).await.is_none() {
+                    return;
+                }
+                let _ = s.write_all(head).await;
+                if let Some(rest) = rest {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let _ = s.write_all(rest).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_chunk_size_line_without_a_hex_digit_is_never_passed_on_as_an_end() {
+    // Arriving with the head, the bad framing is a 502; arriving after the
+    // head has gone to the client, the body breaks off (no last chunk), so
+    // the client cannot take the one byte before it for the whole body.
+    static WHOLE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nA\r\n\r\n2\r\nBB\r\n0\r\n\r\n";
+    static HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nA\r\n";
+    static LATER: &[u8] = b"\r\n2\r\nBB\r\n0\r\n\r\n";
+    let at_once = two_part_upstream(WHOLE, None).await;
+    let later = two_part_upstream(HEAD, Some(LATER)).await;
+    let w = world_with(|cfg| {
+        cfg.set("upstreams.once.targets", vec![format!("http://{at_once}")]);
+        cfg.set("upstreams.later.targets", vec![format!("http://{later}")]);
+        cfg.route("method = \"GET\"\npath = \"/public/once\"\nauth = \"none\"\nupstream = \"once\"\nrate_limit = \"none\"");
+        cfg.route("method = \"GET\"\npath = \"/public/later\"\nauth = \"none\"\nupstream = \"later\"\nrate_limit = \"none\"");
+    })
+    .await;
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send("GET /public/once HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let res = c.response().await;
+    assert_eq!(res.status, 502, "{res:?}");
+    assert_eq!(res.json()["error"], "BadGateway", "{}", res.text());
+
+    let mut c = Client::connect(w.gw.addr).await;
+    c.send("GET /public/later HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    while c.fill().await {}
+    let got = String::from_utf8_lossy(&c.buf).to_string();
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(got.contains("\r\ntransfer-encoding: chunked\r\n"), "{got}");
+    assert!(got.ends_with("\r\n\r\n1\r\nA\r\n"), "{got}");
+}
+
+#[tokio::test]
+async fn a_list_form_content_length_is_refused_and_a_repeated_one_is_checked_against_the_limit() {
+    // `70000, 70000` is one length to a lenient reader: hyper and nginx
+    // refuse it (400). On separate lines it is one length (hyper's rule),
+    // over the limit: 413. Neither reaches the upstream, cut to the limit.
+    let w = world_with(|cfg| {
+        cfg.set("server.limits.max_body_bytes", 65536);
+    })
+    .await;
+    let body = "x".repeat(70000);
+    for (framing, want) in [
+        ("Content-Length: 70000, 70000\r\n", 400),
+        ("Content-Length: 70000,70000\r\n", 400),
+        ("Content-Length: 70000\r\nContent-Length: 70000\r\n", 413),
+    ] {
+        let mut c = Client::connect(w.gw.addr).await;
+        c.send(format!(
+            "POST {CLUSTERS} HTTP/1.1\r\nHost: a\r\n{}Content-Type: text/plain\r\n{framing}\r\n",
+            auth(&w)
+        ))
+        .await;
+        // The body may be refused before all of it has gone.
+        let _ = c.s.write_all(body.as_bytes()).await;
+        let res = c.response_to("POST").await;
+        assert_eq!(res.status, want, "{framing:?}: {res:?}");
+        assert!(res.connection_has("close"), "{framing:?}: {res:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.up.count(), 0, "{:?}", w.up.seen.lock().unwrap());
 }
 
 // === Request bodies the client fails to deliver ===

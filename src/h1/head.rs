@@ -18,16 +18,16 @@ pub(crate) enum Framing {
 
 /// A parsed request head and what it says about the connection.
 #[derive(Debug)]
-pub(super) struct Head {
-    pub(super) req: Request<()>,
-    pub(super) framing: Framing,
-    pub(super) keep_alive: bool,
-    pub(super) expect_continue: bool,
+pub(crate) struct Head {
+    pub(crate) req: Request<()>,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
+    pub(crate) expect_continue: bool,
 }
 
 /// Why a head is refused before any handler sees it.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum HeadError {
+pub(crate) enum HeadError {
     /// 400, saying what.
     Bad(&'static str),
     /// 431: too many header lines, or more bytes than the backstop.
@@ -41,7 +41,7 @@ const FEW_HEADERS: usize = 24;
 
 /// Parses one request head off the front of `buf`; `None` until it is
 /// complete.
-pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
+pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     match parse_head_within::<FEW_HEADERS>(buf) {
         // Nothing was taken from `buf`: again, with room for every line.
         Err(HeadError::TooLarge) => parse_head_within::<MAX_HEADERS>(buf),
@@ -112,8 +112,8 @@ fn parse_head_within<const N: usize>(buf: &mut BytesMut) -> Result<Option<Head>,
             if saw_te {
                 continue;
             }
-            let n =
-                parse_length(value.as_bytes()).ok_or(HeadError::Bad("invalid Content-Length"))?;
+            let n = parse_request_length(value.as_bytes())
+                .ok_or(HeadError::Bad("invalid Content-Length"))?;
             match length {
                 Some(prev) if prev != n => {
                     return Err(HeadError::Bad("differing Content-Length values"))
@@ -169,17 +169,23 @@ fn parse_error(e: httparse::Error) -> &'static str {
     }
 }
 
-/// A `Content-Length` value: digits only (a list of equal values is one).
+/// The largest length a body may declare (hyper's bound).
+const MAX_LENGTH: u64 = u64::MAX - 2;
+
+/// A request's `Content-Length` value: digits only, as hyper's server reads
+/// it. A list (`5, 5`) is refused, as hyper and nginx do: RFC 9110 §8.6
+/// lets a recipient either reject it or take the one value, and a proxy
+/// that takes it passes on a length its client never framed by itself.
+fn parse_request_length(value: &[u8]) -> Option<u64> {
+    digits(value)
+}
+
+/// A response's `Content-Length` value: digits, or a list of equal values
+/// (RFC 9110 §8.6), as hyper's client reads it.
 pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
     let mut found = None;
     for part in value.split(|&b| b == b',') {
-        let digits = part.trim_ascii();
-        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let n = digits
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = digits(part.trim_ascii())?;
         match found {
             Some(prev) if prev != n => return None,
             _ => found = Some(n),
@@ -188,13 +194,30 @@ pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
     found
 }
 
+/// `1*DIGIT` as a length no larger than [`MAX_LENGTH`].
+fn digits(value: &[u8]) -> Option<u64> {
+    if value.is_empty() {
+        return None;
+    }
+    let mut n = 0u64;
+    for &d in value {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    (n <= MAX_LENGTH).then_some(n)
+}
+
 /// `chunked` must be the last transfer coding (RFC 9112 §6.3): of a request
-/// here, of a response in the upstream client.
+/// here, of a response in the upstream client. A value with bytes outside
+/// ASCII names no coding hyper knows: not chunked.
 pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
-    value
-        .rsplit(|&b| b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    value.is_ascii()
+        && value
+            .rsplit(|&b| b == b',')
+            .next()
+            .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// A field name read off the wire. The names nearly every request and
@@ -223,10 +246,12 @@ pub(crate) fn field_name(name: &[u8]) -> Result<HeaderName, header::InvalidHeade
 }
 
 /// Whether a comma-separated header value holds `token` (case-insensitive).
+/// A value with bytes outside ASCII holds none, as hyper reads it.
 pub(crate) fn has_token(value: &[u8], token: &str) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    value.is_ascii()
+        && value
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 #[cfg(test)]
@@ -310,8 +335,14 @@ mod tests {
         let h = |extra: &str| framing(&format!("POST / HTTP/1.1\r\nHost: x\r\n{extra}\r\n"));
         assert_eq!(h("Content-Length: 5\r\n"), Ok((Framing::Length(5), true)));
         assert_eq!(h("Content-Length: 0\r\n"), Ok((Framing::Empty, true)));
+        // Equal lengths on separate lines are one; a length leading zeros
+        // pad is still that length (both as hyper).
         assert_eq!(
-            h("Content-Length: 5, 5\r\n"),
+            h("Content-Length: 5\r\nContent-Length: 5\r\n"),
+            Ok((Framing::Length(5), true))
+        );
+        assert_eq!(
+            h("Content-Length: 000000000000000000000000005\r\n"),
             Ok((Framing::Length(5), true))
         );
         assert_eq!(
@@ -339,6 +370,11 @@ mod tests {
         for bad in [
             "Content-Length: 5\r\nContent-Length: 6\r\n",
             "Content-Length: 5, 6\r\n",
+            // A list, even of equal values, is refused (as hyper and nginx).
+            "Content-Length: 5, 5\r\n",
+            "Content-Length: 70000,70000\r\n",
+            "Content-Length: 18446744073709551614\r\n",
+            "Transfer-Encoding: é, chunked\r\n",
             "Content-Length: +5\r\n",
             "Content-Length: -1\r\n",
             "Content-Length: 0x5\r\n",
@@ -408,12 +444,49 @@ mod tests {
 
     #[test]
     fn length_parsing_is_strict() {
-        let v = |s: &'static str| parse_length(s.as_bytes());
-        assert_eq!(v("0"), Some(0));
-        assert_eq!(v(" 42 "), Some(42));
-        assert_eq!(v("7,7"), Some(7));
-        for bad in ["", "+5", "5 5", "0x5", "7,8", "18446744073709551616000"] {
-            assert_eq!(v(bad), None, "{bad:?}");
+        let request = |s: &'static str| parse_request_length(s.as_bytes());
+        let response = |s: &'static str| parse_length(s.as_bytes());
+        for (v, want) in [
+            ("0", Some(0)),
+            ("42", Some(42)),
+            ("0000000000000000000000042", Some(42)),
+            ("18446744073709551613", Some(u64::MAX - 2)),
+        ] {
+            assert_eq!(request(v), want, "{v:?}");
+            assert_eq!(response(v), want, "{v:?}");
+        }
+        // A response's list of equal values is one value.
+        assert_eq!(response(" 7 ,7"), Some(7));
+        assert_eq!(request("7,7"), None);
+        for bad in [
+            "",
+            "+5",
+            "-5",
+            "5 5",
+            "0x5",
+            "7,8",
+            "7,",
+            "18446744073709551614",
+            "18446744073709551616000",
+        ] {
+            assert_eq!(request(bad), None, "{bad:?}");
+            assert_eq!(response(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_with_bytes_outside_ascii_holds_no_token() {
+        assert!(has_token(b"te, Close", "close"));
+        assert!(!has_token(b"close, \x80", "close"));
+        assert!(!has_token(b"closed", "close"));
+    }
+
+    #[test]
+    fn only_an_ascii_value_ending_in_chunked_is_chunked() {
+        assert!(ends_in_chunked(b"gzip, Chunked"));
+        assert!(ends_in_chunked(b"chunked "));
+        for not in [&b"chunked, gzip"[..], b"xchunked", b"", b"\xe9, chunked"] {
+            assert!(!ends_in_chunked(not), "{not:?}");
         }
     }
 }

@@ -40,8 +40,9 @@ use crate::error::GatewayError;
 use crate::server::{ConnInfo, Handler};
 pub(crate) use body::Decoder;
 use body::{discard, drive, Feed, Rest};
+pub(crate) use head::parse_head;
 pub(crate) use head::{ends_in_chunked, field_name, has_token, parse_length, Framing};
-use head::{parse_head, Head, HeadError};
+use head::{Head, HeadError};
 use response::write_response;
 
 /// One read from the socket, on the stack.

@@ -14,7 +14,6 @@ use crate::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
-use http_body_util::Limited;
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
@@ -165,7 +164,7 @@ impl Gateway {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             // 1. Before anything reads the path: refuse ambiguity, then route.
-            let (index, path_param) = self.route(head)?;
+            let (index, path_param) = self.route(head, body.size_hint().exact())?;
             out.route = Some(index);
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
@@ -196,7 +195,13 @@ impl Gateway {
     }
 
     /// Stage 1: target checks, header and body limits, route lookup.
-    fn route(&self, head: &request::Parts) -> Result<(usize, Option<String>), GatewayError> {
+    /// `declared` is the body's length as the server framed it (its
+    /// `Content-Length`, parsed), not the field's text.
+    fn route(
+        &self,
+        head: &request::Parts,
+        declared: Option<u64>,
+    ) -> Result<(usize, Option<String>), GatewayError> {
         check_target(&head.uri, head.version)
             .and_then(|()| check_head(&head.uri, head.version, &head.headers))
             .map_err(|e| GatewayError::BadRequest {
@@ -226,10 +231,6 @@ impl Gateway {
                 limit: limits.max_header_bytes,
             });
         }
-        let declared = head
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limits.max_body_bytes) {
             return Err(GatewayError::PayloadTooLarge {
                 limit: limits.max_body_bytes,
@@ -482,7 +483,7 @@ impl Gateway {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let body = Body::new(Limited::new(body, max_body as usize));
+            let body = Body::new(crate::body::Limited::new(body, max_body));
             let upstream = match &entry.target {
                 Target::Builtin(op) => {
                     let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;

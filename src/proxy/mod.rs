@@ -1,7 +1,7 @@
 //! Forwarding (DESIGN.md §5): header hygiene, the upstream client, target
 //! balancing and health, the TLS client, and the streamed bodies.
 mod balance;
-mod client;
+pub(crate) mod client;
 pub mod headers;
 mod health;
 mod pool;

@@ -124,14 +124,14 @@ fn classify_sent(e: ClientError) -> UpstreamError {
     if let ClientError::TimedOut = e {
         return UpstreamError::Timeout;
     }
-    if source_chain_has::<http_body_util::LengthLimitError>(&e) {
+    if source_chain_has::<crate::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     UpstreamError::Reset(Box::new(e))
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
-    if source_chain_has::<http_body_util::LengthLimitError>(&e) {
+    if source_chain_has::<crate::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     if e.is_connect() {

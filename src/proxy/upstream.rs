@@ -423,9 +423,10 @@ impl Upstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::Limited;
     use bytes::Bytes;
     use http::Request;
-    use http_body_util::{BodyExt, Limited, StreamBody};
+    use http_body_util::{BodyExt, StreamBody};
     use hyper::body::Frame;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;

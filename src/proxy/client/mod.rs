@@ -40,10 +40,11 @@ use tokio::time::Sleep;
 use super::headers::Added;
 use crate::body::{Body, BoxError};
 use crate::h1::{
-    after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Framing,
+    after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Decoder, Framing,
 };
 pub(crate) use response::Incoming;
-use response::{final_head_ready, take_response, BodyFraming, Kind, Reader};
+use response::{final_head_ready, Kind, Reader};
+pub(crate) use response::{take_response, BodyFraming};
 pub(crate) use socket::{io, Io};
 
 /// A response head (status line and header fields) longer than this is refused.
@@ -250,6 +251,13 @@ impl Conn {
                 Kind::Full(Some(inner.buf.split_to(n as usize).freeze()))
             }
             framing => {
+                if let BodyFraming::Known(chunked @ Framing::Chunked) = framing {
+                    // Framing that is already here and broken is a 502, not
+                    // a 200 whose body breaks off after its head has gone.
+                    Decoder::new(chunked)
+                        .check(&inner.buf)
+                        .map_err(ClientError::Invalid)?;
+                }
                 let reader = Reader::new(self, framing, reusable);
                 res.body_mut().kind = Kind::Reading(Box::new(reader));
                 return Ok((res, None));

@@ -37,7 +37,7 @@ struct Head {
 }
 
 /// How a response body ends.
-pub(super) enum BodyFraming {
+pub(crate) enum BodyFraming {
     /// No body by rule: the answer to a `HEAD`, a 1xx, 204 or 304. Unlike
     /// `Known(Framing::Empty)` (a length of 0), its empty body says nothing
     /// of the length of the representation.
@@ -50,7 +50,7 @@ pub(super) enum BodyFraming {
 /// bytes read), how its body is framed, and whether the connection may carry
 /// another request. `None` while the head is incomplete. Interim (1xx) heads
 /// before it are dropped; a `101` is refused (no upgrades are tunnelled).
-pub(super) fn take_response(
+pub(crate) fn take_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<(Response<Incoming>, BodyFraming, bool)>, ClientError> {
@@ -290,6 +290,12 @@ fn framing(
         return Ok((BodyFraming::None, keep_alive));
     }
     if let Some(last) = facts.last_coding {
+        // RFC 9112 §6.1: its framing is faulty (hyper refuses it too).
+        if version == Version::HTTP_10 {
+            return Err(ClientError::Invalid(
+                "Transfer-Encoding in an HTTP/1.0 response",
+            ));
+        }
         // A length beside a coding is ignored; the connection is not reused.
         if facts.length_at.is_some() {
             keep_alive = false;
@@ -569,6 +575,20 @@ mod tests {
             (
                 "HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
                 ("error", false),
+            ),
+            // RFC 9112 §6.1: an HTTP/1.0 message's coding is faulty framing.
+            (
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("error", false),
+            ),
+            (
+                "HTTP/1.0 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ("none", false),
+            ),
+            // A coding with bytes outside ASCII is not chunked (as hyper).
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: \u{e9}, chunked\r\n\r\n",
+                ("close", false),
             ),
         ];
         for (raw, want) in cases {
