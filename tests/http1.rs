@@ -1051,7 +1051,13 @@ async fn a_list_form_content_length_is_refused_and_a_repeated_one_is_checked_aga
         let _ = c.s.write_all(body.as_bytes()).await;
         let res = c.response_to("POST").await;
         assert_eq!(res.status, want, "{framing:?}: {res:?}");
-        assert!(res.connection_has("close"), "{framing:?}: {res:?}");
+        // A framing the gateway cannot read ends the connection; a body over
+        // the limit is read past (within the drain bound, docs/http.md).
+        assert_eq!(
+            res.connection_has("close"),
+            want == 400,
+            "{framing:?}: {res:?}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(w.up.count(), 0, "{:?}", w.up.seen.lock().unwrap());

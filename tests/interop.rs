@@ -236,8 +236,13 @@ async fn gateway(tls: bool, dead: std::net::SocketAddr) -> World {
         c.set("upstreams.dead.targets", dead.clone());
         c.set("upstreams.dead.max_fails", 0);
         c.set("upstreams.ejected.targets", dead);
+        // A failing active check keeps a target out until a check passes
+        // (no half-open probe lets a request through), so every request
+        // to this route is a 503 once the first check has run.
         c.set("upstreams.ejected.max_fails", 1);
         c.set("upstreams.ejected.fail_timeout", "1h");
+        c.set("upstreams.ejected.health_path", "/health");
+        c.set("upstreams.ejected.health_interval", "1h");
         c.set("rate_limit.policies.tiny.requests", 1);
         c.set("rate_limit.policies.tiny.per", "1h");
         c.set("rate_limit.policies.tiny.key", "client_ip");
@@ -254,16 +259,36 @@ async fn gateway(tls: bool, dead: std::net::SocketAddr) -> World {
         }
     })
     .await;
-    // Spend the one request of the 429 route, and eject the 503 route's target.
+    // Spend the one request of the 429 route, and wait for the active check
+    // to take the 503 route's target out.
     let http = reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    for (path, status) in [("/api/v1/limited", 200), ("/api/v1/ejected", 502)] {
-        let res = http.post(base_url(&w, tls) + path).send().await.unwrap();
-        assert_eq!(res.status(), status, "warming up {path}");
+    let res = http
+        .post(base_url(&w, tls) + "/api/v1/limited")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "warming up /api/v1/limited");
+    let mut ejected = false;
+    for _ in 0..50 {
+        let res = http
+            .post(base_url(&w, tls) + "/api/v1/ejected")
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 503 {
+            ejected = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        ejected,
+        "the dead target of /api/v1/ejected was never taken out"
+    );
     w
 }
 
