@@ -310,12 +310,9 @@ pub(crate) fn poll_read_more<S: AsyncRead + Unpin>(
 /// Writes what it can of `buf` and returns how many bytes went: a `buf` in
 /// one piece with one plain write (`send` on a TCP socket), one in several
 /// with a `writev` of them. A one-buffer `send` skips what `writev` costs
-/// the kernel beside it (the I/O-vector copy and the VFS write path): on
-/// the load suite's AMD EPYC guest, with its speculative-execution
-/// mitigations, a 335-byte response as one `send` took about 350 ns less of
-/// the kernel's time than as a two-piece `writev`, and about 70 ns less than
-/// a one-piece one (README, Benchmarks). The server's responses and the
-/// upstream client's requests both write through this.
+/// the kernel beside it (the I/O-vector copy and the VFS write path; the
+/// measurement is in `benches/load/FINDINGS.md`). The server's responses and
+/// the upstream client's requests both write through this.
 pub(crate) fn poll_write_buf<S: AsyncWrite + Unpin, B: Buf>(
     io: &mut S,
     cx: &mut std::task::Context<'_>,

@@ -20,11 +20,13 @@ use super::schema::NOTIFY_CHANNEL;
 use super::sql_changes::ChangeRead;
 use super::{CachedKeyStore, Change, SqlStore, StoreError, CHANGE_RETENTION};
 use crate::clock::unix_now;
+use crate::logging::{now_ms, Chain, Incident};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tracing::Level;
 
 /// PostgreSQL may commit sequence numbers out of order; changes this recent
 /// (seconds) are re-read and applied if not seen yet.
@@ -168,13 +170,25 @@ pub fn spawn_invalidation(
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut follower = Follower::default();
+        // A store outage fails every poll: one line when reads begin to
+        // fail, a count per summary interval, one when they succeed again.
+        let failing = Incident::new();
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = wake.notified() => {}
             }
-            if let Err(e) = follower.poll(&store, &cache).await {
-                tracing::warn!(error = %e, "reading the change log failed; retrying");
+            match follower.poll(&store, &cache).await {
+                Ok(()) => {
+                    if let Some(end) = failing.recovered(now_ms()) {
+                        end.log(Level::INFO, &"change log", "reads failed");
+                    }
+                }
+                Err(e) => {
+                    if let Some(line) = failing.failed(now_ms()) {
+                        line.log(Level::WARN, &"change log", "reads failed", &Chain(&e));
+                    }
+                }
             }
         }
     })
