@@ -14,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::balance::Balancer;
 use super::client::{ClientError, Conn, Incoming};
@@ -75,15 +76,6 @@ impl UpstreamError {
     }
 }
 
-/// Stops the active checker when the upstream goes (e.g. replaced on reload).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// A named upstream: its targets, their health, and the connection pool.
 pub struct Upstream {
     name: String,
@@ -100,7 +92,7 @@ pub struct Upstream {
     retries: u32,
     retry_counter: metrics::Counter,
     /// The active checker and the idle-connection reaper.
-    _tasks: Vec<AbortOnDrop>,
+    _tasks: Vec<AbortOnDropHandle<()>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -172,7 +164,7 @@ impl Upstream {
                 let path = PathAndQuery::try_from(path.as_str())
                     .map_err(|e| UpstreamError::Config(format!("health_path: {e}")))?;
                 let timeout = cfg.request_timeout.min(cfg.health_interval);
-                tasks.push(AbortOnDrop(rt.spawn(active_check(
+                tasks.push(AbortOnDropHandle::new(rt.spawn(active_check(
                     Arc::downgrade(&targets),
                     transport.clone(),
                     path,
@@ -184,7 +176,7 @@ impl Upstream {
             // request comes to take them.
             let weak = Arc::downgrade(&targets);
             let every = (cfg.idle_timeout / 2).max(Duration::from_millis(100));
-            tasks.push(AbortOnDrop(rt.spawn(async move {
+            tasks.push(AbortOnDropHandle::new(rt.spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {

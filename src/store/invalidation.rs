@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Level;
 
 /// PostgreSQL may commit sequence numbers out of order; changes this recent
@@ -141,15 +142,6 @@ impl Follower {
     }
 }
 
-/// Aborts the wrapped task when dropped (the listener dies with its poller).
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Spawns the task that applies the store's change log to `cache` every
 /// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives) and prunes the
 /// log every [`PRUNE_EVERY`]. Runs until aborted.
@@ -161,12 +153,12 @@ pub fn spawn_invalidation(
     tokio::spawn(async move {
         let wake = Arc::new(Notify::new());
         let _listener = (store.backend() == "postgres").then(|| {
-            AbortOnDrop(tokio::spawn(listen(
+            AbortOnDropHandle::new(tokio::spawn(listen(
                 store.url().to_owned(),
                 Arc::clone(&wake),
             )))
         });
-        let _pruner = AbortOnDrop(tokio::spawn(prune(store.clone())));
+        let _pruner = AbortOnDropHandle::new(tokio::spawn(prune(store.clone())));
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut follower = Follower::default();
