@@ -157,13 +157,13 @@ fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpU
     let cert = tls_file("client_cert", &raw.client_cert);
     let client_key = tls_file("client_key", &raw.client_key);
     if let Some(ca) = &ca_file {
-        if let Err(e) = crate::proxy::tls_client::load_roots(ca) {
+        if let Err(e) = crate::tls::pem::load_roots(ca) {
             p.add(key("ca_file"), e);
         }
     }
     let client_identity = match (cert, client_key) {
         (Some(c), Some(k)) => {
-            match crate::proxy::tls_client::load_identity(&c, &k) {
+            match crate::tls::pem::load_identity(&c, &k) {
                 Ok(_) => {}
                 Err((which, e)) => p.add(key(which), e),
             }

@@ -5,10 +5,7 @@
 use http::Uri;
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,48 +13,7 @@ use std::time::Duration;
 
 use crate::body::BoxError;
 use crate::config::HttpUpstreamSettings;
-
-/// Reads a PEM file of CA certificates into a root store.
-pub fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
-    let certs = read_certs(path)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in certs {
-        roots
-            .add(c)
-            .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
-    }
-    Ok(roots)
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<_, _>>())
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate found", path.display()));
-    }
-    Ok(certs)
-}
-
-/// A client certificate chain and its key; the error names the key
-/// (`client_cert` or `client_key`) at fault.
-pub type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
-
-/// Reads and checks a client certificate and key (they must match).
-pub fn load_identity(cert: &Path, key: &Path) -> Result<Identity, (&'static str, String)> {
-    let certs = read_certs(cert).map_err(|e| ("client_cert", e))?;
-    let pk = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| ("client_key", format!("cannot read {}: {e}", key.display())))?;
-    let provider = rustls::crypto::ring::default_provider();
-    let signing = provider
-        .key_provider
-        .load_private_key(pk.clone_key())
-        .map_err(|e| ("client_key", format!("{}: {e}", key.display())))?;
-    rustls::sign::CertifiedKey::new(certs.clone(), signing)
-        .keys_match()
-        .map_err(|e| ("client_key", format!("does not match client_cert: {e}")))?;
-    Ok((certs, pk))
-}
+use crate::tls::pem::{load_identity, load_roots};
 
 /// A SHA-256 of the files `s`'s connector reads (`ca_file`, then
 /// `client_cert` and `client_key`), each with its length, so that a reload

@@ -2,9 +2,10 @@
 //! self-signed localhost certificate for development), TLS 1.2/1.3 only,
 //! ALPN `h2` and `http/1.1`. The certificate sits behind a swappable resolver
 //! so a reload can replace it without touching open connections.
+pub mod pem;
+
 use arc_swap::ArcSwap;
 use rustls::crypto::ring::default_provider;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -97,38 +98,27 @@ fn provider() -> rustls::crypto::CryptoProvider {
     p
 }
 
-fn file_error(path: &Path, what: impl ToString) -> TlsError {
-    TlsError::File {
-        path: path.display().to_string(),
-        what: what.to_string(),
-    }
-}
-
 fn load_pem(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .map_err(|e| file_error(cert_path, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| file_error(cert_path, e))?;
-    if certs.is_empty() {
-        return Err(file_error(cert_path, "no PEM certificate found"));
-    }
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| file_error(key_path, e))?;
-    certified(certs, key)
+    certified(pem::certs(cert_path)?, pem::private_key(key_path)?)
 }
 
 fn certified(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<CertifiedKey, TlsError> {
-    let provider = default_provider();
-    let signing = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
-    let ck = CertifiedKey::new(certs, signing);
-    ck.keys_match()
-        .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
-    Ok(ck)
+    pem::certified_key(certs, key).map_err(|e| TlsError::KeyMismatch(e.to_string()))
+}
+
+impl From<pem::PemError> for TlsError {
+    fn from(e: pem::PemError) -> Self {
+        match e {
+            pem::PemError::Read { path, what } => TlsError::File { path, what },
+            pem::PemError::NoCertificate { path } => TlsError::File {
+                path,
+                what: "no PEM certificate found".into(),
+            },
+        }
+    }
 }
 
 /// A certificate for `localhost`, `127.0.0.1` and `::1`, generated in memory.
