@@ -8,7 +8,7 @@
 //! and framing the reference parser refuses (a chunk-size line with no hex
 //! digit, either way; a list-form `Content-Length`). These pin the server
 //! side's behaviour whatever HTTP/1 implementation sits under
-//! `src/server.rs`; tests/differential.rs holds the parsers to hyper's.
+//! `src/server/`; tests/differential.rs holds the parsers to hyper's.
 mod common;
 
 use common::*;

@@ -1,0 +1,179 @@
+//! The service types the listeners and the pipeline share: what a handler is
+//! given about the connection ([`ConnInfo`]), the [`Handler`] itself, and
+//! what it answers ([`Reply`], with its request id and rate-limit stamp).
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Request, Response};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::body::{Body, RequestBody};
+use crate::ip::IpText;
+use crate::proxy::headers::{F_REQUEST_ID, X_REQUEST_ID};
+use crate::ratelimit::Decision;
+
+/// What the pipeline knows about the connection a request came on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+    /// The client's IP address as text, made once per connection.
+    peer_ip: IpText,
+}
+
+impl ConnInfo {
+    /// A connection from `peer`.
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        ConnInfo {
+            peer,
+            tls,
+            peer_ip: IpText::new(peer.ip()),
+        }
+    }
+
+    /// The client's IP address as text (`X-Forwarded-For`, rate-limit keys).
+    pub fn peer_ip(&self) -> &str {
+        self.peer_ip.as_str()
+    }
+}
+
+/// Turns a request into a response; never fails (errors are responses).
+pub trait Handler: Send + Sync + 'static {
+    /// Called once per request.
+    fn handle(
+        &self,
+        req: Request<RequestBody>,
+        conn: Arc<ConnInfo>,
+    ) -> impl Future<Output = Reply> + Send;
+}
+
+/// A handler's answer: the response, and the fields stamped on it as it is
+/// written.
+#[derive(Debug)]
+pub struct Reply {
+    /// The response.
+    pub res: Response<Body>,
+    /// Fields that go on it last, over any of the same name.
+    pub stamp: Stamp,
+}
+
+impl From<Response<Body>> for Reply {
+    fn from(res: Response<Body>) -> Self {
+        Reply {
+            res,
+            stamp: Stamp::default(),
+        }
+    }
+}
+
+impl Reply {
+    /// The response with the stamped fields in its header map (what
+    /// reads a response's headers rather than writing it: hyper's HTTP/2
+    /// server, tests). The target's relayed fields go in after them and
+    /// never over them.
+    pub fn into_response(self) -> Response<Body> {
+        let mut res = self.res;
+        self.stamp.add_to(res.headers_mut());
+        crate::proxy::relayed::into_header_map(res)
+    }
+}
+
+/// A request's id (`X-Request-Id`): the client's when it is sane, else 32
+/// hex digits the gateway made, held inline (no allocation per request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestId {
+    /// Made by the gateway: lowercase hex digits.
+    Made([u8; 32]),
+    /// The client's (checked: `[A-Za-z0-9._:-]`, 1–128 bytes).
+    Client(HeaderValue),
+}
+
+impl RequestId {
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made(hex) => hex,
+            RequestId::Client(v) => v.as_bytes(),
+        }
+    }
+
+    /// The id as text (for logs; `-` if it were not ASCII, which neither
+    /// kind can be).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or("-")
+    }
+
+    /// The id as a header value (the client's is moved, not copied).
+    pub fn into_header_value(self) -> HeaderValue {
+        match self {
+            RequestId::Made(hex) => {
+                HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
+            }
+            RequestId::Client(v) => v,
+        }
+    }
+}
+
+/// The fields the gateway stamps on a response as it is written (DESIGN.md
+/// §4): `X-Request-Id`, and a rate-limited route's fields. They replace any
+/// field of the same name the response has (the target's, the key
+/// service's). The HTTP/1.1 writer writes them as lines beside the header
+/// map ([`Stamp::write_to`]) instead of inserting them into it, which hashed
+/// each name; hyper's HTTP/2 server gets them in the map ([`Stamp::add_to`]).
+#[derive(Debug, Default)]
+pub struct Stamp {
+    /// `X-Request-Id`.
+    pub request_id: Option<RequestId>,
+    /// The route's rate-limit decision.
+    pub decision: Option<Decision>,
+    /// With the IETF draft fields (`rate_limit.ietf_headers`).
+    pub ietf: bool,
+}
+
+impl Stamp {
+    /// The names of the fields stamped.
+    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
+        let rate = self.decision.iter().flat_map(|d| d.names(self.ietf));
+        let id = self.request_id.is_some().then_some(&F_REQUEST_ID.name);
+        rate.chain(id)
+    }
+
+    /// Whether a field named `name` (any case) is stamped, and so not
+    /// written from elsewhere: a test made once per response, which tells
+    /// most names apart by their length alone.
+    pub(crate) fn sets(&self) -> impl Fn(&[u8]) -> bool + '_ {
+        let lengths = self
+            .names()
+            .fold(0u64, |bits, n| bits | 1 << n.as_str().len().min(63));
+        move |name: &[u8]| {
+            lengths & 1 << name.len().min(63) != 0
+                && self
+                    .names()
+                    .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+        }
+    }
+
+    /// Appends the fields as `name: value` lines.
+    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+        if let Some(d) = &self.decision {
+            d.write_lines(out, self.ietf);
+        }
+        if let Some(id) = &self.request_id {
+            out.extend_from_slice(F_REQUEST_ID.line);
+            out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Sets the fields in `headers`, replacing any of the same name.
+    pub fn add_to(self, headers: &mut HeaderMap) {
+        if let Some(d) = &self.decision {
+            d.write_headers(headers, self.ietf);
+        }
+        if let Some(id) = self.request_id {
+            headers.insert(X_REQUEST_ID, id.into_header_value());
+        }
+    }
+}
