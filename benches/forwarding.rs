@@ -42,7 +42,7 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
-async fn gateway(targets: &[SocketAddr], dir: &std::path::Path) -> mpg_gateway::gateway::Running {
+async fn gateway(targets: &[SocketAddr], dir: &std::path::Path) -> mpg_gateway::app::Running {
     let list: Vec<String> = targets.iter().map(|a| format!("\"http://{a}\"")).collect();
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ninsecure_http = true\n[admin]\nenabled = false\n\
@@ -52,7 +52,7 @@ async fn gateway(targets: &[SocketAddr], dir: &std::path::Path) -> mpg_gateway::
         list.join(", ")
     );
     let settings = mpg_gateway::config::Settings::parse(&text).expect("bench config");
-    mpg_gateway::gateway::start(settings, None)
+    mpg_gateway::app::start(settings, None)
         .await
         .expect("gateway starts")
 }

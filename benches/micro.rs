@@ -11,13 +11,13 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use http::header::{HeaderValue, AUTHORIZATION};
 use http::{HeaderMap, Method, Uri, Version};
 use mpg_gateway::auth::credential::{parse_authorization, Credential};
-use mpg_gateway::auth::token::{check_api_key_format, generate_api_key, hash_secret};
-use mpg_gateway::auth::SecretHash;
+use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
-use mpg_gateway::pipeline::Scopes;
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::ratelimit::{LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter};
 use mpg_gateway::routes::{check_head, check_target, RouteMatch, Router};
+use mpg_gateway::secret::SecretHash;
+use mpg_gateway::secret::{check_api_key_format, generate_api_key, hash_secret};
 use mpg_gateway::store::{
     ApiKeyAuth, ApiKeyRecord, CacheConfig, CachedKeyStore, KeyStore, SessionAuth, SessionRecord,
     StoreError,

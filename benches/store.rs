@@ -36,9 +36,9 @@ async fn bulk_insert(url: &str, n: usize) -> Vec<String> {
         let count = BATCH.min(n - start);
         let (mut ids, mut hashes, mut prefixes) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..count {
-            let (secret, prefix) = mpg_gateway::auth::token::generate_api_key();
-            ids.push(mpg_gateway::auth::token::generate_key_id());
-            hashes.push(mpg_gateway::auth::token::hash_secret(&secret).to_hex());
+            let (secret, prefix) = mpg_gateway::secret::generate_api_key();
+            ids.push(mpg_gateway::secret::generate_key_id());
+            hashes.push(mpg_gateway::secret::hash_secret(&secret).to_hex());
             prefixes.push(prefix);
             secrets.push(secret);
         }

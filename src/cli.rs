@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
-use crate::gateway::open_store;
 use crate::store::sql::{NewApiKey, SqlStore};
 use crate::store::StoreError;
 

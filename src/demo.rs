@@ -1,7 +1,7 @@
 //! `mpg-gateway demo`: the one-command quick start. A temporary SQLite store,
 //! a self-signed certificate, an in-process demo clusters service, seeded
 //! data, and `curl` lines that work when pasted. Ctrl-C stops it.
-use crate::body::RequestBody;
+use crate::http::body::RequestBody;
 use http::{Request, Response, StatusCode};
 use serde_json::json;
 use std::net::SocketAddr;
@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-use crate::body::{self, Body};
 use crate::cli::Failure;
 use crate::config::Settings;
-use crate::server::{serve, ConnInfo, Handler, ListenerLimits, Reply};
+use crate::http::body::{self, Body};
+use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::server::{serve, ListenerLimits};
 use crate::store::sql::NewApiKey;
 
 /// The shipped route table, which the demo serves unchanged.
@@ -137,11 +138,11 @@ pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
     ));
 
     let settings = demo_settings(listen, &db.to_string_lossy(), clusters_addr)?;
-    let store = crate::gateway::open_store(&settings)
+    let store = crate::app::open_store(&settings)
         .await
         .map_err(|e| Failure::runtime(e.to_string()))?;
     let seeded = seed(&store).await?;
-    let running = crate::gateway::start(settings, None)
+    let running = crate::app::start(settings, None)
         .await
         .map_err(|e| Failure::runtime(e.to_string()))?;
     print_welcome(running.addr, &seeded);

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use crate::body::{self, Body};
+use crate::http::body::{self, Body};
 
 /// Why a credential was refused (`details.reason` of a 401).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,17 +6,18 @@
 //! store call, and in-process cache invalidation (so a revoke is seen at once).
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-use crate::auth::token::looks_like_secret;
-use crate::body::{self, Body};
+use crate::auth::Principal;
 use crate::clock::unix_now;
+use crate::config::Operation;
 use crate::config::Settings;
 use crate::error::GatewayError;
-use crate::pipeline::Principal;
+use crate::http::body::{self, Body};
+use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
 use crate::store::sql::{NewApiKey, SqlStore};
 use crate::store::{ApiKeyRecord, Change, StoreError};
@@ -26,47 +27,6 @@ const MAX_NAME_CHARS: usize = 100;
 /// Page size when `limit` is not given, and the largest accepted.
 const DEFAULT_LIMIT: u32 = 20;
 const MAX_LIMIT: u32 = 100;
-
-/// The five endpoints of the key service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// `POST …/api-keys`
-    Create,
-    /// `GET …/api-keys`
-    List,
-    /// `GET …/api-keys/{id}`
-    Get,
-    /// `POST …/api-keys/{id}/revoke`
-    Revoke,
-    /// `DELETE …/api-keys/{id}`
-    Delete,
-}
-
-impl Operation {
-    /// Which endpoint a configured route is, judged by its method and template
-    /// (`None`: the route is no endpoint of this service).
-    pub fn for_route(method: &Method, template: &str) -> Option<Operation> {
-        let m = method.as_str();
-        if template.ends_with("/api-keys") {
-            return match m {
-                "POST" => Some(Operation::Create),
-                "GET" => Some(Operation::List),
-                _ => None,
-            };
-        }
-        if template.ends_with("/api-keys/{id}/revoke") {
-            return (m == "POST").then_some(Operation::Revoke);
-        }
-        if template.ends_with("/api-keys/{id}") {
-            return match m {
-                "GET" => Some(Operation::Get),
-                "DELETE" => Some(Operation::Delete),
-                _ => None,
-            };
-        }
-        None
-    }
-}
 
 /// Who is calling, as established by the pipeline.
 pub struct Caller<'a> {
@@ -306,7 +266,7 @@ async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
 
 fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     loop {
-        if e.is::<crate::body::TooLarge>() {
+        if e.is::<crate::http::body::TooLarge>() {
             return true;
         }
         match e.source() {
@@ -343,7 +303,7 @@ fn store_error(e: StoreError) -> GatewayError {
             field: None,
         },
         StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
-            crate::pipeline::store_unavailable(e)
+            crate::store::unavailable(e)
         }
     }
 }
@@ -359,30 +319,6 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routes_map_to_operations() {
-        let op = |m: Method, p: &str| Operation::for_route(&m, p);
-        assert_eq!(
-            op(Method::POST, "/api/v1/api-keys"),
-            Some(Operation::Create)
-        );
-        assert_eq!(op(Method::GET, "/api/v1/api-keys"), Some(Operation::List));
-        assert_eq!(
-            op(Method::GET, "/api/v1/api-keys/{id}"),
-            Some(Operation::Get)
-        );
-        assert_eq!(
-            op(Method::DELETE, "/api/v1/api-keys/{id}"),
-            Some(Operation::Delete)
-        );
-        assert_eq!(
-            op(Method::POST, "/api/v1/api-keys/{id}/revoke"),
-            Some(Operation::Revoke)
-        );
-        assert_eq!(op(Method::PUT, "/api/v1/api-keys/{id}"), None);
-        assert_eq!(op(Method::GET, "/api/v1/clusters"), None);
-    }
 
     #[test]
     fn expiry_must_be_rfc3339_and_future() {

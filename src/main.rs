@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use mpg_gateway::cli::{self, Cli, Command, Failure};
 use mpg_gateway::signals::Signals;
-use mpg_gateway::{demo, gateway, logging};
+use mpg_gateway::{app, demo, logging};
 
 // mimalloc rather than glibc's malloc: the per-request path allocates and frees
 // small objects across tasks, where glibc spent ~9% of the gateway's CPU
@@ -65,8 +65,7 @@ fn check_config(path: &std::path::Path) -> ExitCode {
     match cli::load_settings(path).and_then(|s| {
         // Also load the certificate: a key that does not match its cert is a config problem.
         if let Some(tls) = &s.server.tls {
-            mpg_gateway::tls::load_certified_key(tls)
-                .map_err(|e| Failure::input(format!("server.tls: {e}")))?;
+            app::load_certified_key(tls).map_err(|e| Failure::input(format!("server.tls: {e}")))?;
         }
         Ok(s)
     }) {
@@ -108,7 +107,7 @@ fn run(path: &std::path::Path) -> ExitCode {
         // SIGINT ends a start that is still waiting (e.g. on the store).
         let mut signals = Signals::register();
         let started = tokio::select! {
-            started = gateway::start(settings, Some(path.to_path_buf())) => started,
+            started = app::start(settings, Some(path.to_path_buf())) => started,
             () = signals.stop() => {
                 tracing::info!("stop signal received while starting; stopped");
                 return ExitCode::SUCCESS;

@@ -14,8 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::h1;
+use crate::http::service::{ConnInfo, Handler};
 use crate::proxy::client::{self, BodyFraming, Conn, SendError};
-use crate::server::{ConnInfo, Handler};
 
 /// Serves HTTP/1.1 requests on `io` with `handler`, through the gateway's
 /// own server loop (head parser, body decoder, keep-alive, pipelining,
@@ -164,7 +164,7 @@ pub async fn fetch(
     let host = HeaderValue::from_static("reference.test");
     let deadline = Instant::now() + Duration::from_secs(10);
     let sent = conn
-        .send(&parts, &host, crate::body::empty(), None, deadline)
+        .send(&parts, &host, crate::http::body::empty(), None, deadline)
         .await;
     let (res, _) = match sent {
         Ok(sent) => sent,
@@ -191,9 +191,9 @@ fn with_relayed_fields(res: Response<client::Incoming>) -> Response<()> {
 /// A response head of `parts` with `relayed` in its header map.
 fn with_fields(
     parts: http::response::Parts,
-    relayed: Option<crate::proxy::relayed::RelayedFields>,
+    relayed: Option<crate::http::relayed::RelayedFields>,
 ) -> Response<()> {
-    let res = Response::from_parts(parts, crate::body::empty().relaying(relayed));
-    let (parts, _) = crate::proxy::relayed::into_header_map(res).into_parts();
+    let res = Response::from_parts(parts, crate::http::body::empty().relaying(relayed));
+    let (parts, _) = crate::http::service::into_header_map(res).into_parts();
     Response::from_parts(parts, ())
 }

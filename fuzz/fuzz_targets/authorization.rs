@@ -5,10 +5,8 @@
 
 use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use libfuzzer_sys::fuzz_target;
-use mpg_gateway::auth::token::looks_like_secret;
-use mpg_gateway::auth::{
-    check_api_key_format, check_session_token_format, parse_authorization, Credential,
-};
+use mpg_gateway::auth::{parse_authorization, Credential};
+use mpg_gateway::secret::{check_api_key_format, check_session_token_format, looks_like_secret};
 
 fuzz_target!(|data: &[u8]| {
     let mut headers = HeaderMap::new();

@@ -1,6 +1,6 @@
 //! The `Authorization` header (DESIGN.md §3 stage 2): exactly one
 //! `Bearer <token>` whose token is a well-formed API key or session token.
-use super::token::{check_api_key_format, check_session_token_format, API_KEY_PREFIX};
+use crate::secret::{check_api_key_format, check_session_token_format, API_KEY_PREFIX};
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use std::fmt;
@@ -88,7 +88,7 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::token::{generate_api_key, generate_session_token};
+    use crate::secret::{generate_api_key, generate_session_token};
     use http::HeaderValue;
     use proptest::prelude::*;
 

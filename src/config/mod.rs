@@ -3,6 +3,7 @@
 //!
 //! Each section (and each route, upstream and policy) is deserialized on its
 //! own, so one typo does not hide the next: `check-config` lists them all.
+mod builtin;
 mod duration;
 mod raw;
 mod redact;
@@ -10,6 +11,7 @@ mod routes;
 mod upstream;
 mod validate;
 
+pub use builtin::{BuiltinService, Operation};
 pub use duration::{format_duration, parse_duration};
 pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey};
 
@@ -311,13 +313,6 @@ pub struct HttpUpstreamSettings {
     pub client_identity: Option<(PathBuf, PathBuf)>,
     /// Talk HTTP/2 to the targets (prior knowledge on `http://`, ALPN `h2` on `https://`).
     pub http2: bool,
-}
-
-/// Services the gateway serves itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BuiltinService {
-    /// The `/api-keys` endpoints of DESIGN.md §7.
-    ApiKeys,
 }
 
 /// Where a route finds the organization a request is for.

@@ -11,13 +11,7 @@ use super::*;
 /// The key service trusts the organization stage 5 authorized: for a key
 /// named by id it must be that key's own (else revoke or delete would reach
 /// any organization's key), for the collection the one the request names.
-fn key_service_organization(
-    p: &mut Problems,
-    path: &str,
-    op: crate::keys_service::Operation,
-    organization: &OrgSource,
-) {
-    use crate::keys_service::Operation;
+fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organization: &OrgSource) {
     let fits = match op {
         Operation::Get | Operation::Revoke | Operation::Delete => {
             matches!(organization, OrgSource::Key(name) if name == "id")
@@ -192,7 +186,7 @@ pub(super) fn route_settings(
         }
         Some(UpstreamSettings::Builtin(BuiltinService::ApiKeys)) => {
             if let Some(m) = &method {
-                match crate::keys_service::Operation::for_route(m, &raw.path) {
+                match Operation::for_route(m, &raw.path) {
                     None => p.add(
                         path,
                         format!(

@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, Notify};
 use super::head::Framing;
 use super::read_more;
 use super::response::send;
-use crate::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
-use crate::server::Reply;
+use crate::http::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
+use crate::http::service::Reply;
 
 /// A chunk-size line (with its extensions) longer than this is refused.
 const MAX_CHUNK_LINE: usize = 4096;

@@ -34,14 +34,14 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::body::RequestBody;
 use crate::clock;
 use crate::error::GatewayError;
-use crate::server::{ConnInfo, Handler};
+use crate::http::body::RequestBody;
+use crate::http::service::{ConnInfo, Handler};
 pub(crate) use body::Decoder;
 use body::{discard, drive, Feed, Rest};
 pub(crate) use head::parse_head;
-pub(crate) use head::{ends_in_chunked, field_name, has_token, parse_length, Framing};
+pub(crate) use head::{ends_in_chunked, has_token, parse_length, Framing};
 use head::{Head, HeadError};
 use response::write_response;
 
@@ -110,7 +110,7 @@ where
     // Shutdown, watched by one future for the connection's life: a
     // `changed()` made for each wait added and removed a waiter in the
     // channel on every request (about 220 instructions).
-    let stopping = crate::gateway::stopped(stop.clone());
+    let stopping = crate::http::service::stopped(stop.clone());
     tokio::pin!(stopping);
     // Set once the drain has been seen while waiting for a request: the
     // connection then closes at `deadline`, which is no later than
@@ -196,7 +196,7 @@ where
         let head_request = req.method() == Method::HEAD;
         let http10 = req.version() == Version::HTTP_10;
         // A body the handler answered before reading to its end: read past
-        // after the answer (see `crate::body::DRAIN_MAX_BYTES`).
+        // after the answer (see `crate::http::body::DRAIN_MAX_BYTES`).
         let mut unread = None;
         let res = match framing {
             Framing::Empty => {

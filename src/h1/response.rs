@@ -16,9 +16,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
 use super::{chunk_tail, poll_write_buf, ChunkSize};
-use crate::body::Body;
-use crate::proxy::relayed::RelayedFields;
-use crate::server::Reply;
+use crate::http::body::Body;
+use crate::http::relayed::RelayedFields;
+use crate::http::service::Reply;
 
 /// A first body piece up to this size, ready when the head is, is copied
 /// behind the head so that both go out in one plain write (see
@@ -318,8 +318,8 @@ fn write_date(head: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ratelimit::Decision;
-    use crate::server::Stamp;
+    use crate::http::rate_limit::Decision;
+    use crate::http::service::Stamp;
     use bytes::Bytes;
     use http::{HeaderValue, Response};
 
@@ -393,7 +393,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_small_ready_body_goes_out_behind_the_head_in_one_plain_write() {
-        let writes = writes_of(crate::body::full("{\"ok\":true}"), false).await;
+        let writes = writes_of(crate::http::body::full("{\"ok\":true}"), false).await;
         assert_eq!(writes.len(), 1, "one write");
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 1, "one buffer, not I/O vectors");
@@ -406,7 +406,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_ready_body_goes_out_beside_the_head_uncopied() {
         let big = vec![b'x'; COALESCE + 1];
-        let writes = writes_of(crate::body::full(big.clone()), false).await;
+        let writes = writes_of(crate::http::body::full(big.clone()), false).await;
         assert_eq!(writes.len(), 1, "one write");
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 2, "head and body as two I/O vectors");
@@ -416,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_chunked_first_piece_is_copied_with_its_framing() {
-        let stream = futures_util::stream::iter([Ok::<_, crate::body::BoxError>(
+        let stream = futures_util::stream::iter([Ok::<_, crate::http::body::BoxError>(
             http_body::Frame::data(Bytes::from_static(b"hello")),
         )]);
         let body = Body::new(http_body_util::StreamBody::new(stream));
@@ -431,7 +431,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_answer_is_the_head_alone() {
-        let writes = writes_of(crate::body::full("{}"), true).await;
+        let writes = writes_of(crate::http::body::full("{}"), true).await;
         assert_eq!(writes.len(), 1);
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 1);
@@ -442,7 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn stamped_fields_are_written_once_over_the_maps() {
-        let mut res = Response::new(crate::body::full("{}"));
+        let mut res = Response::new(crate::http::body::full("{}"));
         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = res.headers_mut();
         h.insert(
@@ -452,9 +452,9 @@ mod tests {
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("9"));
         h.insert("x-request-id", HeaderValue::from_static("theirs"));
         let stamp = Stamp {
-            request_id: Some(crate::server::RequestId::Client(HeaderValue::from_static(
-                "ours",
-            ))),
+            request_id: Some(crate::http::service::RequestId::Client(
+                HeaderValue::from_static("ours"),
+            )),
             decision: Some(Decision {
                 allowed: false,
                 limit: 10,

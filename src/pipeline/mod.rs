@@ -1,16 +1,17 @@
 //! The request's life, DESIGN.md §3, stage by stage and in that order:
 //! route → authenticate → rate limit → validate → authorize → forward.
 //! Each stage returns `Result<_, GatewayError>`; the first refusal answers.
-//! [`Gateway::handle`] wraps them: it turns errors into responses, writes
+//! [`Pipeline::handle`] wraps them: it turns errors into responses, writes
 //! the access-log line, and stamps the rate-limit headers and `X-Request-Id`
-//! on the reply (written as the head is: [`crate::server::Stamp`]).
-mod principal;
+//! on the reply (written as the head is: [`crate::http::service::Stamp`]).
 mod record;
+mod table;
 
-pub use principal::{Principal, Scopes};
+pub use table::{Pipeline, TableError};
+
 use record::{method_label, request_id, status_label};
 
-use crate::body::RequestBody;
+use crate::http::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
@@ -18,22 +19,22 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::admin::names;
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
-use crate::auth::token::hash_secret;
-use crate::body::Body;
+use crate::auth::Principal;
 use crate::config::{AuthMode, OrgSource, PolicyKey};
 use crate::error::{AuthReason, GatewayError};
-use crate::gateway::{Gateway, RouteEntry, Target};
+use crate::http::body::Body;
+use crate::http::rate_limit::Decision;
+use crate::http::service::{ConnInfo, Reply, RequestId, Stamp};
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
-use crate::ratelimit::Decision;
 use crate::routes::{
     check_head, check_target, decode_segment, find_secret_param, named_host, path_holds_secret,
     Query, QueryError, RouteMatch,
 };
-use crate::server::{ConnInfo, Reply, RequestId, Stamp};
-use crate::store::{ApiKeyRecord, KeyStatus, StoreError};
+use crate::secret::hash_secret;
+use crate::store::{ApiKeyRecord, KeyStatus};
+use table::{Destination, RouteEntry};
 
 /// What the wrapper needs to know about a request after the stages ran.
 struct Outcome {
@@ -61,10 +62,10 @@ struct Validated {
     key: Option<Box<ApiKeyRecord>>,
 }
 
-impl Gateway {
+impl Pipeline {
     /// Answers one request on this gateway, which the future keeps alive
     /// (the configuration it started on serves it to the end). An owned
-    /// `Arc`, so that [`Live`](crate::reload::Live) returns this future
+    /// `Arc`, so that [`Live`](crate::app::Live) returns this future
     /// itself rather than wrapping it in one that holds the request too.
     pub fn handle(
         self: Arc<Self>,
@@ -146,7 +147,7 @@ impl Gateway {
     }
 }
 
-impl Gateway {
+impl Pipeline {
     /// The stages in order. Comments say why each stands where it does.
     ///
     /// A plain `fn` returning an `async move` block rather than an `async fn`:
@@ -307,7 +308,7 @@ impl Gateway {
                     .keys
                     .api_key(&hash_secret(secret))
                     .await
-                    .map_err(store_unavailable)?;
+                    .map_err(crate::store::unavailable)?;
                 let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
                 match auth.key.status(now) {
                     KeyStatus::Active => {}
@@ -326,7 +327,7 @@ impl Gateway {
                     .keys
                     .session(&hash_secret(token))
                     .await
-                    .map_err(store_unavailable)?;
+                    .map_err(crate::store::unavailable)?;
                 let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
                 if auth.session.expires_at <= now {
                     return Err(GatewayError::Unauthorized(AuthReason::Expired));
@@ -425,7 +426,7 @@ impl Gateway {
                     .store
                     .get_api_key(&id)
                     .await
-                    .map_err(store_unavailable)?;
+                    .map_err(crate::store::unavailable)?;
                 let key = key.ok_or(GatewayError::NotFound)?;
                 v.organization = Some(key.organization_id.clone());
                 v.key = Some(Box::new(key));
@@ -483,9 +484,9 @@ impl Gateway {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let body = Body::new(crate::body::Limited::new(body, max_body));
-            let upstream = match &entry.target {
-                Target::Builtin(op) => {
+            let body = Body::new(crate::http::body::Limited::new(body, max_body));
+            let upstream = match &entry.destination {
+                Destination::Builtin(op) => {
                     let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
                     let ctx = crate::keys_service::Caller {
                         principal: grant.principal,
@@ -504,7 +505,7 @@ impl Gateway {
                     ))
                     .await;
                 }
-                Target::Http(upstream) => upstream,
+                Destination::Http(upstream) => upstream,
             };
             // Taken out of the map (no copy): the upstream gets the target's
             // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
@@ -659,30 +660,5 @@ fn query_error(e: QueryError) -> GatewayError {
             GatewayError::bad_field(name, "malformed percent-encoding (not UTF-8)")
         }
         QueryError::TooMany => GatewayError::bad_field("query", "too many parameters"),
-    }
-}
-
-/// The key store's failures, as requests refused for them.
-static STORE_INCIDENT: crate::logging::Incident = crate::logging::Incident::new();
-
-/// A store that cannot answer is never a 401: the client's key may be fine.
-/// Logged as one incident: a line when it begins, then a count per summary
-/// interval. No recovery line: watching the store's answers would cost
-/// every lookup, cached ones included; a failure after a quiet interval
-/// begins a new incident.
-pub(crate) fn store_unavailable(e: StoreError) -> GatewayError {
-    metrics::counter!(names::STORE_ERRORS).increment(1);
-    if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
-        let cause = crate::logging::Chain(&e);
-        line.log(
-            tracing::Level::WARN,
-            &"key store",
-            "requests refused",
-            &cause,
-        );
-    }
-    GatewayError::ServiceUnavailable {
-        what: "the key store".into(),
-        retry_after: 1,
     }
 }

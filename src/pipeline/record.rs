@@ -1,8 +1,8 @@
 //! What the request wrapper records of every request: its id (the client's
 //! when sane, else a new one) and its bounded metric labels.
-use crate::auth::token::looks_like_secret;
-use crate::proxy::headers::X_REQUEST_ID;
-use crate::server::RequestId;
+use crate::http::fields::X_REQUEST_ID;
+use crate::http::service::RequestId;
+use crate::secret::looks_like_secret;
 
 /// The client's `X-Request-Id` when it is sane (1–128 of `[A-Za-z0-9._:-]`,
 /// not an `mpg_`/`mps_` secret), else a new one.

@@ -5,10 +5,9 @@
 //! remove its own copy.
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
 
-use crate::pipeline::Scopes;
+use crate::auth::Scopes;
+use crate::http::fields::{field, Field, F_REQUEST_ID, X_REQUEST_ID};
 
-/// `X-Request-Id`
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Mpg-Organization-Id`
 pub const X_MPG_ORGANIZATION_ID: HeaderName = HeaderName::from_static("x-mpg-organization-id");
 /// `X-Mpg-User-Id`
@@ -273,23 +272,6 @@ pub struct Added<'a> {
     pub request_id: &'a [u8],
 }
 
-/// A field the gateway adds: its name, and the start of its line on the
-/// wire (`name: `), written as one piece.
-pub(crate) struct Field {
-    pub(crate) name: HeaderName,
-    pub(crate) line: &'static [u8],
-}
-
-/// A `static` [`Field`] named `$field` for the constant name `$name`.
-macro_rules! field {
-    ($vis:vis $field:ident, $name:ident, $line:literal) => {
-        $vis static $field: $crate::proxy::headers::Field = $crate::proxy::headers::Field {
-            name: $name,
-            line: $line,
-        };
-    };
-}
-pub(crate) use field;
 field!(
     F_ORGANIZATION_ID,
     X_MPG_ORGANIZATION_ID,
@@ -300,7 +282,6 @@ field!(F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
 field!(F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
 field!(F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
 field!(F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
-field!(pub(crate) F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
 field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
 field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
 field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
@@ -540,7 +521,7 @@ mod tests {
             .unwrap();
         let forwarded_for = |ip: IpAddr| {
             let rid = HeaderValue::from_static("r");
-            let conn = crate::server::ConnInfo::new((ip, 1).into(), false);
+            let conn = crate::http::service::ConnInfo::new((ip, 1).into(), false);
             let fwd = ForwardedFor {
                 client_ip: conn.peer_ip(),
                 proto: "http",

@@ -33,8 +33,8 @@ use tokio::sync::Semaphore;
 use super::pool::Pool;
 use super::transport::Transport;
 use super::upstream::UpstreamError;
-use crate::admin::names;
 use crate::logging::{Chain, Incident};
+use crate::metrics::names;
 
 /// The first back-off of an ejected target, in ms: its first probe comes
 /// this long after the ejection (or `fail_timeout`, if shorter).
@@ -350,7 +350,7 @@ pub(crate) async fn active_check(
             async move {
                 let req = http::Request::get(http::Uri::from(path.clone()))
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
-                    .body(crate::body::empty())
+                    .body(crate::http::body::empty())
                     .ok()?;
                 let (mut parts, body) = req.into_parts();
                 let deadline = std::time::Instant::now() + timeout;

@@ -5,7 +5,6 @@ pub(crate) mod client;
 pub mod headers;
 mod health;
 mod pool;
-pub(crate) mod relayed;
 mod stream;
 pub mod tls_client;
 mod transport;

@@ -17,7 +17,7 @@ use tokio::time::Sleep;
 
 use super::client::Incoming;
 use super::health::Targets;
-use crate::body::{Body, BoxError};
+use crate::http::body::{Body, BoxError};
 
 /// Where the request body waits until the connection to a target polls it.
 pub(crate) type Slot = Arc<Mutex<Option<Body>>>;

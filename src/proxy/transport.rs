@@ -14,7 +14,7 @@ use super::headers::Added;
 use super::health::Targets;
 use super::tls_client::TimeoutConnector;
 use super::upstream::UpstreamError;
-use crate::body::Body;
+use crate::http::body::Body;
 
 pub(super) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 pub(super) type HttpClient = Client<Connector, Body>;
@@ -124,14 +124,14 @@ fn classify_sent(e: ClientError) -> UpstreamError {
     if let ClientError::TimedOut = e {
         return UpstreamError::Timeout;
     }
-    if source_chain_has::<crate::body::TooLarge>(&e) {
+    if source_chain_has::<crate::http::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     UpstreamError::Reset(Box::new(e))
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
-    if source_chain_has::<crate::body::TooLarge>(&e) {
+    if source_chain_has::<crate::http::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     if e.is_connect() {

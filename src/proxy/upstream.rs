@@ -24,9 +24,9 @@ use super::health::{active_check, Targets};
 use super::stream::{InFlight, ResponseBody, Slot, TakeOnPoll};
 use super::tls_client::{connector, files_digest};
 use super::transport::Transport;
-use crate::admin::names;
-use crate::body::{Body, BoxError};
 use crate::config::HttpUpstreamSettings;
+use crate::http::body::{Body, BoxError};
+use crate::metrics::names;
 
 /// Why forwarding failed.
 #[derive(Debug, thiserror::Error)]
@@ -323,7 +323,7 @@ impl Upstream {
             let this_body = match (body.take(), &slot) {
                 (Some(b), _) => b,
                 (None, Some(slot)) => TakeOnPoll::from_slot(slot),
-                (None, None) => crate::body::empty(),
+                (None, None) => crate::http::body::empty(),
             };
             // The response head is due within `request_timeout` of this
             // attempt, and never after the request's own deadline.
@@ -415,7 +415,7 @@ impl Upstream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::Limited;
+    use crate::http::body::Limited;
     use bytes::Bytes;
     use http::Request;
     use http_body_util::{BodyExt, StreamBody};
@@ -434,7 +434,7 @@ mod tests {
     }
 
     fn get(path: &str) -> Request<Body> {
-        Request::get(path).body(crate::body::empty()).unwrap()
+        Request::get(path).body(crate::http::body::empty()).unwrap()
     }
 
     /// `req` through `up`, as the pipeline sends it (no added fields).
@@ -499,7 +499,7 @@ mod tests {
         assert_eq!(res.status(), 200);
         // The length is the body's size (both servers write it from there).
         assert_eq!(http_body::Body::size_hint(res.body()).exact(), Some(2));
-        let res = crate::proxy::relayed::into_header_map(res);
+        let res = crate::http::service::into_header_map(res);
         assert!(!res.headers().contains_key("x-hop"));
         assert!(!res.headers().contains_key("connection"));
         assert_eq!(res.headers()["retry-after"], "3");

@@ -125,7 +125,7 @@ impl RateLimiter {
             errors: AtomicU64::new(0),
             incident: Incident::new(),
             latency: metrics::histogram!(
-                crate::admin::names::RATE_LIMIT_BACKEND_SECONDS,
+                crate::metrics::names::RATE_LIMIT_BACKEND_SECONDS,
                 "backend" => "redis"
             ),
         };
@@ -155,7 +155,7 @@ impl RateLimiter {
     /// has used up its authentication-failure bucket (checked before any
     /// store lookup); does not consume anything.
     ///
-    /// [`ConnInfo::peer_ip`]: crate::server::ConnInfo::peer_ip
+    /// [`ConnInfo::peer_ip`]: crate::http::service::ConnInfo::peer_ip
     pub async fn auth_failures_exceeded(&self, client_ip: &str) -> Option<Decision> {
         let decision = self
             .decide(self.auth_policy, client_ip, Op::Peek, true)
@@ -307,7 +307,7 @@ impl Remote {
 
     fn mark_down(&self, now: u64, err: &LimiterError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(crate::admin::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
+        metrics::counter!(crate::metrics::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
             .increment(1);
         self.down_until.store(probe_time(now), Ordering::Release);
         if let Some(line) = self.incident.failed(now / 1_000_000) {

@@ -10,7 +10,6 @@
 
 mod clock;
 mod gcra;
-mod headers;
 mod limiter;
 mod local;
 mod redis;
@@ -19,6 +18,7 @@ pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::limiter::RateLimiter;
 pub use self::local::LocalLimiter;
 pub use self::redis::RedisLimiter;
+pub use crate::http::rate_limit::Decision;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -42,29 +42,6 @@ impl Quota {
     pub fn new(capacity: NonZeroU32, period: Duration) -> Self {
         Self { capacity, period }
     }
-}
-
-/// A limiter's answer for one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the request may proceed (if so, it has been counted).
-    pub allowed: bool,
-    /// Bucket capacity (`X-RateLimit-Limit`).
-    pub limit: u32,
-    /// Whole requests left now (`X-RateLimit-Remaining`), never negative.
-    pub remaining: u32,
-    /// Unix time in whole seconds (rounded up) at which the bucket is full again
-    /// (`X-RateLimit-Reset`).
-    pub reset_unix: u64,
-    /// On refusal: whole seconds (rounded up, at least 1) until the next request would be
-    /// allowed (`Retry-After`). `None` when allowed.
-    pub retry_after_secs: Option<u64>,
-    /// Whole seconds (rounded up) from now until the bucket is full again (the IETF
-    /// `RateLimit` field's `t`).
-    pub reset_after_secs: u64,
-    /// The policy's period in whole seconds, rounded up, at least 1 (the IETF
-    /// `RateLimit-Policy` field's `w`).
-    pub window_secs: u64,
 }
 
 /// Why a shared (Redis) limiter could not answer.

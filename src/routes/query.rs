@@ -1,6 +1,6 @@
 //! The strict query parser of DESIGN.md §3 stage 4: names and values
 //! percent-decoded, and every name at most once ("never first wins").
-use crate::auth::token::{looks_like_secret, SECRET_MIN_LEN};
+use crate::secret::{looks_like_secret, SECRET_MIN_LEN};
 use std::borrow::Cow;
 
 /// Most parameters a query may carry.

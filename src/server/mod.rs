@@ -20,13 +20,11 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin::names;
-use crate::body::{Body, RequestBody};
 use crate::config::Limits;
 use crate::h1;
-
-mod service;
-pub use service::{ConnInfo, Handler, Reply, RequestId, Stamp};
+use crate::http::body::{Body, RequestBody};
+use crate::http::service::{ConnInfo, Handler};
+use crate::metrics::names;
 
 /// Connection-level limits of one listener.
 #[derive(Debug, Clone)]
@@ -212,7 +210,7 @@ struct Tracked {
 
 impl http_body::Body for Tracked {
     type Data = bytes::Bytes;
-    type Error = crate::body::BoxError;
+    type Error = crate::http::body::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -359,7 +357,7 @@ async fn serve_tls<H: Handler>(
     let handshaken = tokio::select! {
         biased;
         handshaken = handshake => handshaken,
-        () = crate::gateway::stopped(stop.clone()) => {
+        () = crate::http::service::stopped(stop.clone()) => {
             tracing::debug!(%peer, "TLS handshake abandoned: shutting down");
             return;
         }

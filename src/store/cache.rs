@@ -14,7 +14,7 @@ mod negative;
 mod tier;
 
 use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreError};
-use crate::auth::SecretHash;
+use crate::secret::SecretHash;
 use futures_util::FutureExt;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

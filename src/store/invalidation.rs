@@ -103,7 +103,7 @@ impl Follower {
         if src.lookback().is_some() && gap.is_some_and(|gap| gap >= GAP_CLEAR) {
             // Changes that committed late during the gap may be out of reach.
             cache.invalidate(&Change::All);
-            metrics::counter!(crate::admin::names::CACHE_CLEARS, "reason" => "store_gap")
+            metrics::counter!(crate::metrics::names::CACHE_CLEARS, "reason" => "store_gap")
                 .increment(1);
             tracing::info!(
                 gap_ms = gap.map_or(0, |g| g.as_millis() as u64),
@@ -114,7 +114,7 @@ impl Follower {
             // Records this follower never read were pruned: what they
             // touched is unknown, so nothing cached may be trusted.
             cache.invalidate(&Change::All);
-            metrics::counter!(crate::admin::names::CACHE_CLEARS, "reason" => "change_log_pruned")
+            metrics::counter!(crate::metrics::names::CACHE_CLEARS, "reason" => "change_log_pruned")
                 .increment(1);
             new_high = read.pruned_through;
             tracing::info!(
@@ -200,7 +200,7 @@ async fn prune(store: SqlStore) {
         {
             Ok(0) => {}
             Ok(records) => {
-                metrics::counter!(crate::admin::names::CHANGES_PRUNED).increment(records);
+                metrics::counter!(crate::metrics::names::CHANGES_PRUNED).increment(records);
                 tracing::debug!(records, "change log pruned");
             }
             Err(e) => tracing::warn!(error = %e, "pruning the change log failed; retrying later"),
@@ -246,7 +246,7 @@ async fn listen(url: String, wake: Arc<Notify>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::hash_secret;
+    use crate::secret::hash_secret;
     use crate::store::testing::TestDb;
     use crate::store::{CacheConfig, KeyStatus, KeyStore, NewApiKey};
     use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

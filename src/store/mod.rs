@@ -6,6 +6,7 @@
 //! usage ([`UsageRecorder`]).
 pub mod cache;
 pub mod invalidation;
+mod outage;
 mod schema;
 pub mod sql;
 mod sql_accounts;
@@ -18,11 +19,12 @@ pub mod usage;
 
 pub use cache::{CacheConfig, CachedKeyStore};
 pub use invalidation::spawn_invalidation;
+pub use outage::unavailable;
 pub use sql::{NewApiKey, SqlStore};
 pub use sql_changes::CHANGE_RETENTION;
 pub use usage::UsageRecorder;
 
-use crate::auth::SecretHash;
+use crate::secret::SecretHash;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

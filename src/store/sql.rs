@@ -6,8 +6,8 @@
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
 use super::sql_connect::ConnectCheck;
 use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError};
-use crate::auth::SecretHash;
 use crate::clock::unix_now;
+use crate::secret::SecretHash;
 use sqlx::any::AnyPoolOptions;
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyPool, Executor, Row, Transaction};
@@ -188,7 +188,7 @@ impl SqlStore {
         let result = tokio::time::timeout(self.timeout, fut)
             .await
             .unwrap_or(Err(StoreError::Timeout));
-        metrics::histogram!(crate::admin::names::STORE_SECONDS)
+        metrics::histogram!(crate::metrics::names::STORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
         result
     }

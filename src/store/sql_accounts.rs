@@ -2,8 +2,8 @@
 //! sessions (creation, role changes, session removal and the session lookup).
 use super::sql::{check_id, Db, SqlStore};
 use super::{Change, SessionAuth, SessionRecord, StoreError};
-use crate::auth::{generate_id, generate_session_token, hash_secret, SecretHash};
 use crate::clock::unix_now;
+use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
 use serde_json::{json, Value};
 use sqlx::{AnyConnection, Row};
 use std::time::Duration;

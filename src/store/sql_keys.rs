@@ -2,9 +2,9 @@
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
 use super::sql::{Db, SqlStore};
 use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
-use crate::auth::token::hex;
-use crate::auth::{generate_api_key, generate_key_id, hash_secret, SecretHash};
 use crate::clock::unix_now;
+use crate::secret::hex;
+use crate::secret::{generate_api_key, generate_key_id, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 

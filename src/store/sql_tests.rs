@@ -1,7 +1,7 @@
 //! Tests of [`super::SqlStore`]: each runs on SQLite and on the PostgreSQL at
 //! `MPG_TEST_PG_URL`.
 use super::*;
-use crate::auth::hash_secret;
+use crate::secret::hash_secret;
 use crate::store::sql_changes::parse_change;
 use crate::store::testing::TestDb;
 use crate::store::{Change, KeyStatus, NewApiKey, CHANGE_RETENTION};
@@ -254,7 +254,7 @@ async fn sessions_round_trip(store: &SqlStore) {
     else {
         panic!("session failed")
     };
-    assert!(crate::auth::check_session_token_format(&token).is_ok());
+    assert!(crate::secret::check_session_token_format(&token).is_ok());
     assert_eq!(rec.expires_at - rec.created_at, 3600);
     let found = store
         .find_session(&hash_secret(&token))

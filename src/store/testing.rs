@@ -46,7 +46,7 @@ impl TestDb {
 
     /// A fresh PostgreSQL database created from `MPG_TEST_PG_URL`.
     pub(crate) async fn postgres() -> TestDb {
-        let name = crate::auth::generate_id("mpg_test_").to_ascii_lowercase();
+        let name = crate::secret::generate_id("mpg_test_").to_ascii_lowercase();
         let mut admin = PgConnection::connect(&pg_admin_url())
             .await
             .unwrap_or_else(|e| panic!("connect to MPG_TEST_PG_URL: {e}"));

@@ -13,8 +13,6 @@ use rustls::ServerConfig;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::TlsSettings;
-
 /// Why TLS could not be set up; names the file involved.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -50,14 +48,6 @@ impl CertResolver {
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current.load_full())
-    }
-}
-
-/// Loads the certificate named by the settings (or generates one).
-pub fn load_certified_key(tls: &TlsSettings) -> Result<CertifiedKey, TlsError> {
-    match tls {
-        TlsSettings::Files { cert, key } => load_pem(cert, key),
-        TlsSettings::SelfSigned => self_signed(),
     }
 }
 
@@ -98,7 +88,8 @@ fn provider() -> rustls::crypto::CryptoProvider {
     p
 }
 
-fn load_pem(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
+/// Loads a certificate chain and its private key from PEM files.
+pub fn load_pem(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
     certified(pem::certs(cert_path)?, pem::private_key(key_path)?)
 }
 

@@ -38,10 +38,10 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::Sleep;
 
 use super::headers::Added;
-use crate::body::{Body, BoxError};
 use crate::h1::{
     after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize, Decoder, Framing,
 };
+use crate::http::body::{Body, BoxError};
 pub(crate) use response::Incoming;
 use response::{final_head_ready, Kind, Reader};
 pub(crate) use response::{take_response, BodyFraming};

@@ -12,10 +12,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::{ClientError, Conn};
-use crate::body::BoxError;
 use crate::h1::{ends_in_chunked, has_token, parse_length, poll_read_more, Decoder, Framing};
+use crate::http::body::BoxError;
+use crate::http::relayed::{FieldAt, RelayedFields};
 use crate::proxy::headers::{connection_named, hop_by_hop_name};
-use crate::proxy::relayed::{FieldAt, RelayedFields};
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;
@@ -501,11 +501,11 @@ mod tests {
 
     /// `res` as the gateway's server passes it to hyper: its relayed fields
     /// in the header map.
-    fn with_relayed_in_map(res: Response<Incoming>) -> Response<crate::body::Body> {
+    fn with_relayed_in_map(res: Response<Incoming>) -> Response<crate::http::body::Body> {
         let (parts, mut body) = res.into_parts();
         let relayed = body.take_relayed();
-        let body = crate::body::empty().relaying(relayed);
-        crate::proxy::relayed::into_header_map(Response::from_parts(parts, body))
+        let body = crate::http::body::empty().relaying(relayed);
+        crate::http::service::into_header_map(Response::from_parts(parts, body))
     }
 
     fn response(

@@ -17,7 +17,7 @@
 //!
 //! The per-request cost is one atomic load, and only for lookups that are
 //! not fresh hits.
-use crate::admin::names;
+use crate::metrics::names;
 use crate::store::{KeyStore, StoreError};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! secrets. They have their own bound (`store.negative_cache_capacity`), are
 //! answered from cache for `negative_cache_ttl`, and are swept out at most
 //! [`SWEEP_EVERY`] after that, so a flood's entries do not outlive it.
-use crate::auth::SecretHash;
+use crate::secret::SecretHash;
 use quick_cache::sync::Cache;
 use quick_cache::UnitWeighter;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,6 @@
 //! The cache decorator's tests, against a fake store, on tokio's paused clock.
 use super::*;
-use crate::auth::hash_secret;
+use crate::secret::hash_secret;
 use crate::store::{ApiKeyRecord, SessionRecord};
 use breaker::{OPEN_AFTER_FAILURES, PROBE_EVERY};
 use std::collections::HashMap;

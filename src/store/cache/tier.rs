@@ -7,7 +7,7 @@
 use super::breaker::{Breaker, CircuitOpen};
 use super::negative::Negatives;
 use super::{CacheConfig, Cached, ChangeLog};
-use crate::auth::SecretHash;
+use crate::secret::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use quick_cache::sync::{Cache, DefaultLifecycle};

@@ -1,4 +1,4 @@
-//! The rate-limit response headers of a [`Decision`] (DESIGN.md §4).
+//! A rate limiter's [`Decision`] and the response fields it is written as.
 //!
 //! Always `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix seconds);
 //! `Retry-After` on refusal. When `rate_limit.ietf_headers` is on, also the two fields of
@@ -23,8 +23,30 @@ use std::io::Write;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
-use super::Decision;
-use crate::proxy::headers::{field, Field};
+use crate::http::fields::{field, Field};
+
+/// A limiter's answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed (if so, it has been counted).
+    pub allowed: bool,
+    /// Bucket capacity (`X-RateLimit-Limit`).
+    pub limit: u32,
+    /// Whole requests left now (`X-RateLimit-Remaining`), never negative.
+    pub remaining: u32,
+    /// Unix time in whole seconds (rounded up) at which the bucket is full again
+    /// (`X-RateLimit-Reset`).
+    pub reset_unix: u64,
+    /// On refusal: whole seconds (rounded up, at least 1) until the next request would be
+    /// allowed (`Retry-After`). `None` when allowed.
+    pub retry_after_secs: Option<u64>,
+    /// Whole seconds (rounded up) from now until the bucket is full again (the IETF
+    /// `RateLimit` field's `t`).
+    pub reset_after_secs: u64,
+    /// The policy's period in whole seconds, rounded up, at least 1 (the IETF
+    /// `RateLimit-Policy` field's `w`).
+    pub window_secs: u64,
+}
 
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");

@@ -2,7 +2,7 @@
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
-use crate::proxy::relayed::RelayedFields;
+use crate::http::relayed::RelayedFields;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Error type carried by streamed bodies.

@@ -1,6 +1,6 @@
 //! Hot reload (SIGHUP, or `POST /reload` on the admin listener).
 //!
-//! The serving handler is a [`Live`] gateway: an `ArcSwap` of [`Gateway`].
+//! The serving handler is a [`Live`] gateway: an `ArcSwap` of [`Pipeline`].
 //! A reload re-reads the file, validates it completely, loads a renewed
 //! certificate, builds new routes, policies and upstreams, and swaps them in
 //! at once; requests in flight finish on the gateway they started on, and
@@ -10,20 +10,21 @@
 //! idle connections stay pooled, its active checker keeps its rhythm.
 //! What cannot change without a restart (listeners, TLS mode, store, log,
 //! connection limits, `max_header_bytes`) keeps its running value and is reported.
-use crate::body::RequestBody;
 use arc_swap::ArcSwap;
 use http::Request;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::build::build_limiter;
+use super::StartError;
+use crate::admin::{Control, Reloaded, Status};
 use crate::config::{ConfigError, Settings, TlsSettings};
-use crate::gateway::{build_limiter, Gateway, StartError};
+use crate::http::body::RequestBody;
+use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::metrics::names::RELOADS;
+use crate::pipeline::Pipeline;
 use crate::proxy::upstream::Upstream;
-use crate::server::{ConnInfo, Handler, Reply};
 use crate::tls::{CertResolver, TlsError};
-
-/// Counter: reloads by `result` (`ok` / `error`).
-pub const RELOADS: &str = "mpg_config_reloads_total";
 
 /// Why a reload was refused (the running configuration stays).
 #[derive(Debug, thiserror::Error)]
@@ -42,21 +43,9 @@ pub enum ReloadError {
     Build(#[from] StartError),
 }
 
-/// What a successful reload did.
-#[derive(Debug, Default)]
-pub struct ReloadOutcome {
-    /// Settings that changed in the file but only take effect after a restart.
-    pub restart_needed: Vec<&'static str>,
-    /// Whether a certificate was (re)loaded from disk.
-    pub certificate_reloaded: bool,
-    /// The upstreams built anew (added, or changed); every other one was
-    /// kept running as it was.
-    pub upstreams_rebuilt: Vec<String>,
-}
-
 /// The gateway that serves requests, swappable as a whole.
 pub struct Live {
-    current: ArcSwap<Gateway>,
+    current: ArcSwap<Pipeline>,
     config_path: Option<PathBuf>,
     resolver: Option<Arc<CertResolver>>,
     reloading: tokio::sync::Mutex<()>,
@@ -65,7 +54,7 @@ pub struct Live {
 impl Live {
     /// Serves `gateway`; `config_path` is re-read on reload; `resolver` takes renewed certificates.
     pub fn new(
-        gateway: Gateway,
+        gateway: Pipeline,
         config_path: Option<PathBuf>,
         resolver: Option<Arc<CertResolver>>,
     ) -> Self {
@@ -79,12 +68,12 @@ impl Live {
     }
 
     /// The gateway serving right now.
-    pub fn current(&self) -> Arc<Gateway> {
+    pub fn current(&self) -> Arc<Pipeline> {
         self.current.load_full()
     }
 
     /// Re-reads the configuration and swaps it in, or changes nothing.
-    pub async fn reload(&self) -> Result<ReloadOutcome, ReloadError> {
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self.try_reload().await;
         match &result {
             Ok(outcome) => {
@@ -104,7 +93,7 @@ impl Live {
         result
     }
 
-    async fn try_reload(&self) -> Result<ReloadOutcome, ReloadError> {
+    async fn try_reload(&self) -> Result<Reloaded, ReloadError> {
         let path = self.config_path.as_ref().ok_or(ReloadError::NoFile)?;
         let _one_at_a_time = self.reloading.lock().await;
         let old = self.current();
@@ -112,7 +101,7 @@ impl Live {
         let restart_needed = keep_restart_only(&mut new, &old.settings);
         let cert = match (&new.server.tls, &self.resolver) {
             (Some(tls @ TlsSettings::Files { .. }), Some(_)) => {
-                Some(crate::tls::load_certified_key(tls)?)
+                Some(super::load_certified_key(tls)?)
             }
             _ => None,
         };
@@ -122,14 +111,15 @@ impl Live {
         } else {
             Arc::new(build_limiter(&new).await?)
         };
-        let gateway = Gateway::assemble(
+        let gateway = Pipeline::assemble(
             new,
             old.store.clone(),
             old.keys.clone(),
             old.usage.clone(),
             limiter,
             Some(&old),
-        )?;
+        )
+        .map_err(StartError::from)?;
         let certificate_reloaded = match (cert, &self.resolver) {
             (Some(cert), Some(resolver)) => {
                 resolver.replace(cert);
@@ -140,7 +130,7 @@ impl Live {
         let gateway = Arc::new(gateway);
         self.current.store(gateway.clone());
         let upstreams_rebuilt = hand_over_upstreams(Some(&old), &gateway);
-        Ok(ReloadOutcome {
+        Ok(Reloaded {
             restart_needed,
             certificate_reloaded,
             upstreams_rebuilt,
@@ -154,7 +144,7 @@ impl Live {
 /// finish without moving a gauge), then `new`'s are published, so the last
 /// value written for a target is its serving upstream's. Returns the names
 /// of the upstreams `new` built anew.
-fn hand_over_upstreams(old: Option<&Gateway>, new: &Gateway) -> Vec<String> {
+fn hand_over_upstreams(old: Option<&Pipeline>, new: &Pipeline) -> Vec<String> {
     let kept = |name: &String, up: &Arc<Upstream>| {
         old.and_then(|o| o.upstreams.get(name))
             .is_some_and(|o| Arc::ptr_eq(o, up))
@@ -175,6 +165,30 @@ fn hand_over_upstreams(old: Option<&Gateway>, new: &Gateway) -> Vec<String> {
         }
     }
     rebuilt
+}
+
+impl Control for Live {
+    async fn store_reachable(&self) -> bool {
+        self.current().store_ping().await.is_ok()
+    }
+
+    fn status(&self) -> Status {
+        let now = self.current.load();
+        Status {
+            limiter_backend: now.limiter.backend(),
+            limiter_healthy: now.limiter.healthy(),
+            routes: now.routes.len(),
+            cache_entries: now.keys.entry_count(),
+            cache_negative_entries: now.keys.negative_count(),
+        }
+    }
+
+    async fn reload(&self) -> Result<Reloaded, Vec<String>> {
+        Live::reload(self).await.map_err(|e| match e {
+            ReloadError::Config(c) => c.problems.iter().map(|p| p.to_string()).collect(),
+            other => vec![other.to_string()],
+        })
+    }
 }
 
 impl Handler for Live {

@@ -15,14 +15,12 @@
 //! as when the gateway replaced it in a map. The HTTP/1.1 writer writes the
 //! relayed fields first, then the map's ([`RelayedFields::write_to`]); for
 //! HTTP/2 (hyper's server) and for anything else that reads a response's
-//! headers, [`into_header_map`] folds them into the map first.
+//! headers, [`into_header_map`](crate::http::service::into_header_map) folds them into the map first.
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
-use http::Response;
 use smallvec::SmallVec;
 
-use crate::body::Body;
-use crate::h1::field_name;
+use crate::http::fields::field_name;
 
 /// Where a relayed field's name and value lie in the head: name start and
 /// end, value start and end.
@@ -97,37 +95,35 @@ impl RelayedFields {
     }
 }
 
+impl RelayedFields {
+    /// Appends the fields to `headers`, after the map's own and never over
+    /// them.
+    pub(crate) fn add_to(self, headers: &mut HeaderMap) {
+        // Decided against the map as it was, so that a name the target sent
+        // twice (`Set-Cookie`) is relayed twice.
+        let add: Vec<_> = self
+            .fields()
+            .filter(|(name, _)| !in_map(headers, name))
+            .filter_map(|(name, value)| {
+                // httparse checked both as these do: a failure cannot come
+                // from a head the client accepted; such a field is dropped.
+                let name = field_name(name).ok()?;
+                let value = HeaderValue::from_maybe_shared(self.0.head.slice_ref(value)).ok()?;
+                Some((name, value))
+            })
+            .collect();
+        for (name, value) in add {
+            headers.append(name, value);
+        }
+    }
+}
+
 /// Whether `map` holds a field named `name` (any case).
 fn in_map(map: &HeaderMap, name: &[u8]) -> bool {
     map.keys().any(|k| {
         let k = k.as_str().as_bytes();
         k.len() == name.len() && k.eq_ignore_ascii_case(name)
     })
-}
-
-/// `res` with its relayed fields (if any) moved into its header map, after
-/// the map's own and never over them.
-pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
-    if let Some(relayed) = res.body_mut().take_relayed() {
-        // Decided against the map as it was, so that a name the target sent
-        // twice (`Set-Cookie`) is relayed twice.
-        let add: Vec<_> = relayed
-            .fields()
-            .filter(|(name, _)| !in_map(res.headers(), name))
-            .filter_map(|(name, value)| {
-                // httparse checked both as these do: a failure cannot come
-                // from a head the client accepted; such a field is dropped.
-                let name = field_name(name).ok()?;
-                let value = HeaderValue::from_maybe_shared(relayed.0.head.slice_ref(value)).ok()?;
-                Some((name, value))
-            })
-            .collect();
-        let headers = res.headers_mut();
-        for (name, value) in add {
-            headers.append(name, value);
-        }
-    }
-    res
 }
 
 #[cfg(test)]
@@ -155,11 +151,11 @@ mod tests {
         // rate-limit fields stamped.
         let mut map = HeaderMap::new();
         map.insert("content-type", HeaderValue::from_static("application/json"));
-        let stamp = || crate::server::Stamp {
-            request_id: Some(crate::server::RequestId::Client(HeaderValue::from_static(
-                "ours",
-            ))),
-            decision: Some(crate::ratelimit::Decision {
+        let stamp = || crate::http::service::Stamp {
+            request_id: Some(crate::http::service::RequestId::Client(
+                HeaderValue::from_static("ours"),
+            )),
+            decision: Some(crate::http::rate_limit::Decision {
                 allowed: true,
                 limit: 100,
                 remaining: 99,
@@ -178,9 +174,9 @@ mod tests {
             "Server: up\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nDate: Tue\r\n"
         );
 
-        let mut res = Response::new(crate::body::empty().relaying(Some(relayed(head))));
+        let mut res = http::Response::new(crate::http::body::empty().relaying(Some(relayed(head))));
         *res.headers_mut() = map;
-        let reply = crate::server::Reply {
+        let reply = crate::http::service::Reply {
             res,
             stamp: stamp(),
         };

@@ -7,10 +7,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::body::{Body, RequestBody};
+use crate::http::body::{Body, RequestBody};
+use crate::http::fields::{F_REQUEST_ID, X_REQUEST_ID};
+use crate::http::rate_limit::Decision;
 use crate::ip::IpText;
-use crate::proxy::headers::{F_REQUEST_ID, X_REQUEST_ID};
-use crate::ratelimit::Decision;
 
 /// What the pipeline knows about the connection a request came on.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ impl Reply {
     pub fn into_response(self) -> Response<Body> {
         let mut res = self.res;
         self.stamp.add_to(res.headers_mut());
-        crate::proxy::relayed::into_header_map(res)
+        into_header_map(res)
     }
 }
 
@@ -176,4 +176,19 @@ impl Stamp {
             headers.insert(X_REQUEST_ID, id.into_header_value());
         }
     }
+}
+
+/// `res` with its relayed fields (if any) moved into its header map, after
+/// the map's own and never over them.
+pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
+    if let Some(relayed) = res.body_mut().take_relayed() {
+        relayed.add_to(res.headers_mut());
+    }
+    res
+}
+
+/// Resolves once `stop` was requested (or its sender is gone): how a
+/// listener and its connections learn that the gateway is draining.
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }

@@ -1,0 +1,106 @@
+//! Building the pipeline from [`Settings`]: the store and its cache, the
+//! limiter, the upstreams and the route table.
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::StartError;
+use crate::config::Settings;
+use crate::pipeline::Pipeline;
+use crate::ratelimit::{OnBackendError, Quota, RateLimiter};
+use crate::store::cache::{CacheConfig, CachedKeyStore};
+use crate::store::invalidation::spawn_invalidation;
+use crate::store::sql::SqlStore;
+use crate::store::usage::UsageRecorder;
+use crate::store::StoreConfig;
+
+/// How often other instances' (and admin commands') changes are picked up.
+const INVALIDATION_POLL: Duration = Duration::from_millis(250);
+/// How often `last_used_at` is written back.
+const USAGE_FLUSH: Duration = Duration::from_secs(10);
+
+/// Opens the store (migrating it), the limiter and the upstreams, and
+/// compiles the route table.
+pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
+    let store = open_store(&settings).await?;
+    let s = &settings.store;
+    let keys = CachedKeyStore::new(
+        Arc::new(store.clone()),
+        CacheConfig {
+            ttl: s.cache_ttl,
+            negative_ttl: s.negative_cache_ttl,
+            capacity: s.cache_capacity,
+            negative_capacity: s.negative_cache_capacity,
+            stale_if_error: s.stale_if_error,
+        },
+    );
+    spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL);
+    let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
+    let limiter = Arc::new(build_limiter(&settings).await?);
+    Ok(Pipeline::assemble(
+        settings, store, keys, usage, limiter, None,
+    )?)
+}
+
+/// Opens and migrates the store named by the settings.
+pub async fn open_store(settings: &Settings) -> Result<SqlStore, StartError> {
+    let s = &settings.store;
+    if let Some(path) = s
+        .url
+        .strip_prefix("sqlite://")
+        .and_then(|u| u.split('?').next())
+    {
+        if let Some(dir) = std::path::Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| StartError::Store {
+                what: s.display.clone(),
+                source: crate::store::StoreError::Invalid(format!(
+                    "cannot create {}: {e}",
+                    dir.display()
+                )),
+            })?;
+        }
+    }
+    let err = |source| StartError::Store {
+        what: s.display.clone(),
+        source,
+    };
+    let store = SqlStore::connect(&StoreConfig {
+        url: s.url.clone(),
+        query_timeout: s.query_timeout,
+    })
+    .await
+    .map_err(err)?;
+    store.migrate().await.map_err(err)?;
+    Ok(store)
+}
+
+pub(crate) async fn build_limiter(settings: &Settings) -> Result<RateLimiter, StartError> {
+    let rl = &settings.rate_limit;
+    let quota = |q: &crate::config::QuotaSettings| Quota {
+        capacity: q.requests,
+        period: q.per,
+    };
+    let policies: Vec<Quota> = rl.policies.iter().map(|p| quota(&p.quota)).collect();
+    let auth_failures = quota(&rl.auth_failures);
+    Ok(match &rl.redis {
+        None => RateLimiter::local(policies, auth_failures),
+        Some(r) => {
+            let on_error = match rl.on_backend_error {
+                crate::config::BackendErrorPolicy::Local => OnBackendError::Local,
+                crate::config::BackendErrorPolicy::Deny => OnBackendError::Deny,
+                crate::config::BackendErrorPolicy::Allow => OnBackendError::Allow,
+            };
+            RateLimiter::redis(
+                &r.url,
+                &r.prefix,
+                policies,
+                auth_failures,
+                on_error,
+                r.timeout,
+            )
+            .await?
+        }
+    })
+}

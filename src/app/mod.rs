@@ -1,0 +1,175 @@
+//! The application: builds the gateway from its settings, serves it, and
+//! swaps in a new configuration on reload.
+mod build;
+mod reload;
+
+pub use build::{build, open_store};
+pub use reload::{Live, ReloadError};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{Settings, TlsSettings};
+use crate::http::service::stopped;
+use crate::server::{serve, ListenerLimits};
+
+/// Why the gateway could not start; each names the config part involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The key store could not be opened or migrated.
+    #[error("store ({what}): {source}")]
+    Store {
+        /// The store, with any password hidden.
+        what: String,
+        /// The cause.
+        #[source]
+        source: crate::store::StoreError,
+    },
+    /// The rate limiter backend could not be set up.
+    #[error("rate_limit: {0}")]
+    Limiter(#[from] crate::ratelimit::LimiterError),
+    /// The route table (its upstreams, its routes) could not be compiled.
+    #[error(transparent)]
+    Table(#[from] crate::pipeline::TableError),
+    /// TLS setup failed.
+    #[error("server.tls: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A gateway serving on a bound address; dropping the handle does not stop it.
+pub struct Running {
+    /// The address actually bound (useful with port 0).
+    pub addr: SocketAddr,
+    /// The admin listener's address, when enabled.
+    pub admin_addr: Option<SocketAddr>,
+    /// The serving gateway (for reloads).
+    pub live: Arc<Live>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, drains in-flight requests (up to `shutdown_grace`), and waits.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Builds the gateway, binds `server.listen` (and `admin.listen`) and serves
+/// in the background. `config_path` is what a reload re-reads.
+pub async fn start(
+    settings: Settings,
+    config_path: Option<std::path::PathBuf>,
+) -> Result<Running, StartError> {
+    // The recorder first: handles made while building (route, upstream and
+    // target metrics) are no-ops if made before it exists. With the admin
+    // listener off (a restart-only setting) nothing can ever read a metric,
+    // so none is recorded: every handle stays a no-op.
+    if settings.admin.listen.is_some() {
+        crate::metrics::metrics_handle();
+    }
+    crate::logging::set_summary_interval(settings.log.summary_interval);
+    let (tls, resolver) = match &settings.server.tls {
+        Some(t) => {
+            if *t == crate::config::TlsSettings::SelfSigned {
+                tracing::warn!(
+                    "serving a self-signed certificate generated in memory: for development only"
+                );
+            }
+            let (config, resolver) = crate::tls::server_config(load_certified_key(t)?)?;
+            (
+                Some(tokio_rustls::TlsAcceptor::from(config)),
+                Some(resolver),
+            )
+        }
+        None => (None, None),
+    };
+    let listen = settings.server.listen;
+    let limits = ListenerLimits::gateway(&settings.server.limits);
+    let admin_listen = settings.admin.listen;
+    let gateway = build(settings).await?;
+    let (store_display, limiter_backend) = (
+        gateway.settings.store.display.clone(),
+        gateway.limiter.backend(),
+    );
+    let usage = gateway.usage.clone();
+    let live = Arc::new(Live::new(gateway, config_path, resolver));
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let (tx, rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut admin_addr = None;
+    if let Some(listen) = admin_listen {
+        let admin = TcpListener::bind(listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let bound = admin.local_addr().map_err(|source| StartError::Bind {
+            addr: listen,
+            source,
+        })?;
+        tracing::info!(addr = %bound, "admin listening");
+        admin_addr = Some(bound);
+        let handler = Arc::new(crate::admin::Admin::new(live.clone()));
+        let admin_limits = ListenerLimits {
+            name: "admin",
+            max_connections: 64,
+            ..limits.clone()
+        };
+        tasks.push(tokio::spawn(serve(
+            admin,
+            None,
+            admin_limits,
+            handler,
+            stopped(rx.clone()),
+        )));
+    }
+    tracing::info!(%addr, tls = tls.is_some(), store = %store_display, limiter = limiter_backend, "listening");
+    let handler = live.clone();
+    tasks.push(tokio::spawn(async move {
+        serve(listener, tls, limits, handler, stopped(rx)).await;
+        usage.flush().await;
+    }));
+    Ok(Running {
+        addr,
+        admin_addr,
+        live,
+        shutdown: tx,
+        tasks,
+    })
+}
+
+/// Loads the certificate the settings name (or generates one).
+pub fn load_certified_key(
+    tls: &TlsSettings,
+) -> Result<rustls::sign::CertifiedKey, crate::tls::TlsError> {
+    match tls {
+        TlsSettings::Files { cert, key } => crate::tls::load_pem(cert, key),
+        TlsSettings::SelfSigned => crate::tls::self_signed(),
+    }
+}

@@ -1,0 +1,100 @@
+//! Header fields: the names the gateway sets, the [`Field`]s it writes as
+//! whole lines, and the parse of a field name from HTTP/1.1 bytes.
+use http::header::{self, HeaderName};
+
+/// `X-Request-Id`
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A field the gateway adds: its name, and the start of its line on the
+/// wire (`name: `), written as one piece.
+pub(crate) struct Field {
+    pub(crate) name: HeaderName,
+    pub(crate) line: &'static [u8],
+}
+
+/// A `static` [`Field`] named `$field` for the constant name `$name`.
+macro_rules! field {
+    ($vis:vis $field:ident, $name:ident, $line:literal) => {
+        $vis static $field: $crate::http::fields::Field = $crate::http::fields::Field {
+            name: $name,
+            line: $line,
+        };
+    };
+}
+pub(crate) use field;
+field!(pub(crate) F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
+
+/// A field name read off the wire. The names nearly every request and
+/// response carries, spelled as clients and servers send them (lower case,
+/// or capitalized as curl, wrk and nginx do), are matched as they stand;
+/// any other spelling or name goes through `HeaderName::from_bytes`, which
+/// lowercases the name into a buffer and then matches it against all the
+/// standard names (about 150 instructions a field, where this takes 20).
+pub(crate) fn field_name(name: &[u8]) -> Result<HeaderName, header::InvalidHeaderName> {
+    use header::*;
+    Ok(match name {
+        b"host" | b"Host" => HOST,
+        b"authorization" | b"Authorization" => AUTHORIZATION,
+        b"user-agent" | b"User-Agent" => USER_AGENT,
+        b"accept" | b"Accept" => ACCEPT,
+        b"accept-encoding" | b"Accept-Encoding" => ACCEPT_ENCODING,
+        b"content-type" | b"Content-Type" => CONTENT_TYPE,
+        b"content-length" | b"Content-Length" => CONTENT_LENGTH,
+        b"connection" | b"Connection" => CONNECTION,
+        b"server" | b"Server" => SERVER,
+        b"date" | b"Date" => DATE,
+        b"cache-control" | b"Cache-Control" => CACHE_CONTROL,
+        b"transfer-encoding" | b"Transfer-Encoding" => TRANSFER_ENCODING,
+        _ => return HeaderName::from_bytes(name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_match_the_general_parse_in_every_spelling() {
+        for name in [
+            "host",
+            "Host",
+            "HOST",
+            "authorization",
+            "Authorization",
+            "user-agent",
+            "User-Agent",
+            "accept",
+            "Accept",
+            "accept-encoding",
+            "Accept-Encoding",
+            "content-type",
+            "Content-Type",
+            "content-length",
+            "Content-Length",
+            "connection",
+            "Connection",
+            "server",
+            "Server",
+            "date",
+            "Date",
+            "cache-control",
+            "Cache-Control",
+            "transfer-encoding",
+            "Transfer-Encoding",
+            "x-request-id",
+            "X-Custom",
+            "hosts",
+            "hos",
+            "ETag",
+        ] {
+            assert_eq!(
+                field_name(name.as_bytes()).unwrap(),
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                "{name}"
+            );
+        }
+        for bad in ["", "bad name", "x:y", "caf\u{e9}"] {
+            assert!(field_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
+}

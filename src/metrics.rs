@@ -1,0 +1,193 @@
+//! Metrics: every metric's name, the process-wide Prometheus recorder, and
+//! [`CounterCache`], the per-request path's way to count without building a
+//! labelled key each time.
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Metric names, in one place so dashboards and code agree.
+pub mod names {
+    /// Counter: requests by `route` (template or `-`), `method`, `status`.
+    pub const REQUESTS: &str = "mpg_requests_total";
+    /// Histogram: request latency in seconds by `route`.
+    pub const REQUEST_SECONDS: &str = "mpg_request_duration_seconds";
+    /// Counter: authentication outcomes by `result` (`ok`/`refused`/`error`) and `reason`.
+    pub const AUTH: &str = "mpg_auth_decisions_total";
+    /// Counter: rate-limit decisions by `policy` and `decision` (`allowed`/`limited`).
+    pub const RATE_LIMIT: &str = "mpg_rate_limit_decisions_total";
+    /// Counter: failed calls to the shared rate-limit backend (Redis) by `backend`.
+    pub const RATE_LIMIT_BACKEND_ERRORS: &str = "mpg_rate_limit_backend_errors_total";
+    /// Histogram: seconds per call to the shared rate-limit backend (Redis), by `backend`.
+    pub const RATE_LIMIT_BACKEND_SECONDS: &str = "mpg_rate_limit_backend_duration_seconds";
+    /// Gauge: key-cache entries, positive and negative.
+    pub const CACHE_ENTRIES: &str = "mpg_key_cache_entries";
+    /// Gauge: "not found" key-cache entries (a bound of their own:
+    /// `store.negative_cache_capacity` per tier).
+    pub const CACHE_NEGATIVE_ENTRIES: &str = "mpg_key_cache_negative_entries";
+    /// Counter: store lookups that failed (unavailable or timeout).
+    pub const STORE_ERRORS: &str = "mpg_store_errors_total";
+    /// Gauge: 1 while the key store's circuit breaker is open (or probing), else 0.
+    pub const STORE_BREAKER_OPEN: &str = "mpg_store_breaker_open";
+    /// Counter: circuit breaker transitions by `to` (`open`, `closed`).
+    pub const STORE_BREAKER_TRANSITIONS: &str = "mpg_store_breaker_transitions_total";
+    /// Counter: probes of an open circuit breaker by `result` (`ok`, `failed`).
+    pub const STORE_BREAKER_PROBES: &str = "mpg_store_breaker_probes_total";
+    /// Counter: whole-cache clears by the change follower, by `reason`
+    /// (`store_gap`, `change_log_pruned`).
+    pub const CACHE_CLEARS: &str = "mpg_key_cache_clears_total";
+    /// Counter: change-log records this instance deleted past the retention.
+    pub const CHANGES_PRUNED: &str = "mpg_store_changes_pruned_total";
+    /// Histogram: seconds per store query or commit (cache misses, key service, admin).
+    pub const STORE_SECONDS: &str = "mpg_store_query_duration_seconds";
+    /// Counter: upstream responses and failures by `upstream` and `outcome`.
+    pub const UPSTREAM: &str = "mpg_upstream_requests_total";
+    /// Histogram: seconds from a request's hand-over to its upstream to the
+    /// upstream's response head, by `upstream`; answers only (failures are
+    /// counted by outcome in [`UPSTREAM`]).
+    pub const UPSTREAM_SECONDS: &str = "mpg_upstream_duration_seconds";
+    /// Counter: extra attempts on another target after a connect failure, by `upstream`.
+    pub const UPSTREAM_RETRIES: &str = "mpg_upstream_retries_total";
+    /// Counter: targets taken out of rotation, by `upstream` and `target` (as configured).
+    pub const UPSTREAM_EJECTIONS: &str = "mpg_upstream_target_ejections_total";
+    /// Gauge: 1 while a target is in rotation, 0 while ejected, by `upstream` and `target`.
+    pub const UPSTREAM_TARGET_UP: &str = "mpg_upstream_target_up";
+    /// Gauge: open client connections.
+    pub const CONNECTIONS: &str = "mpg_open_connections";
+    /// Counter: TLS handshakes by `result`.
+    pub const TLS_HANDSHAKES: &str = "mpg_tls_handshakes_total";
+    /// Counter: configuration reloads by `result` (`ok` / `error`).
+    pub const RELOADS: &str = "mpg_config_reloads_total";
+}
+
+/// The process-wide Prometheus recorder (installed once).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                // Fine below a millisecond, where a gateway's own time and a
+                // cached store lookup fall.
+                .set_buckets(&[
+                    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ])
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            match builder.install_recorder() {
+                Ok(handle) => {
+                    let upkeep = handle.clone();
+                    // Histograms need periodic upkeep when no exporter thread runs.
+                    std::thread::spawn(move || loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    });
+                    handle
+                }
+                // Another recorder is installed (embedding): render an empty page.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
+
+/// Counter handles of one metric family whose label values come from small
+/// fixed sets (a method, a status, an outcome), made on first use and then
+/// reused: `counter!` with labels builds, hashes and looks up a key on every
+/// call, which the per-request path should not pay.
+pub(crate) struct CounterCache<K: Labels> {
+    make: Box<dyn Fn(&K) -> metrics::Counter + Send + Sync>,
+    made: std::sync::RwLock<foldhash::HashMap<LabelsId, metrics::Counter>>,
+}
+
+/// Label values that are `'static` strings, found by where they lie rather
+/// than by their text: no hashing or comparing of bytes per lookup. The same
+/// text at two addresses gets two handles to the one registered counter, so
+/// counts are right either way.
+pub(crate) trait Labels {
+    fn id(&self) -> LabelsId;
+}
+
+/// Where up to two label strings lie (address and length of each). Hashed
+/// as one word (equality still compares all four).
+#[derive(PartialEq, Eq)]
+pub(crate) struct LabelsId([usize; 4]);
+
+impl std::hash::Hash for LabelsId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let [a, b, c, d] = self.0.map(|w| w as u64);
+        state.write_u64(a ^ b.rotate_left(16) ^ c.rotate_left(32) ^ d.rotate_left(48));
+    }
+}
+
+impl Labels for &'static str {
+    fn id(&self) -> LabelsId {
+        LabelsId([self.as_ptr() as usize, self.len(), 0, 0])
+    }
+}
+
+impl Labels for (&'static str, &'static str) {
+    fn id(&self) -> LabelsId {
+        LabelsId([
+            self.0.as_ptr() as usize,
+            self.0.len(),
+            self.1.as_ptr() as usize,
+            self.1.len(),
+        ])
+    }
+}
+
+impl<K: Labels> CounterCache<K> {
+    /// A cache whose handles `make` registers.
+    pub(crate) fn new(make: impl Fn(&K) -> metrics::Counter + Send + Sync + 'static) -> Self {
+        CounterCache {
+            make: Box::new(make),
+            made: Default::default(),
+        }
+    }
+
+    /// Adds one to the counter for `labels`.
+    pub(crate) fn increment(&self, labels: K) {
+        let id = labels.id();
+        let made = self.made.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = made.get(&id) {
+            c.increment(1);
+            return;
+        }
+        drop(made);
+        let c = (self.make)(&labels);
+        c.increment(1);
+        self.made
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn labels_found_by_address_still_count_into_one_counter_per_text() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let seen = made.clone();
+            let cache = CounterCache::new(move |&(a, b): &(&'static str, &'static str)| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("t_total", "a" => a, "b" => b)
+            });
+            // The same text at another address: a leaked copy.
+            let other: &'static str = Box::leak(String::from("GET").into_boxed_str());
+            cache.increment(("GET", "200"));
+            cache.increment(("GET", "200"));
+            cache.increment((other, "200"));
+            cache.increment(("GET", "404"));
+            assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
+        });
+        let page = handle.render();
+        assert!(page.contains(r#"t_total{a="GET",b="200"} 3"#), "{page}");
+        assert!(page.contains(r#"t_total{a="GET",b="404"} 1"#), "{page}");
+    }
+}
