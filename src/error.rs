@@ -1,5 +1,5 @@
 //! Every refusal the gateway makes, and the one place it becomes a response
-//! (DESIGN.md §4): status, `error` name, `message`, `details`, and the
+//! (docs/api.md, "Errors"): status, `error` name, `message`, `details`, and the
 //! headers that go with it. Internals (source chains) go to the log only.
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -141,7 +141,7 @@ impl GatewayError {
         }
     }
 
-    /// The `error` name of DESIGN.md §4.
+    /// The `error` name in the JSON body (`Unauthorized`, `NotFound`, …).
     pub fn name(&self) -> &'static str {
         match self {
             GatewayError::BadRequest { .. } => "BadRequest",
@@ -218,7 +218,7 @@ impl GatewayError {
         }
     }
 
-    /// The JSON body of DESIGN.md §4.
+    /// The JSON body: `error`, `message` and, when there are any, `details`.
     pub fn body_bytes(&self) -> Bytes {
         // The bodies a flood gets (bad keys, rate-limited clients) skip the
         // JSON tree: each 401 body is fixed per reason and rendered once, the

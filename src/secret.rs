@@ -1,4 +1,4 @@
-//! Secret formats (DESIGN.md §6): API keys, session tokens, ids, and the
+//! Secret formats: API keys, session tokens, ids, and the
 //! SHA-256 hash that is the only form a secret is ever stored or cached in.
 use rand::Rng;
 use sha2::{Digest, Sha256};

@@ -1,4 +1,4 @@
-//! The command line of DESIGN.md §1: exit codes, JSON on stdout, messages naming what is wrong.
+//! The command line: exit codes, JSON on stdout, messages naming what is wrong.
 mod common;
 
 use common::*;

@@ -1170,7 +1170,7 @@ async fn a_request_body_that_stalls_is_cut_off_after_idle_timeout() {
 
 #[tokio::test]
 async fn proxy_headers_never_reach_the_upstream() {
-    // DESIGN.md §5 removes every `Proxy-*` header, not only the three
+    // The gateway removes every `Proxy-*` header, not only the three
     // standard ones; and `Proxy` itself is httpoxy (CVE-2016-5385): a CGI,
     // PHP or Go net/http/cgi upstream turns it into HTTP_PROXY and sends its
     // own outbound requests through the client's proxy.

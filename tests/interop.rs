@@ -3,7 +3,7 @@
 //! large streamed 200, the refusals sent while the client is still uploading
 //! (401, 403, 404, 405, 413, 429), and 502, 503 and 504 from a dead, an
 //! ejected and a slow upstream. Each client must see the status and the
-//! whole body (the JSON error body of DESIGN.md §4, by its `error` name).
+//! whole body (the JSON error body, by its `error` name).
 //!
 //! The clients run as child processes, several at once, each within a time
 //! bound. A missing client fails the test, naming the package to install:

@@ -1,4 +1,4 @@
-//! The built-in API key service (DESIGN.md §7) over HTTP, every case on both stores:
+//! The built-in API key service over HTTP, every case on both stores:
 //! `sqlite::…` on the embedded one, `postgres::…` on a database of its own.
 mod common;
 
@@ -335,7 +335,7 @@ async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_n
 
 #[tokio::test]
 async fn a_credential_pasted_into_the_body_is_never_echoed_in_the_error() {
-    // DESIGN.md §4: secrets never appear in an error body. A session token or
+    // Secrets never appear in an error body. A session token or
     // key pasted as a scope or as a field name came back in `message` and
     // `details.field`.
     let w = world(false).await;

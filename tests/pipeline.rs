@@ -1,4 +1,4 @@
-//! DESIGN.md §3–§5 over real sockets: the real binary, a real upstream,
+//! The request pipeline over real sockets: the real binary, a real upstream,
 //! every status the pipeline gives, and the headers that go with it.
 mod common;
 

@@ -1,4 +1,4 @@
-//! Several gateway instances on one PostgreSQL store (DESIGN.md §6, §8): changes made on
+//! Several gateway instances on one PostgreSQL store: changes made on
 //! one instance, or by an admin command, reach another instance's cache within 1 s, and a
 //! store outage (a TCP proxy between gateway and PostgreSQL that the test cuts) never
 //! turns a valid key into a 401.

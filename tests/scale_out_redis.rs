@@ -1,4 +1,4 @@
-//! Rate limits shared by several gateway instances through Redis (DESIGN.md §3, §8): the
+//! Rate limits shared by several gateway instances through Redis: the
 //! same bucket whichever instance a client reaches, the GCRA bound under concurrency, the
 //! same headers as the local backend, the auth-failure guard shared, and each
 //! `on_backend_error` mode while Redis is unreachable (a TCP proxy the test cuts).

@@ -1,6 +1,6 @@
 //! Who a request is from, once authenticated, and what they may do in an
 //! organization: key scopes ∩ the permissions of the user's *current* role
-//! (DESIGN.md §3 stage 5).
+//! (the pipeline's authorization stage).
 use std::sync::Arc;
 
 use crate::config::{Permissions, Roles};

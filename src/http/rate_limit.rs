@@ -99,7 +99,7 @@ impl Decision {
         field(&F_REMAINING, Value::Number(Some(1), self.remaining.into()));
         field(&F_RESET, Value::Number(Some(2), self.reset_unix));
         // An allowed request leaves Retry-After alone: an upstream's 409 or 429
-        // passes through with its own (DESIGN.md §5).
+        // passes through with its own.
         if let (false, Some(secs)) = (self.allowed, self.retry_after_secs) {
             field(&F_RETRY_AFTER, Value::Number(None, secs.max(1)));
         }

@@ -116,8 +116,8 @@ impl RequestId {
     }
 }
 
-/// The fields the gateway stamps on a response as it is written (DESIGN.md
-/// §4): `X-Request-Id`, and a rate-limited route's fields. They replace any
+/// The fields the gateway stamps on a response as it is written:
+/// `X-Request-Id`, and a rate-limited route's fields. They replace any
 /// field of the same name the response has (the target's, the key
 /// service's). The HTTP/1.1 writer writes them as lines beside the header
 /// map ([`Stamp::write_to`]) instead of inserting them into it, which hashed

@@ -28,7 +28,8 @@ use super::{Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quot
 /// How long decisions skip a failed backend before one request probes it again.
 const PROBE_INTERVAL_NANOS: u64 = 1_000_000_000;
 
-/// The rate limiter of DESIGN.md §3 stage 3 and the auth-failure guard of stage 2.
+/// The rate limiter of the pipeline's rate-limit stage, and the auth-failure
+/// guard of its authentication stage.
 #[derive(Debug)]
 pub struct RateLimiter {
     /// Configured policies, then the auth-failure policy.

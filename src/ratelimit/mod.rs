@@ -1,4 +1,4 @@
-//! Rate limiting (DESIGN.md §3 stage 3, §4, §8): token buckets as GCRA.
+//! Rate limiting: token buckets as GCRA, in process or shared through Redis.
 //!
 //! This module owns the limiter types the pipeline sees ([`RateLimiter`], [`Decision`],
 //! [`Quota`], [`PolicyId`]), the rate-limit response headers, and both backends: the

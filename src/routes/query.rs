@@ -1,4 +1,4 @@
-//! The strict query parser of DESIGN.md §3 stage 4: names and values
+//! The strict query parser of the pipeline's validation stage: names and values
 //! percent-decoded, and every name at most once ("never first wins").
 use crate::secret::{looks_like_secret, SECRET_MIN_LEN};
 use std::borrow::Cow;

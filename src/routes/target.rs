@@ -1,4 +1,4 @@
-//! The request-target check of DESIGN.md §3 stage 1: anything that two
+//! The request-target check of the pipeline's first stage: anything that two
 //! parsers could read as two different paths is refused before routing.
 use http::header::{HeaderValue, HOST};
 use http::uri::Authority;
