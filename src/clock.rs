@@ -1,9 +1,8 @@
 //! The monotonic clock of the request path, read once per poll of a
 //! connection's task: nginx (`ngx_time_update`) and HAProxy (`now_ms`) read
-//! theirs once per turn of the event loop for the same reason. A proxied
-//! request used to read the clock a dozen times (connection deadlines, the
-//! limiter, the upstream pool, the upstream's deadline); each read is a
-//! `clock_gettime`, about 2% of the gateway's CPU together.
+//! theirs once per turn of the event loop for the same reason: connection
+//! deadlines, the limiter, the upstream pool and the upstream's deadline
+//! would otherwise each make a `clock_gettime` call per request.
 //!
 //! Inside [`reading_once_per_poll`], the first [`now`] of a poll reads the
 //! clock and the rest of that poll gets the same instant. A poll runs for

@@ -1,8 +1,7 @@
 //! An IP address's text form, made once per connection for the rate
 //! limiter's per-address key and `X-Forwarded-For`: IPv4 (nearly every
 //! connection) without `core::fmt`, and read per request as a `&str` with no
-//! further check (an inline buffer needed a UTF-8 check per read, about 80
-//! instructions each).
+//! further check (an inline buffer would need a UTF-8 check per read).
 use std::net::IpAddr;
 
 /// The text form of one address.

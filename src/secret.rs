@@ -49,8 +49,8 @@ pub struct SecretHash(pub [u8; 32]);
 
 impl PartialEq for SecretHash {
     /// Constant-time: the four words' differences are folded together and
-    /// tested once (a tenth of the instructions of a byte-wise `ct_eq`; the
-    /// cache compares a digest on every lookup).
+    /// tested once, cheaper than a byte-wise `ct_eq` (the cache compares a
+    /// digest on every lookup).
     fn eq(&self, other: &Self) -> bool {
         let (a, b) = (self.0.as_chunks::<8>().0, other.0.as_chunks::<8>().0);
         let diff = a.iter().zip(b).fold(0u64, |d, (a, b)| {
