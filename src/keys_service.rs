@@ -1,4 +1,4 @@
-//! The built-in API key service (`builtin = "api-keys"`, DESIGN.md §7).
+//! The built-in API key service (`builtin = "api-keys"`).
 //!
 //! It runs after the pipeline: the caller is authenticated (session), the
 //! organization validated and the route's scope checked. What is left here

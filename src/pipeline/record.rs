@@ -18,8 +18,8 @@ pub(super) fn request_id(headers: &http::HeaderMap) -> RequestId {
             return RequestId::Client(v.clone());
         }
     }
-    // 32 lowercase hex digits, written by hand: `format!` through
-    // `core::fmt` cost about a thousand instructions per request.
+    // 32 lowercase hex digits, written by hand: cheaper than `format!`
+    // through `core::fmt`, for every request that brings no id of its own.
     let id: u128 = rand::random();
     let mut hex = [0u8; 32];
     for (i, digit) in hex.iter_mut().enumerate() {

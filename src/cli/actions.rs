@@ -1,0 +1,181 @@
+//! What the admin subcommands do: each opens the store named by `--config`,
+//! checks its arguments against the settings, and answers with JSON.
+use serde_json::{json, Value};
+use std::time::Duration;
+
+use super::{Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd};
+use crate::app::open_store;
+use crate::clock::unix_now;
+use crate::config::{parse_duration, Settings};
+use crate::store::sql::{NewApiKey, SqlStore};
+
+/// Runs an admin command (everything but run, check-config and demo).
+pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
+    let store = open_store(settings)
+        .await
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let now = unix_now();
+    match cmd {
+        Command::Migrate => Ok(json!({ "migrated": true, "store": settings.store.display })),
+        Command::Orgs(OrgsCmd::Create { id, name }) => {
+            non_empty("--id", &id)?;
+            Ok(store.create_organization(&id, name.as_deref()).await?)
+        }
+        Command::Users(UsersCmd::Create { id, email }) => {
+            non_empty("--id", &id)?;
+            Ok(store.create_user(&id, email.as_deref()).await?)
+        }
+        Command::Members(MembersCmd::Add { org, user, role }) => {
+            if !settings.roles.contains(&role) {
+                return Err(Failure::input(format!(
+                    "--role: unknown role {role:?}; roles in [roles]: {}",
+                    settings.roles.names().join(", ")
+                )));
+            }
+            Ok(store.set_member(&org, &user, &role).await?)
+        }
+        Command::Sessions(SessionsCmd::Create { user, ttl }) => {
+            let ttl = duration_arg("--ttl", &ttl)?;
+            expiry_arg("--ttl", ttl, now)?;
+            let (token, session) = store.create_session(&user, ttl).await?;
+            Ok(
+                json!({ "token": token, "user_id": session.user_id, "expires_at": rfc3339(session.expires_at) }),
+            )
+        }
+        Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
+        Command::Run | Command::CheckConfig | Command::Demo(_) => {
+            Err(Failure::input("not an admin command"))
+        }
+    }
+}
+
+async fn keys(
+    settings: &Settings,
+    store: &SqlStore,
+    cmd: KeysCmd,
+    now: i64,
+) -> Result<Value, Failure> {
+    match cmd {
+        KeysCmd::Create {
+            org,
+            user,
+            name,
+            scopes,
+            expires_in,
+        } => {
+            non_empty("--name", &name)?;
+            if name.chars().count() > 100 {
+                return Err(Failure::input("--name: at most 100 characters"));
+            }
+            let scopes: Vec<String> = scopes
+                .into_iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            if scopes.is_empty() {
+                return Err(Failure::input(
+                    "--scopes: give at least one scope, e.g. --scopes clusters:read",
+                ));
+            }
+            if let Some(bad) = scopes.iter().find(|s| !settings.known_scopes.contains(*s)) {
+                let known: Vec<&str> = settings.known_scopes.iter().map(String::as_str).collect();
+                return Err(Failure::input(format!(
+                    "--scopes: unknown scope {bad:?}; known: {}",
+                    known.join(", ")
+                )));
+            }
+            if store.member_role(&org, &user).await?.is_none() {
+                return Err(Failure::input(format!(
+                    "user {user:?} is not a member of organization {org:?} (add them with: members add --org {org} --user {user} --role ROLE)"
+                )));
+            }
+            let expires_at = match expires_in {
+                Some(text) => Some(expiry_arg(
+                    "--expires-in",
+                    duration_arg("--expires-in", &text)?,
+                    now,
+                )?),
+                None => None,
+            };
+            let new = NewApiKey {
+                organization_id: org,
+                user_id: user,
+                name,
+                scopes,
+                expires_at,
+            };
+            let (secret, record) = store.create_api_key(new).await?;
+            let mut v = record.to_json(now);
+            v["key"] = Value::String(secret);
+            Ok(v)
+        }
+        KeysCmd::List { org } => {
+            let mut all = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let (page, next) = store.list_api_keys(&org, 100, cursor.as_deref()).await?;
+                all.extend(page.iter().map(|r| r.to_json(now)));
+                match next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            Ok(json!({ "data": all }))
+        }
+        KeysCmd::Get { id } => match store.get_api_key(&id).await? {
+            Some(r) => Ok(r.to_json(now)),
+            None => Err(Failure::input(format!("no API key with id {id:?}"))),
+        },
+        KeysCmd::Revoke { id } => match store.revoke_api_key(&id, now).await? {
+            Some(r) => Ok(r.to_json(now)),
+            None => Err(Failure::input(format!("no API key with id {id:?}"))),
+        },
+        KeysCmd::Delete { id } => {
+            if store.delete_api_key(&id).await? {
+                Ok(json!({ "deleted": id }))
+            } else {
+                Err(Failure::input(format!("no API key with id {id:?}")))
+            }
+        }
+    }
+}
+
+fn non_empty(flag: &str, v: &str) -> Result<(), Failure> {
+    if v.trim().is_empty() {
+        Err(Failure::input(format!("{flag}: must not be empty")))
+    } else {
+        Ok(())
+    }
+}
+
+fn duration_arg(flag: &str, text: &str) -> Result<Duration, Failure> {
+    match parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(Failure::input(format!("{flag}: must be longer than zero"))),
+        Err(e) => Err(Failure::input(format!("{flag}: {e}"))),
+    }
+}
+
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z).
+const LAST_RFC3339_SECOND: i64 = 253_402_300_799;
+
+/// `now + lifetime` as unix seconds, if RFC 3339 can still write it: the
+/// record's `expires_at` would otherwise print as null (no expiry) or "".
+fn expiry_arg(flag: &str, lifetime: Duration, now: i64) -> Result<i64, Failure> {
+    i64::try_from(lifetime.as_secs())
+        .ok()
+        .and_then(|secs| now.checked_add(secs))
+        .filter(|at| *at <= LAST_RFC3339_SECOND)
+        .ok_or_else(|| Failure::input(format!("{flag}: must end before the year 10000")))
+}
+
+/// Unix seconds as RFC 3339 UTC.
+pub fn rfc3339(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,139 @@
+//! Stage 6: the request goes to its destination. An HTTP upstream gets it
+//! with hop-by-hop hygiene and the identity and forwarding fields added, its
+//! outcome counted and mapped to a gateway error; the built-in key service
+//! gets the caller's grant.
+use http::header::HOST;
+use http::{request, Request, Response};
+use std::future::Future;
+
+use super::authorize::Grant;
+use super::table::{Destination, Pipeline, RouteEntry};
+use super::validate::Validated;
+use crate::error::{AuthReason, GatewayError};
+use crate::http::body::{Body, RequestBody};
+use crate::http::service::{ConnInfo, RequestId};
+use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
+use crate::proxy::upstream::UpstreamError;
+use crate::routes::named_host;
+
+impl Pipeline {
+    /// Stage 6: to the route's upstream, with identity headers and hygiene.
+    /// (An `async move` block, as `Pipeline::stages` is, for the same reason.)
+    #[allow(clippy::manual_async_fn, clippy::too_many_arguments)]
+    pub(super) fn forward<'a>(
+        &'a self,
+        entry: &'a RouteEntry,
+        head: &'a mut request::Parts,
+        body: RequestBody,
+        grant: Option<Grant<'a>>,
+        validated: Validated,
+        conn: &'a ConnInfo,
+        request_id: &'a RequestId,
+    ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
+        async move {
+            let max_body = self.settings.server.limits.max_body_bytes;
+            let body = Body::new(crate::http::body::Limited::new(body, max_body));
+            let upstream = match &entry.destination {
+                Destination::Builtin(op) => {
+                    let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
+                    let ctx = crate::keys_service::Caller {
+                        principal: grant.principal,
+                        organization: grant.organization,
+                        role: grant.role,
+                    };
+                    // The key service takes the head: nothing reads it after.
+                    let head = std::mem::replace(head, Request::new(()).into_parts().0);
+                    let req = Request::from_parts(head, body);
+                    // Boxed, so the proxying path's future is not sized for this one.
+                    return Box::pin(self.keys_service.handle(
+                        *op,
+                        ctx,
+                        validated.key.map(|k| *k),
+                        req,
+                    ))
+                    .await;
+                }
+                Destination::Http(upstream) => upstream,
+            };
+            // Taken out of the map (no copy): the upstream gets the target's
+            // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
+            // `:authority` (HTTP/2 only) is cloned, not copied: it shares the
+            // bytes received.
+            let host_field = head.headers.remove(HOST);
+            let authority = head.uri.authority().cloned();
+            let host = named_host(authority.as_ref(), host_field.as_ref());
+            sanitize_request(&mut head.headers);
+            let identity = match &grant {
+                Some(g) => {
+                    let scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
+                    Some(Identity {
+                        organization_id: g.organization,
+                        user_id: g.principal.user_id(),
+                        role: g.role,
+                        auth: g.principal.auth_kind(),
+                        key_id: g.principal.key_id(),
+                        scopes,
+                    })
+                }
+                None => None,
+            };
+            let added = Added {
+                identity,
+                forwarded: ForwardedFor {
+                    client_ip: conn.peer_ip(),
+                    proto: if conn.tls { "https" } else { "http" },
+                    host,
+                },
+                request_id: request_id.as_bytes(),
+            };
+            // Whatever form and version the client used, the transports send
+            // the URI's path and query (origin form) over their own version.
+            let handed_over = entry
+                .upstream_latency
+                .as_ref()
+                .map(|h| (h, crate::clock::now()));
+            let result = upstream.forward(head, body, Some(&added)).await;
+            let outcome = match &result {
+                Ok(_) => {
+                    if let Some((histogram, at)) = handed_over {
+                        histogram.record(
+                            crate::clock::now()
+                                .saturating_duration_since(at)
+                                .as_secs_f64(),
+                        );
+                    }
+                    "response"
+                }
+                Err(UpstreamError::Timeout) => "timeout",
+                Err(UpstreamError::BodyTooLarge) => "body_too_large",
+                Err(UpstreamError::Connect(_)) => "connect_error",
+                Err(UpstreamError::Unavailable { .. }) => "unavailable",
+                Err(UpstreamError::Saturated) => "saturated",
+                Err(e) if e.is_client_side() => "client_body",
+                Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
+            };
+            entry.upstream_outcomes.increment(outcome);
+            result.map_err(|e| match e {
+                UpstreamError::Timeout => GatewayError::GatewayTimeout,
+                UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
+                UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
+                    what: format!("upstream {}", entry.route.upstream).into(),
+                    retry_after,
+                },
+                UpstreamError::Saturated => GatewayError::ServiceUnavailable {
+                    what: format!("upstream {}", entry.route.upstream).into(),
+                    retry_after: 1,
+                },
+                // The client's own body was cut off, malformed or stalled:
+                // its fault, not the upstream's (no 502, no warning logged).
+                other => match other.client_body_error() {
+                    Some(body) => GatewayError::BadRequest {
+                        message: body.to_string().into(),
+                        field: None,
+                    },
+                    None => GatewayError::BadGateway(Box::new(other)),
+                },
+            })
+        }
+    }
+}

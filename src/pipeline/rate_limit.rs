@@ -1,0 +1,77 @@
+//! Stage 3: the route's rate-limit policy, keyed by credential, organization
+//! or client IP as the policy says, and the decision counted per policy.
+use http::request;
+use std::borrow::Cow;
+
+use super::table::{Pipeline, RouteEntry};
+use super::validate::requested_org_hint;
+use crate::auth::Principal;
+use crate::config::PolicyKey;
+use crate::error::GatewayError;
+use crate::http::rate_limit::Decision;
+use crate::http::service::ConnInfo;
+
+impl Pipeline {
+    /// Stage 3: the route's policy, keyed as the policy says.
+    pub(super) async fn rate_limit(
+        &self,
+        entry: &RouteEntry,
+        principal: Option<&Principal>,
+        head: &request::Parts,
+        path_param: Option<&str>,
+        conn: &ConnInfo,
+        decided: &mut Option<Decision>,
+    ) -> Result<(), GatewayError> {
+        let Some((policy, key_kind)) = entry.policy else {
+            return Ok(());
+        };
+        let user_key;
+        let key: &str = match (key_kind, principal) {
+            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => &k.key.id,
+            (PolicyKey::Credential, Some(Principal::Session(s))) => {
+                user_key = format!("user:{}", s.session.user_id);
+                &user_key
+            }
+            // One bucket per organization (its bare id), whichever
+            // credential spends it. A session has no organization of its
+            // own: it spends the one the request names directly when the
+            // user is a member of it (stage 5 has not run yet: a stranger
+            // naming it must not drain its bucket), else one of its user,
+            // as `user <id>` (ids hold no space, so no organization's).
+            (PolicyKey::Organization, Some(p)) => {
+                let named = || {
+                    requested_org_hint(entry, head, path_param)
+                        .filter(|org| p.role_in(org).is_some())
+                };
+                match p.home_organization().map(Cow::Borrowed).or_else(named) {
+                    Some(Cow::Borrowed(org)) => org,
+                    Some(Cow::Owned(org)) => {
+                        user_key = org;
+                        &user_key
+                    }
+                    None => {
+                        user_key = format!("user {}", p.user_id());
+                        &user_key
+                    }
+                }
+            }
+            _ => conn.peer_ip(),
+        };
+        let decision = self.limiter.check(policy, key).await;
+        let allowed = decision.allowed;
+        if let Some((ok, limited)) = &entry.limit_counters {
+            if allowed {
+                ok.increment(1)
+            } else {
+                limited.increment(1)
+            }
+        }
+        let retry_after = decision.retry_after_secs.unwrap_or(1);
+        *decided = Some(decision);
+        if allowed {
+            Ok(())
+        } else {
+            Err(GatewayError::TooManyRequests { retry_after })
+        }
+    }
+}
