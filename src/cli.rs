@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
-use crate::store::sql::{NewApiKey, SqlStore};
+use crate::store::sql::SqlStore;
+use crate::store::NewApiKey;
 use crate::store::StoreError;
 
 /// mpg-gateway: an authenticating, rate-limiting API gateway.

@@ -12,6 +12,7 @@ pub mod sql;
 mod sql_accounts;
 mod sql_changes;
 mod sql_connect;
+mod sql_error;
 mod sql_keys;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -20,8 +21,9 @@ pub mod usage;
 pub use cache::{CacheConfig, CachedKeyStore};
 pub use invalidation::spawn_invalidation;
 pub use outage::unavailable;
-pub use sql::{NewApiKey, SqlStore};
+pub use sql::SqlStore;
 pub use sql_changes::CHANGE_RETENTION;
+pub use sql_keys::NewApiKey;
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;
