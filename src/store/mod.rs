@@ -134,8 +134,9 @@ impl ApiKeyRecord {
         }
     }
 
-    /// DESIGN §6 JSON: id, name, organization_id, user_id, scopes[], prefix,
-    /// status, created_at, expires_at, revoked_at, last_used_at (RFC 3339 UTC or null).
+    /// The JSON the key service shows: id, name, organization_id, user_id,
+    /// scopes[], prefix, status, created_at, expires_at, revoked_at,
+    /// last_used_at (RFC 3339 UTC or null).
     pub fn to_json(&self, now: i64) -> Value {
         json!({
             "id": self.id,
