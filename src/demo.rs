@@ -14,7 +14,7 @@ use crate::config::Settings;
 use crate::http::body::{self, Body};
 use crate::http::service::{ConnInfo, Handler, Reply};
 use crate::server::{serve, ListenerLimits};
-use crate::store::sql::NewApiKey;
+use crate::store::NewApiKey;
 
 /// The shipped route table, which the demo serves unchanged.
 const SHIPPED_CONFIG: &str = include_str!("../config/gateway.toml");

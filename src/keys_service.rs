@@ -19,7 +19,8 @@ use crate::error::GatewayError;
 use crate::http::body::{self, Body};
 use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
-use crate::store::sql::{NewApiKey, SqlStore};
+use crate::store::sql::SqlStore;
+use crate::store::NewApiKey;
 use crate::store::{ApiKeyRecord, Change, StoreError};
 
 /// Longest key name accepted.

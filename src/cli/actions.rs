@@ -7,7 +7,8 @@ use super::{Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCm
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
-use crate::store::sql::{NewApiKey, SqlStore};
+use crate::store::sql::SqlStore;
+use crate::store::NewApiKey;
 
 /// Runs an admin command (everything but run, check-config and demo).
 pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {

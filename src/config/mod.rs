@@ -5,9 +5,14 @@
 //! own, so one typo does not hide the next: `check-config` lists them all.
 mod builtin;
 mod duration;
+mod problems;
+mod rate_limit;
 mod raw;
 mod redact;
+mod roles;
 mod routes;
+mod server;
+mod store;
 mod upstream;
 mod validate;
 
@@ -23,7 +28,8 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Scopes the gateway itself knows (API-SPEC.md and the built-in key service).
+/// Scopes the gateway itself knows: those of the clusters API it fronts and
+/// those of the built-in key service.
 pub const BUILTIN_SCOPES: [&str; 4] = [
     "clusters:read",
     "clusters:write",

@@ -1,6 +1,7 @@
 //! The configuration file exactly as TOML spells it: serde structs with
-//! `deny_unknown_fields` and DESIGN.md §2 defaults. Nothing here is checked
-//! beyond types; `super::validate` turns it into `Settings`.
+//! `deny_unknown_fields` and a default for every key but `upstreams` and
+//! `routes`. Nothing here is checked beyond types; `super::validate` turns
+//! it into `Settings`.
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -188,7 +189,7 @@ pub(crate) struct RawPolicy {
     pub(crate) key: PolicyKey,
 }
 
-/// `[rate_limit.auth_failures]`: each key defaults on its own (DESIGN.md §2).
+/// `[rate_limit.auth_failures]`: each key defaults on its own.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RawQuota {

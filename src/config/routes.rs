@@ -4,8 +4,8 @@
 use http::Method;
 use std::collections::{BTreeMap, HashSet};
 
+use super::problems::Problems;
 use super::raw::*;
-use super::validate::Problems;
 use super::*;
 
 /// The key service trusts the organization stage 5 authorized: for a key

@@ -507,8 +507,8 @@ fn key_service_routes_by_id_must_take_the_organization_of_that_key() {
 
 #[test]
 fn auth_failures_keys_default_one_by_one() {
-    // DESIGN.md §2: every key but routes and upstreams has a default, so a
-    // table that sets one of the two keys keeps the other's default.
+    // Every key but routes and upstreams has a default, so a table that
+    // sets one of the two keys keeps the other's default.
     let text = |body: &str| format!("{MINIMAL}\n[rate_limit.auth_failures]\n{body}\n");
     let s = Settings::parse(&text("requests = 5")).unwrap();
     assert_eq!(s.rate_limit.auth_failures.requests.get(), 5);

@@ -4,8 +4,8 @@ use http::Uri;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::problems::Problems;
 use super::raw::RawUpstream;
-use super::validate::Problems;
 use super::{BuiltinService, HttpUpstreamSettings, UpstreamSettings};
 
 /// Defaults a user would expect (nginx- and Envoy-like).
@@ -110,10 +110,10 @@ fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpU
         .unwrap_or(MAX_CONNECTIONS_PER_TARGET);
     if max_connections_per_target == 0 {
         p.add(key("max_connections_per_target"), "must be at least 1");
-    } else if max_connections_per_target > super::validate::MAX_CONNECTIONS {
+    } else if max_connections_per_target > super::problems::MAX_CONNECTIONS {
         p.add(
             key("max_connections_per_target"),
-            format!("at most {}", super::validate::MAX_CONNECTIONS),
+            format!("at most {}", super::problems::MAX_CONNECTIONS),
         );
     }
     let retries = raw.retries.unwrap_or(RETRIES);

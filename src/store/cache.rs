@@ -10,107 +10,18 @@
 //! [`CachedKeyStore::invalidate`] drops exactly the entries a [`Change`]
 //! affects, and a load racing it does not re-insert what it removed.
 mod breaker;
+mod changes;
 mod negative;
 mod tier;
 
 use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreError};
 use crate::secret::SecretHash;
+use changes::ChangeLog;
 use futures_util::FutureExt;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tier::{lock, Tier};
+use std::sync::Arc;
+use tier::Tier;
 
-/// Invalidations remembered for racing loads; older ones count as "changed".
-const RECENT_CHANGES: usize = 1024;
-
-/// Cache sizing and lifetimes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheConfig {
-    /// Positive entries are answered from cache this long.
-    pub ttl: Duration,
-    /// "Not found" entries are answered from cache this long.
-    pub negative_ttl: Duration,
-    /// Maximum positive entries per tier (API keys and sessions each).
-    pub capacity: u64,
-    /// Maximum "not found" entries per tier, apart from `capacity`.
-    pub negative_capacity: u64,
-    /// A positive entry past `ttl` is still served this much longer while
-    /// the store is unavailable.
-    pub stale_if_error: Duration,
-}
-
-/// What a cached value needs to know to be invalidated.
-trait Cached: Send + Sync + 'static {
-    /// True when `change` may make this value wrong.
-    fn affected_by(&self, change: &Change) -> bool;
-}
-
-impl Cached for ApiKeyAuth {
-    fn affected_by(&self, change: &Change) -> bool {
-        match change {
-            Change::ApiKey { id } => self.key.id == *id,
-            Change::Member {
-                organization_id,
-                user_id,
-            } => self.key.organization_id == *organization_id && self.key.user_id == *user_id,
-            Change::Session { .. } => false,
-            Change::All => true,
-        }
-    }
-}
-
-impl Cached for SessionAuth {
-    fn affected_by(&self, change: &Change) -> bool {
-        match change {
-            Change::Session { id } => self.session.id == *id,
-            Change::Member { user_id, .. } => self.session.user_id == *user_id,
-            Change::ApiKey { .. } => false,
-            Change::All => true,
-        }
-    }
-}
-
-/// Recent invalidations, numbered, so a load can ask "did anything that
-/// touches my answer happen since I started?".
-#[derive(Default)]
-struct ChangeLog {
-    epoch: AtomicU64,
-    recent: Mutex<VecDeque<(u64, Change)>>,
-}
-
-impl ChangeLog {
-    /// The number of the latest invalidation.
-    fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    /// Remembers `change` (called before the entries are dropped).
-    fn record(&self, change: &Change) {
-        let mut recent = lock(&self.recent);
-        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        recent.push_back((epoch, change.clone()));
-        if recent.len() > RECENT_CHANGES {
-            recent.pop_front();
-        }
-    }
-
-    /// True if an invalidation after `start` matches `affects`, or if too
-    /// many happened to tell.
-    fn changed_since(&self, start: u64, affects: impl Fn(&Change) -> bool) -> bool {
-        if self.epoch() == start {
-            return false;
-        }
-        let recent = lock(&self.recent);
-        match recent.front() {
-            Some((oldest, _)) if *oldest > start + 1 => true,
-            _ => recent
-                .iter()
-                .any(|(epoch, change)| *epoch > start && affects(change)),
-        }
-    }
-}
+pub use tier::CacheConfig;
 
 /// The caching decorator around any [`KeyStore`] (cheap to clone).
 #[derive(Clone)]

@@ -12,6 +12,7 @@ pub mod sql;
 mod sql_accounts;
 mod sql_changes;
 mod sql_connect;
+mod sql_error;
 mod sql_keys;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -20,8 +21,9 @@ pub mod usage;
 pub use cache::{CacheConfig, CachedKeyStore};
 pub use invalidation::spawn_invalidation;
 pub use outage::unavailable;
-pub use sql::{NewApiKey, SqlStore};
+pub use sql::SqlStore;
 pub use sql_changes::CHANGE_RETENTION;
+pub use sql_keys::NewApiKey;
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;
@@ -132,8 +134,9 @@ impl ApiKeyRecord {
         }
     }
 
-    /// DESIGN §6 JSON: id, name, organization_id, user_id, scopes[], prefix,
-    /// status, created_at, expires_at, revoked_at, last_used_at (RFC 3339 UTC or null).
+    /// The JSON the key service shows: id, name, organization_id, user_id,
+    /// scopes[], prefix, status, created_at, expires_at, revoked_at,
+    /// last_used_at (RFC 3339 UTC or null).
     pub fn to_json(&self, now: i64) -> Value {
         json!({
             "id": self.id,

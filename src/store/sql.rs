@@ -2,9 +2,11 @@
 //! sqlx's `Any` driver so the same statements run on both (`$1` placeholders
 //! work on both). This file owns connecting, migrating and the query
 //! deadline; the change log lives in `sql_changes.rs`, accounts and sessions
-//! in `sql_accounts.rs`, API keys in `sql_keys.rs`.
+//! in `sql_accounts.rs`, API keys in `sql_keys.rs`, and what a sqlx error
+//! means for the caller in `sql_error.rs`.
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
 use super::sql_connect::ConnectCheck;
+use super::sql_error::Db;
 use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError};
 use crate::clock::unix_now;
 use crate::secret::SecretHash;
@@ -15,8 +17,6 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-pub use super::sql_keys::NewApiKey;
 
 /// Busy timeout set on every SQLite connection (writers wait, not fail).
 const SQLITE_BUSY_TIMEOUT_MS: u64 = 5000;
@@ -39,42 +39,6 @@ impl fmt::Debug for SqlStore {
             .field("backend", &self.backend())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
-    }
-}
-
-/// Any driver/database failure: the store is unusable for this request.
-/// A connection that could not be made or was lost is
-/// [`StoreError::Unreachable`] (the cache's circuit breaker opens at once),
-/// no pooled connection within the deadline is [`StoreError::Timeout`], and
-/// an error the server answered with is [`StoreError::Unavailable`].
-pub(super) fn unavailable(e: sqlx::Error) -> StoreError {
-    use sqlx::Error as E;
-    let lost = match &e {
-        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolClosed | E::WorkerCrashed => true,
-        // Class 08: connection exception; 57P0x: the server shutting down
-        // or not yet accepting connections.
-        E::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
-        E::PoolTimedOut => return StoreError::Timeout,
-        _ => false,
-    };
-    if lost {
-        StoreError::Unreachable(Arc::new(e))
-    } else {
-        StoreError::Unavailable(Arc::new(e))
-    }
-}
-
-/// `map_err(unavailable)` with less noise.
-pub(super) trait Db<T> {
-    /// Maps a sqlx error to [`StoreError::Unavailable`].
-    fn db(self) -> Result<T, StoreError>;
-}
-
-impl<T> Db<T> for Result<T, sqlx::Error> {
-    fn db(self) -> Result<T, StoreError> {
-        self.map_err(unavailable)
     }
 }
 

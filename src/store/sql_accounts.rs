@@ -1,6 +1,7 @@
 //! The accounts half of [`SqlStore`]: organizations, users, memberships and
 //! sessions (creation, role changes, session removal and the session lookup).
-use super::sql::{check_id, Db, SqlStore};
+use super::sql::{check_id, SqlStore};
+use super::sql_error::Db;
 use super::{Change, SessionAuth, SessionRecord, StoreError};
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};

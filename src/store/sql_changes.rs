@@ -6,7 +6,8 @@
 //! same transaction, so a reader whose cursor is below it knows it may have
 //! missed something and clears its cache instead.
 use super::schema::{Dialect, NOTIFY_CHANNEL};
-use super::sql::{Db, SqlStore};
+use super::sql::SqlStore;
+use super::sql_error::Db;
 use super::{Change, StoreError};
 use crate::clock::unix_now;
 use sqlx::{AnyConnection, Executor, Row};

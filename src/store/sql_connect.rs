@@ -49,10 +49,10 @@ impl ConnectCheck {
     ) -> Result<T, StoreError> {
         let mut acquire = pin!(acquire);
         if let Ok(done) = tokio::time::timeout(CHECK_AFTER, &mut acquire).await {
-            return done.map_err(super::sql::unavailable);
+            return done.map_err(super::sql_error::unavailable);
         }
         tokio::select! {
-            done = &mut acquire => done.map_err(super::sql::unavailable),
+            done = &mut acquire => done.map_err(super::sql_error::unavailable),
             refused = self.refused(opts, deadline) => Err(refused),
         }
     }

@@ -1,6 +1,7 @@
 //! The API key half of [`SqlStore`]: create, list (keyset pagination with an
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
-use super::sql::{Db, SqlStore};
+use super::sql::SqlStore;
+use super::sql_error::Db;
 use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
 use crate::clock::unix_now;
 use crate::secret::hex;

@@ -3,8 +3,11 @@ use super::*;
 use crate::secret::hash_secret;
 use crate::store::{ApiKeyRecord, SessionRecord};
 use breaker::{OPEN_AFTER_FAILURES, PROBE_EVERY};
+use changes::{lock, RECENT_CHANGES};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// A store that counts queries, can fail, and answers from a snapshot

@@ -5,16 +5,33 @@
 //! once while the [`Breaker`] is open), and the guard that keeps a load
 //! racing an invalidation from caching what the invalidation removed.
 use super::breaker::{Breaker, CircuitOpen};
+use super::changes::{lock, Cached, ChangeLog};
 use super::negative::Negatives;
-use super::{CacheConfig, Cached, ChangeLog};
 use crate::secret::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::UnitWeighter;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// Cache sizing and lifetimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Positive entries are answered from cache this long.
+    pub ttl: Duration,
+    /// "Not found" entries are answered from cache this long.
+    pub negative_ttl: Duration,
+    /// Maximum positive entries per tier (API keys and sessions each).
+    pub capacity: u64,
+    /// Maximum "not found" entries per tier, apart from `capacity`.
+    pub negative_capacity: u64,
+    /// A positive entry past `ttl` is still served this much longer while
+    /// the store is unavailable.
+    pub stale_if_error: Duration,
+}
 
 /// Counter: key-cache lookups by `result` (`hit`, `stale`, `miss`).
 pub(crate) const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
@@ -59,12 +76,6 @@ impl<T> Slot<T> {
     }
 }
 
-/// Locks `m`, recovering from poisoning (the guarded data stays consistent:
-/// every critical section is a single map or queue operation).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// One cache tier.
 pub(super) struct Tier<T> {
     entries: Entries<T>,
@@ -79,9 +90,8 @@ pub(super) struct Tier<T> {
 }
 
 /// The tier's map. A hit takes one shard's read lock and sets a bit: no
-/// read log to replay and no epoch to pin, as moka's hits had (about 1 100
-/// instructions per request of the gateway's 38 000). Nothing expires by
-/// time in the map itself: freshness is decided in [`Slot`], and an entry
+/// read log to replay and no epoch to pin, as a hit in moka has. Nothing
+/// expires by time in the map itself: freshness is decided in [`Slot`], and an entry
 /// too old to serve even stale stays, unserved, until the capacity bound
 /// evicts it or a new answer replaces it.
 type Entries<T> = Cache<

@@ -1,0 +1,105 @@
+//! Validation of `[server]` (listen address, TLS files, limits) and the
+//! socket addresses `[admin]` shares with it.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::problems::{Problems, MAX_CONNECTIONS};
+use super::raw::RawServer;
+use super::{Limits, ServerSettings, TlsSettings};
+
+/// The most header bytes a request may have: twice this bounds the head a
+/// connection buffers, and must fit HTTP/2's `u32` header-list limit.
+const MAX_HEADER_BYTES: usize = 1 << 30;
+
+pub(super) fn socket_addr(p: &mut Problems, path: &str, text: &str) -> Option<SocketAddr> {
+    match text.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            p.add(
+                path,
+                format!("invalid address {text:?}: expected IP:PORT, e.g. \"127.0.0.1:8443\""),
+            );
+            None
+        }
+    }
+}
+
+pub(super) fn server_settings(p: &mut Problems, raw: RawServer) -> ServerSettings {
+    let listen = socket_addr(
+        p,
+        "server.listen",
+        raw.listen.as_deref().unwrap_or("0.0.0.0:8443"),
+    )
+    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8443)));
+    let tls = match (raw.insecure_http, raw.tls) {
+        (true, _) => None,
+        (false, None) => {
+            p.add("server.tls", "required unless server.insecure_http = true (set cert and key, or self_signed = true)");
+            None
+        }
+        (false, Some(tls)) if tls.self_signed => {
+            if tls.cert.is_some() || tls.key.is_some() {
+                p.add("server.tls.self_signed", "cannot be combined with cert/key");
+            }
+            Some(TlsSettings::SelfSigned)
+        }
+        (false, Some(tls)) => {
+            let mut file = |name: &str, v: Option<String>| -> Option<PathBuf> {
+                let path = format!("server.tls.{name}");
+                match v {
+                    None => {
+                        p.add(path, "required (a PEM file path)");
+                        None
+                    }
+                    Some(f) if !std::path::Path::new(&f).is_file() => {
+                        p.add(path, format!("file {f:?} does not exist or is not a file"));
+                        None
+                    }
+                    Some(f) => Some(PathBuf::from(f)),
+                }
+            };
+            let cert = file("cert", tls.cert);
+            let key = file("key", tls.key);
+            cert.zip(key)
+                .map(|(cert, key)| TlsSettings::Files { cert, key })
+        }
+    };
+    if raw.workers > 1024 {
+        p.add("server.workers", "at most 1024 (0 = one per core)");
+    }
+    let l = raw.limits;
+    if l.max_header_bytes < 1024 {
+        p.add("server.limits.max_header_bytes", "must be at least 1024");
+    } else if l.max_header_bytes > MAX_HEADER_BYTES {
+        p.add(
+            "server.limits.max_header_bytes",
+            format!("at most {MAX_HEADER_BYTES}"),
+        );
+    }
+    if l.max_body_bytes == 0 {
+        p.add("server.limits.max_body_bytes", "must be greater than zero");
+    }
+    if l.max_connections == 0 {
+        p.add("server.limits.max_connections", "must be greater than zero");
+    } else if l.max_connections > MAX_CONNECTIONS {
+        p.add(
+            "server.limits.max_connections",
+            format!("at most {MAX_CONNECTIONS}"),
+        );
+    }
+    p.positive("server.limits.header_read_timeout", l.header_read_timeout);
+    p.positive("server.limits.idle_timeout", l.idle_timeout);
+    ServerSettings {
+        listen,
+        tls,
+        workers: raw.workers,
+        limits: Limits {
+            max_header_bytes: l.max_header_bytes,
+            max_body_bytes: l.max_body_bytes,
+            header_read_timeout: l.header_read_timeout,
+            idle_timeout: l.idle_timeout,
+            max_connections: l.max_connections,
+            shutdown_grace: l.shutdown_grace,
+        },
+    }
+}
