@@ -31,7 +31,7 @@ pub(super) async fn serve_connection<S, H>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Handler,
 {
-    let h1_limits = h1::Limits {
+    let h1_limits = h1::ConnectionLimits {
         header_read_timeout: limits.header_read_timeout,
         idle_timeout: limits.idle_timeout,
         max_head_bytes: head_backstop(limits),
