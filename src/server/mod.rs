@@ -81,9 +81,9 @@ pub async fn serve<H: Handler>(
             stop_rx.clone(),
         );
         // Each branch boxes its whole future, so that the task of a plain
-        // connection reserves no room for a TLS one's state (the rustls
-        // session is large): every idle keep-alive connection pays for the
-        // size of its task.
+        // connection reserves no room for a TLS one's state (a rustls
+        // connection is large): every idle keep-alive connection pays for
+        // the size of its task.
         connections.spawn(crate::clock::reading_once_per_poll(async move {
             let _permit = permit;
             let _open = open;
