@@ -312,35 +312,3 @@ async fn refuse<S: AsyncWrite + Unpin>(
     let _ = io.shutdown().await;
     Ok(Ended::Closed)
 }
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    #[test]
-    fn chunk_size_lines_are_lowercase_hex_from_zero_to_the_widest() {
-        for (n, want) in [
-            (0, &b"0\r\n"[..]),
-            (1, b"1\r\n"),
-            (0x1a2b, b"1a2b\r\n"),
-            (usize::MAX, b"ffffffffffffffff\r\n"),
-        ] {
-            assert_eq!(&*super::ChunkSize::new(n), want, "{n}");
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn after_queued_tasks_lets_the_tasks_already_queued_run_first() {
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let (a, b) = (order.clone(), order.clone());
-        let first = tokio::spawn(async move {
-            a.lock().unwrap().push("a: before");
-            super::after_queued_tasks().await;
-            a.lock().unwrap().push("a: after");
-        });
-        let second = tokio::spawn(async move { b.lock().unwrap().push("b") });
-        first.await.unwrap();
-        second.await.unwrap();
-        assert_eq!(*order.lock().unwrap(), ["a: before", "b", "a: after"]);
-    }
-}
