@@ -27,7 +27,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
     H: Handler,
 {
-    let limits = h1::Limits {
+    let limits = h1::ConnectionLimits {
         header_read_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
         max_head_bytes,

@@ -10,8 +10,9 @@
 //! Why not hyper's HTTP/1 server: it keeps an 8 KiB read buffer and an
 //! 8 KiB write buffer for the whole life of every connection. Here an idle
 //! keep-alive connection holds no buffer at all — reads go through the stack
-//! and only a request's own bytes are kept while it lives — so ten thousand
-//! idle connections cost about 40 MiB instead of 200.
+//! and only a request's own bytes are kept while it lives — so a gateway
+//! holding many idle connections stays small (`benches/load/README.md` has
+//! the figure for ten thousand).
 //!
 //! The framing rules follow hyper's, which the adversarial tests pin: one
 //! `Transfer-Encoding` that ends in `chunked` wins over `Content-Length` (and
@@ -19,34 +20,33 @@
 //! lengths, other transfer codings, obs-fold and bare CR are 400; a
 //! `Transfer-Encoding` in an HTTP/1.0 request is 400.
 mod body;
+mod decoder;
 mod head;
 mod response;
+mod socket;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{Method, Version};
-use std::future::poll_fn;
 use std::io;
-use std::mem::MaybeUninit;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::clock;
 use crate::error::GatewayError;
 use crate::http::body::RequestBody;
 use crate::http::service::{ConnInfo, Handler};
-pub(crate) use body::Decoder;
 use body::{discard, drive, Feed, Rest};
-pub(crate) use head::parse_head;
-pub(crate) use head::{ends_in_chunked, has_token, parse_length, Framing};
+pub(crate) use decoder::Decoder;
+pub(crate) use head::{ends_in_chunked, has_token, parse_head, parse_length, Framing};
 use head::{Head, HeadError};
 use response::write_response;
+use socket::read_more;
+pub(crate) use socket::{
+    after_queued_tasks, chunk_tail, poll_read_more, poll_write_buf, ChunkSize,
+};
 
-/// One read from the socket, on the stack.
-const READ_CHUNK: usize = 8192;
 /// During a drain, a connection with no request in flight is closed once it
 /// has been quiet this long (at once if it already has): long enough for a
 /// client's next request, sent on a response that did not announce the
@@ -55,9 +55,10 @@ const DRAIN_LINGER: Duration = Duration::from_secs(1);
 /// What an HTTP/2 client sends first (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// The limits one connection is served under.
+/// The limits one HTTP/1.1 connection is served under: how long a head and
+/// an idle wait may take, and how large a head may grow.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub(crate) struct ConnectionLimits {
     /// A request head must be complete this long after its first byte. The
     /// first request's is timed from the accept instead (TLS handshake
     /// included): its deadline is [`serve`]'s `first_head_by`.
@@ -91,7 +92,7 @@ pub(crate) async fn serve<S, H>(
     io: &mut S,
     handler: &Arc<H>,
     conn: &Arc<ConnInfo>,
-    limits: Limits,
+    limits: ConnectionLimits,
     first_head_by: Instant,
     stop: &watch::Receiver<bool>,
 ) -> io::Result<Ended>
@@ -108,8 +109,8 @@ where
     let timer = tokio::time::sleep_until(deadline.into());
     tokio::pin!(timer);
     // Shutdown, watched by one future for the connection's life: a
-    // `changed()` made for each wait added and removed a waiter in the
-    // channel on every request (about 220 instructions).
+    // `changed()` made for each wait would add and remove a waiter in the
+    // channel on every request.
     let stopping = crate::http::service::stopped(stop.clone());
     tokio::pin!(stopping);
     // Set once the drain has been seen while waiting for a request: the
@@ -283,118 +284,11 @@ where
     }
 }
 
-/// Reads what the socket has into `buf` (0 at end of stream). Through the
-/// stack, so a connection waiting for bytes holds no buffer.
-async fn read_more<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut) -> io::Result<usize> {
-    poll_fn(|cx| poll_read_more(io, cx, buf)).await
-}
-
-/// [`read_more`] as a poll function (the upstream client reads with it too).
-pub(crate) fn poll_read_more<S: AsyncRead + Unpin>(
-    io: &mut S,
-    cx: &mut std::task::Context<'_>,
-    buf: &mut BytesMut,
-) -> Poll<io::Result<usize>> {
-    let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-    let mut rb = ReadBuf::uninit(&mut stack);
-    match Pin::new(&mut *io).poll_read(cx, &mut rb) {
-        Poll::Ready(Ok(())) => {
-            buf.extend_from_slice(rb.filled());
-            Poll::Ready(Ok(rb.filled().len()))
-        }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
-    }
-}
-
-/// Writes what it can of `buf` and returns how many bytes went: a `buf` in
-/// one piece with one plain write (`send` on a TCP socket), one in several
-/// with a `writev` of them. A one-buffer `send` skips what `writev` costs
-/// the kernel beside it (the I/O-vector copy and the VFS write path; the
-/// measurement is in `benches/load/FINDINGS.md`). The server's responses and
-/// the upstream client's requests both write through this.
-pub(crate) fn poll_write_buf<S: AsyncWrite + Unpin, B: Buf>(
-    io: &mut S,
-    cx: &mut std::task::Context<'_>,
-    buf: &B,
-) -> Poll<io::Result<usize>> {
-    let chunk = buf.chunk();
-    if chunk.len() == buf.remaining() {
-        return Pin::new(io).poll_write(cx, chunk);
-    }
-    let mut slices = [io::IoSlice::new(&[]); 8];
-    let n = buf.chunks_vectored(&mut slices);
-    Pin::new(io).poll_write_vectored(cx, &slices[..n])
-}
-
-/// The size line of a chunk of `n` bytes (`1a2b\r\n`), written on the
-/// stack: the server's chunked responses and the upstream client's chunked
-/// requests both frame with it.
-pub(crate) struct ChunkSize {
-    buf: [u8; 18],
-    start: usize,
-}
-
-impl ChunkSize {
-    pub(crate) fn new(n: usize) -> Self {
-        let mut buf = [0u8; 18];
-        buf[16..].copy_from_slice(b"\r\n");
-        let mut start = 16;
-        let mut v = n;
-        loop {
-            start -= 1;
-            buf[start] = b"0123456789abcdef"[v & 15];
-            v >>= 4;
-            if v == 0 {
-                break;
-            }
-        }
-        ChunkSize { buf, start }
-    }
-}
-
-impl std::ops::Deref for ChunkSize {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-/// What follows a piece of chunked data (`empty`: none) on the wire: the
-/// end of its chunk, and the last chunk when the body ends with it.
-pub(crate) fn chunk_tail(empty: bool, end: bool) -> &'static [u8] {
-    match (empty, end) {
-        (true, true) => b"0\r\n\r\n",
-        (true, false) => b"",
-        (false, true) => b"\r\n0\r\n\r\n",
-        (false, false) => b"\r\n",
-    }
-}
-
-/// Returns once the tasks already queued to run have run: the caller goes
-/// to the back of the scheduler's queue (no system call, unlike
-/// `tokio::task::yield_now`, which waits for the I/O driver to be polled).
-/// Socket writes wait on this, so that one round of ready requests reaches
-/// the process on the other end (and the core it sleeps on) in a burst that
-/// wakes it once, not once per request.
-pub(crate) async fn after_queued_tasks() {
-    let mut queued = false;
-    poll_fn(|cx| {
-        if queued {
-            return Poll::Ready(());
-        }
-        queued = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
-}
-
 /// Answers a head that cannot be served, then closes.
 async fn refuse<S: AsyncWrite + Unpin>(
     io: &mut S,
     e: HeadError,
-    limits: Limits,
+    limits: ConnectionLimits,
 ) -> io::Result<Ended> {
     tracing::debug!(error = ?e, "refusing an HTTP/1 request head");
     let err = match e {
@@ -417,36 +311,4 @@ async fn refuse<S: AsyncWrite + Unpin>(
     .await?;
     let _ = io.shutdown().await;
     Ok(Ended::Closed)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    #[test]
-    fn chunk_size_lines_are_lowercase_hex_from_zero_to_the_widest() {
-        for (n, want) in [
-            (0, &b"0\r\n"[..]),
-            (1, b"1\r\n"),
-            (0x1a2b, b"1a2b\r\n"),
-            (usize::MAX, b"ffffffffffffffff\r\n"),
-        ] {
-            assert_eq!(&*super::ChunkSize::new(n), want, "{n}");
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn after_queued_tasks_lets_the_tasks_already_queued_run_first() {
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let (a, b) = (order.clone(), order.clone());
-        let first = tokio::spawn(async move {
-            a.lock().unwrap().push("a: before");
-            super::after_queued_tasks().await;
-            a.lock().unwrap().push("a: after");
-        });
-        let second = tokio::spawn(async move { b.lock().unwrap().push("b") });
-        first.await.unwrap();
-        second.await.unwrap();
-        assert_eq!(*order.lock().unwrap(), ["a: before", "b", "a: after"]);
-    }
 }

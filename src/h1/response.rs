@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::{has_token, parse_length};
-use super::{chunk_tail, poll_write_buf, ChunkSize};
+use super::socket::{chunk_tail, poll_write_buf, ChunkSize};
 use crate::http::body::Body;
 use crate::http::relayed::RelayedFields;
 use crate::http::service::Reply;

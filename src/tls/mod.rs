@@ -71,9 +71,9 @@ pub fn server_config(
 /// ring's suites with AES-128-GCM (SHA-256) ahead of AES-256-GCM (SHA-384),
 /// each version's otherwise in ring's order. Clients (OpenSSL's default
 /// among them) list AES-256-GCM first, and its SHA-384 key schedule runs
-/// without the SHA extensions that SHA-256 gets: that one choice cost about a
-/// tenth of the gateway's CPU per new connection. AES-128-GCM is TLS 1.3's
-/// mandatory suite; Go's crypto/tls prefers it the same way.
+/// without the SHA extensions that SHA-256 gets, which makes every new
+/// connection's handshake dearer. AES-128-GCM is TLS 1.3's mandatory suite;
+/// Go's crypto/tls prefers it the same way.
 fn provider() -> rustls::crypto::CryptoProvider {
     use rustls::CipherSuite as S;
     let mut p = default_provider();

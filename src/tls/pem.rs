@@ -90,11 +90,11 @@ pub fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
 }
 
 /// A client certificate chain and its key.
-pub type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+pub type ClientCertificate = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 /// Reads and checks a client certificate and key (they must match); the
 /// error names the setting (`client_cert` or `client_key`) at fault.
-pub fn load_identity(cert: &Path, key: &Path) -> Result<Identity, (&'static str, String)> {
+pub fn load_identity(cert: &Path, key: &Path) -> Result<ClientCertificate, (&'static str, String)> {
     let certs = certs(cert).map_err(|e| ("client_cert", e.to_string()))?;
     let pk = private_key(key).map_err(|e| ("client_key", e.to_string()))?;
     match certified_key(certs.clone(), pk.clone_key()) {

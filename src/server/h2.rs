@@ -1,0 +1,227 @@
+//! HTTP/2, served by hyper: its abuse limits, the streams in flight on a
+//! connection, and the connection's closing (idle, no first request in
+//! time, a drain, a GOAWAY the client never finishes).
+use http::Request;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+
+use super::limits::{head_backstop, ListenerLimits};
+use crate::http::body::{Body, RequestBody};
+use crate::http::service::{ConnInfo, Handler};
+
+/// hyper's HTTP/2 server (HTTP/1.1 is [`crate::h1`]'s).
+pub(super) fn h2_builder(limits: &ListenerLimits) -> http2::Builder<TokioExecutor> {
+    let mut b = http2::Builder::new(TokioExecutor::new());
+    // h2 abuse limits: concurrent streams, header list size (also bounds
+    // CONTINUATION floods), and rapid-reset / error-reset floods.
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(head_backstop(limits) as u32)
+        .max_pending_accept_reset_streams(50)
+        .max_local_error_reset_streams(Some(256))
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    b
+}
+
+/// What an HTTP/2 connection is doing, for its idle timeout: streams in
+/// flight (until their response body has gone) and when the last one ended.
+struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// When the last request ended, in ms since `started` (at least 1): 0
+    /// until one has.
+    last_done_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_done_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        crate::clock::now()
+            .saturating_duration_since(self.started)
+            .as_millis() as u64
+    }
+
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request's response (body included) is done or dropped.
+    fn request_done(&self) {
+        self.last_done_ms
+            .store(self.now_ms().max(1), Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a request has ever been in flight.
+    fn had_a_request(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0 || self.last_done_ms.load(Ordering::Acquire) > 0
+    }
+
+    /// How long the connection has had no stream in flight.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(Duration::from_millis(
+            self.now_ms()
+                .saturating_sub(self.last_done_ms.load(Ordering::Acquire)),
+        ))
+    }
+}
+
+/// One stream counted in flight in its connection's [`Activity`], from its
+/// complete head until its response body has gone (or the request was
+/// dropped half-way).
+struct ActiveStream(Arc<Activity>);
+
+impl ActiveStream {
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.request_started();
+        ActiveStream(activity)
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        self.0.request_done();
+    }
+}
+
+/// A response body that keeps its request in flight until it has gone.
+struct Tracked {
+    inner: Body,
+    _active: ActiveStream,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = crate::http::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves an HTTP/2 connection until it ends; closes it gracefully once it
+/// has had no stream for `idle_timeout`, when its first request has not come
+/// by `first_request_by`, or when the listener stops. (hyper gives no hook
+/// for when a later stream's headers begin: those are bounded by the header
+/// list limit and `idle_timeout`, not `header_read_timeout`.)
+pub(super) async fn serve_h2<S, H>(
+    io: S,
+    h2: &http2::Builder<TokioExecutor>,
+    conn: Arc<ConnInfo>,
+    handler: Arc<H>,
+    limits: &ListenerLimits,
+    first_request_by: Instant,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Handler,
+{
+    let activity = Arc::new(Activity::new());
+    let track = activity.clone();
+    let peer = conn.peer;
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (handler, conn) = (handler.clone(), conn.clone());
+        let active = ActiveStream::start(track.clone());
+        async move {
+            // Boxed per request: hyper keeps a slot for this future in every
+            // stream, and the whole pipeline's state machine inline would make
+            // each one that much bigger.
+            let reply = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
+            // hyper writes the header map only: the stamped fields and a
+            // target's relayed fields go in.
+            let res = reply.into_response();
+            // hyper takes any body type: wrapped, not boxed again.
+            Ok::<_, Infallible>(res.map(|inner| Tracked {
+                inner,
+                _active: active,
+            }))
+        }
+    });
+    let connection = h2.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let idle_timeout = limits.idle_timeout;
+    let every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A graceful close (GOAWAY) ends only once the client acknowledges its
+    // PING; one that never does (or acknowledges only the keep-alive pings)
+    // would hold the connection past `idle_timeout`, and a drain until
+    // `shutdown_grace`. Once closing, a connection with no stream in flight
+    // for this long is dropped (Envoy's `drain_timeout` is 5 s).
+    let goaway_grace = idle_timeout.min(GOAWAY_GRACE);
+    let mut closing: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed(), if closing.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                closing = Some(crate::clock::now());
+            }
+            _ = tick.tick() => match closing {
+                None => {
+                    let now = crate::clock::now();
+                    if activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
+                        tracing::debug!(%peer, "closing idle connection");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(now);
+                    } else if now >= first_request_by && !activity.had_a_request() {
+                        // Checked on this tick: at most a second late.
+                        tracing::debug!(%peer, "closing HTTP/2 connection with no request within header_read_timeout");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(now);
+                    }
+                }
+                Some(since) => {
+                    let now = crate::clock::now();
+                    if now.saturating_duration_since(since) >= goaway_grace
+                        && activity.idle_for().is_some_and(|idle| idle >= goaway_grace)
+                    {
+                        tracing::debug!(%peer, "closing connection that did not finish its GOAWAY");
+                        return;
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// The longest a closing HTTP/2 connection with no stream in flight is left
+/// to finish its GOAWAY exchange.
+const GOAWAY_GRACE: Duration = Duration::from_secs(5);

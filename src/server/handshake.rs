@@ -1,0 +1,68 @@
+//! The TLS handshake of an accepted connection, bounded by the first
+//! request's deadline, and failed handshakes in the log.
+use hyper::server::conn::http2;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use super::connection::serve_connection;
+use super::limits::ListenerLimits;
+use crate::http::service::{ConnInfo, Handler};
+use crate::metrics::names;
+
+/// The TLS handshake (by `first_request_by`, the first request's deadline
+/// too), then the connection. A drain abandons a handshake at once: no
+/// request can be in flight on it.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve_tls<H: Handler>(
+    acceptor: TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    h2: &http2::Builder<TokioExecutor>,
+    conn: Arc<ConnInfo>,
+    handler: Arc<H>,
+    limits: &ListenerLimits,
+    first_request_by: Instant,
+    stop: watch::Receiver<bool>,
+) {
+    let peer = conn.peer;
+    let handshake = tokio::time::timeout_at(first_request_by.into(), acceptor.accept(stream));
+    let handshaken = tokio::select! {
+        biased;
+        handshaken = handshake => handshaken,
+        () = crate::http::service::stopped(stop.clone()) => {
+            tracing::debug!(%peer, "TLS handshake abandoned: shutting down");
+            return;
+        }
+    };
+    match handshaken {
+        Ok(Ok(stream)) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
+            serve_connection(stream, h2, conn, handler, limits, first_request_by, stop).await
+        }
+        Ok(Err(e)) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            handshake_failed(&crate::logging::Chain(&e));
+        }
+        Err(_) => {
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "timeout").increment(1);
+            tracing::debug!(%peer, "TLS handshake timed out");
+            handshake_failed(&"timed out (header_read_timeout)");
+        }
+    }
+}
+
+/// Failed TLS handshakes, in the log: at INFO, as nginx logs the ones
+/// clients cause (scanners, old clients, dropped connections), which is
+/// nearly all of them. A success is not watched (it would cost every
+/// handshake an atomic load for a recovery line): a failure after a quiet
+/// interval begins a new incident.
+static TLS_HANDSHAKES_FAILING: crate::logging::Incident = crate::logging::Incident::new();
+
+fn handshake_failed(cause: &dyn std::fmt::Display) {
+    if let Some(line) = TLS_HANDSHAKES_FAILING.failed(crate::logging::now_ms()) {
+        line.log(tracing::Level::INFO, &"TLS handshakes", "failed", cause);
+    }
+}
