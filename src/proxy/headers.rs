@@ -186,9 +186,10 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 /// `X-Rewrite-Url`: Symfony, Laminas and IIS-style stacks route on them, past
 /// the path the gateway authorized); method overrides (an upstream
 /// honouring one would run a method the route was not authorized for);
-/// every `Proxy-*` (DESIGN.md §5), and `Proxy` itself (httpoxy,
-/// CVE-2016-5385: a CGI-style upstream reads it as `HTTP_PROXY` and sends
-/// its own requests through the client's proxy).
+/// every `Proxy-*` (hop-by-hop: meant for the proxy they reach, never for
+/// the upstream), and `Proxy` itself (httpoxy, CVE-2016-5385: a CGI-style
+/// upstream reads it as `HTTP_PROXY` and sends its own requests through
+/// the client's proxy).
 fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
@@ -289,8 +290,8 @@ field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
 /// Whether `value` is a valid header value: visible ASCII, space and tab.
 fn valid_value(value: &[u8]) -> bool {
     // Counted without an early exit; a tab (rare) takes the second look.
-    // (Checking 16-byte blocks, or eight bytes to a word, measured slower
-    // on these short values.)
+    // (Wider checks, 16-byte blocks or eight bytes to a word, are slower on
+    // values this short.)
     let plain = value
         .iter()
         .fold(true, |ok, &b| ok & (b.wrapping_sub(0x20) < 0x5f));

@@ -1,5 +1,5 @@
-//! Target health: per-target state (requests in flight, consecutive
-//! failures, ejection deadline, the connection permits), passive ejection
+//! Target health: the state of each target of an upstream (consecutive
+//! failures, ejection deadline; kept in its [`Target`]), passive ejection
 //! after `max_fails` consecutive failures, and the optional active checker
 //! (`health_path` every `health_interval`).
 //!
@@ -23,52 +23,19 @@
 //! its upstream (a reload that changes the upstream builds a new one while
 //! requests finish on the old): only the serving build writes it (see
 //! [`Targets::publish`] and [`Targets::retire`]).
-use http::header::HeaderValue;
 use http::uri::{Authority, Scheme};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 
-use super::pool::Pool;
+use super::error::UpstreamError;
+use super::target::Target;
 use super::transport::Transport;
-use super::upstream::UpstreamError;
 use crate::logging::{Chain, Incident};
-use crate::metrics::names;
 
 /// The first back-off of an ejected target, in ms: its first probe comes
 /// this long after the ejection (or `fail_timeout`, if shorter).
 pub(crate) const FIRST_PROBE_MS: u64 = 250;
-
-/// One target of an upstream.
-pub(crate) struct Target {
-    pub(crate) scheme: Scheme,
-    pub(crate) authority: Authority,
-    /// The target as configured (metric label and log field).
-    pub(crate) label: String,
-    /// Requests in flight (response body included).
-    pub(crate) outstanding: AtomicUsize,
-    /// Consecutive failures.
-    fails: AtomicU32,
-    /// 0: in rotation. Else ejected: out while `now < ejected_until`, then
-    /// half-open (one request may claim a probe) until a success.
-    ejected_until: AtomicU64,
-    /// Probes claimed since the ejection: the next back-off doubles with each.
-    probes: AtomicU32,
-    /// `max_connections_per_target` permits.
-    pub(crate) permits: Arc<Semaphore>,
-    /// Its idle HTTP/1.1 connections.
-    pub(crate) pool: Pool,
-    /// The `Host` header requests to it carry.
-    pub(crate) host: HeaderValue,
-    ejections: metrics::Counter,
-    /// `mpg_upstream_target_up`: 1 while `ejected_until` is 0, else 0.
-    up: metrics::Gauge,
-    /// Whether `up` shows this target's state: from [`Targets::publish`] to
-    /// [`Targets::retire`]. Taken only when the state changes (ejected, or
-    /// back), never on a request's usual path.
-    shown: Mutex<bool>,
-}
 
 /// Every target of one upstream, with the ejection rule.
 pub(crate) struct Targets {
@@ -107,28 +74,14 @@ impl Targets {
         let list = targets
             .into_iter()
             .map(|(scheme, authority, label)| {
-                let labels = [
-                    ("upstream", upstream.to_string()),
-                    ("target", label.clone()),
-                ];
-                let up = metrics::gauge!(names::UPSTREAM_TARGET_UP, &labels);
-                let host = HeaderValue::from_str(authority.as_str())
-                    .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-                Target {
-                    host,
+                Target::new(
+                    upstream,
                     scheme,
                     authority,
-                    outstanding: AtomicUsize::new(0),
-                    fails: AtomicU32::new(0),
-                    ejected_until: AtomicU64::new(0),
-                    probes: AtomicU32::new(0),
-                    permits: Arc::new(Semaphore::new(max_connections)),
-                    pool: Pool::new(max_connections, idle_timeout),
-                    ejections: metrics::counter!(names::UPSTREAM_EJECTIONS, &labels),
-                    up,
-                    shown: Mutex::new(false),
                     label,
-                }
+                    max_connections,
+                    idle_timeout,
+                )
             })
             .collect();
         Targets {
@@ -354,7 +307,7 @@ pub(crate) async fn active_check(
                     .ok()?;
                 let (mut parts, body) = req.into_parts();
                 let deadline = std::time::Instant::now() + timeout;
-                let sent = transport.send(t, i, &mut parts, body, true, None, deadline);
+                let sent = transport.send(&t.list[i], &mut parts, body, true, None, deadline);
                 let (res, conn) = sent.await.ok()?;
                 if let Some(conn) = conn {
                     t.list[i].pool.put(conn);

@@ -1,11 +1,14 @@
-//! Forwarding (DESIGN.md §5): header hygiene, the upstream client, target
-//! balancing and health, the TLS client, and the streamed bodies.
+//! Forwarding: header hygiene, the upstream client, target balancing and
+//! health, the TLS client, and the streamed bodies.
 mod balance;
 pub(crate) mod client;
+mod error;
+mod forward;
 pub mod headers;
 mod health;
 mod pool;
 mod stream;
+mod target;
 pub mod tls_client;
 mod transport;
 pub mod upstream;

@@ -1,10 +1,10 @@
 //! Bodies on the way through, streamed frame by frame (never collected):
 //! the request body kept reclaimable until its first poll (so a request
 //! whose connect failed can go to another target), and the response body
-//! that holds the target's in-flight slot until it ends, tells the health
-//! state how the exchange ended (a body cut off mid-stream is a failure,
-//! even after a 200), and enforces the whole-request `timeout` and the
-//! bound on each wait for more of it.
+//! that keeps the request's hold on its target ([`TargetHold`]) until it
+//! ends, tells the health state how the exchange ended (a body cut off
+//! mid-stream is a failure, even after a 200), and enforces the
+//! whole-request `timeout` and the bound on each wait for more of it.
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use std::future::Future;
@@ -95,18 +95,18 @@ impl HttpBody for TakeOnPoll {
 
 /// A request's hold on a target: counted as outstanding, holding one of its
 /// connection permits; both released when dropped.
-pub(crate) struct InFlight {
+pub(crate) struct TargetHold {
     pub(crate) targets: Arc<Targets>,
     pub(crate) index: usize,
     _permit: OwnedSemaphorePermit,
 }
 
-impl InFlight {
+impl TargetHold {
     pub(crate) fn new(targets: Arc<Targets>, index: usize, permit: OwnedSemaphorePermit) -> Self {
         targets.list[index]
             .outstanding
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        InFlight {
+        TargetHold {
             targets,
             index,
             _permit: permit,
@@ -118,7 +118,7 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlight {
+impl Drop for TargetHold {
     fn drop(&mut self) {
         self.targets.list[self.index]
             .outstanding
@@ -141,7 +141,7 @@ pub(crate) struct ResponseBody {
     /// The body, and the HTTP/1.1 connection it arrives on: back in its
     /// target's pool once the body has ended, closed if it does not.
     pub(crate) inner: Incoming,
-    pub(crate) hold: Option<InFlight>,
+    pub(crate) hold: Option<TargetHold>,
     /// Count the target's success when the body ends (not for a 5xx, already a failure).
     pub(crate) succeed_at_end: bool,
     pub(crate) deadline: Option<Pin<Box<Sleep>>>,

@@ -2,18 +2,18 @@
 //! connection of the gateway's own client (`client`, `pool`), or over
 //! hyper-util's client for `http2 = true` upstreams; and what a failure of
 //! either means for the upstream ([`UpstreamError`]).
-use http::uri::{Parts, PathAndQuery};
-use http::{request, Request, Response, Uri};
+use http::uri::PathAndQuery;
+use http::{request, Request, Response};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::time::Instant;
 
 use super::client::{self, ClientError, Conn, Incoming, SendError};
+use super::error::UpstreamError;
 use super::headers::Added;
-use super::health::Targets;
+use super::target::Target;
 use super::tls_client::TimeoutConnector;
-use super::upstream::UpstreamError;
 use crate::http::body::Body;
 
 pub(super) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
@@ -29,25 +29,22 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    /// Sends the request `parts` with `body` to target `i`: the response
+    /// Sends the request `parts` with `body` to `target`: the response
     /// head, and the HTTP/1.1 connection it came on when the response is
     /// already whole (otherwise its body gives the connection back when it
     /// ends). [`UpstreamError::Timeout`] when the head has not come by
     /// `deadline`. HTTP/1.1 borrows the head; hyper's HTTP/2 client takes
     /// it, from `parts` itself when `last` (nothing will send it again),
     /// else as a copy.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send(
         &self,
-        targets: &Targets,
-        i: usize,
+        target: &Target,
         parts: &mut request::Parts,
         mut body: Body,
         last: bool,
         added: Option<&Added<'_>>,
         deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), UpstreamError> {
-        let target = &targets.list[i];
         match self {
             Transport::Http2(client) => {
                 let parts = if last {
@@ -96,22 +93,8 @@ impl Transport {
     }
 }
 
-impl super::health::Target {
-    /// The absolute URI of `path` on this target.
-    fn uri(&self, path: Option<PathAndQuery>) -> Result<Uri, UpstreamError> {
-        let mut uri = Parts::default();
-        uri.scheme = Some(self.scheme.clone());
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = path;
-        Uri::from_parts(uri).map_err(|e| UpstreamError::Config(e.to_string()))
-    }
-}
-
 /// A new connection to `target`: TCP (and TLS), all within `connect_timeout`.
-async fn connect(
-    connector: &Connector,
-    target: &super::health::Target,
-) -> Result<Conn, UpstreamError> {
+async fn connect(connector: &Connector, target: &Target) -> Result<Conn, UpstreamError> {
     let uri = target.uri(Some(PathAndQuery::from_static("/")))?;
     let io = tower_service::Service::call(&mut connector.clone(), uri)
         .await

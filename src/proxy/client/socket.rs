@@ -6,9 +6,9 @@ use tokio::net::TcpStream;
 use tokio_util::either::Either;
 
 /// A target's stream: plain TCP unwrapped (left), TLS as the connector
-/// made it (right). Through the connector's stream every read and write of
-/// plain TCP crossed two adapters between tokio's I/O traits and hyper's (a
-/// read buffer converted each way).
+/// made it (right). Unwrapped, a read or write of plain TCP crosses no
+/// adapter between tokio's I/O traits and hyper's (two through the
+/// connector's stream, with a read buffer converted each way).
 pub(crate) type Io = Either<TcpStream, TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>>;
 
 /// The connector's stream as an [`Io`].
