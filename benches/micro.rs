@@ -15,7 +15,7 @@ use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::ratelimit::{LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter};
-use mpg_gateway::routes::{check_head, check_target, RouteMatch, Router};
+use mpg_gateway::routes::{check_head, check_request_target, RouteMatch, Router};
 use mpg_gateway::secret::SecretHash;
 use mpg_gateway::secret::{check_api_key_format, generate_api_key, hash_secret};
 use mpg_gateway::store::{
@@ -288,7 +288,7 @@ fn routing(c: &mut Criterion) {
     });
     g.bench_function("target_and_head_checks", |b| {
         b.iter(|| {
-            check_target(black_box(&uri), Version::HTTP_11)
+            check_request_target(black_box(&uri), Version::HTTP_11)
                 .and_then(|()| check_head(&uri, Version::HTTP_11, black_box(&headers)))
                 .is_ok()
         })

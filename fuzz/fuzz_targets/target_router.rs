@@ -6,7 +6,7 @@
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use libfuzzer_sys::fuzz_target;
 use mpg_gateway::config::Settings;
-use mpg_gateway::routes::{check_head, check_target, RouteMatch, Router};
+use mpg_gateway::routes::{check_head, check_request_target, RouteMatch, Router};
 use std::sync::OnceLock;
 
 fn router() -> &'static Router<usize> {
@@ -56,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
         headers.insert(http::header::HOST, v);
     }
     let _ = check_head(&uri, version, &headers);
-    if check_target(&uri, version).is_err() {
+    if check_request_target(&uri, version).is_err() {
         return;
     }
     let path = uri.path();

@@ -6,7 +6,8 @@ use http::request;
 use super::table::Pipeline;
 use crate::error::GatewayError;
 use crate::routes::{
-    check_head, check_target, decode_segment, find_secret_param, path_holds_secret, RouteMatch,
+    check_head, check_request_target, decode_segment, find_secret_param, path_holds_secret,
+    RouteMatch,
 };
 
 impl Pipeline {
@@ -18,7 +19,7 @@ impl Pipeline {
         head: &request::Parts,
         declared: Option<u64>,
     ) -> Result<(usize, Option<String>), GatewayError> {
-        check_target(&head.uri, head.version)
+        check_request_target(&head.uri, head.version)
             .and_then(|()| check_head(&head.uri, head.version, &head.headers))
             .map_err(|e| GatewayError::BadRequest {
                 message: format!("invalid request: {e}").into(),

@@ -2,10 +2,10 @@
 //! route by method and path as received (no decoding, case-sensitive).
 //! Also the strict query parser used by stage 4.
 mod query;
-mod target;
+mod request_target;
 
 pub use query::{decode_segment, find_secret_param, path_holds_secret, Query, QueryError};
-pub use target::{check_head, check_target, named_host, TargetError};
+pub use request_target::{check_head, check_request_target, named_host, RequestTargetError};
 
 use http::header::HeaderValue;
 use http::Method;

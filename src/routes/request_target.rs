@@ -7,7 +7,7 @@ use std::fmt;
 
 /// Why a request target is refused (always 400). Never echoes the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetError {
+pub enum RequestTargetError {
     /// Absolute-form, authority-form or `*` on HTTP/1.x.
     NotOriginForm,
     /// A `.` or `..` segment.
@@ -28,17 +28,17 @@ pub enum TargetError {
     BadHost,
 }
 
-impl fmt::Display for TargetError {
+impl fmt::Display for RequestTargetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            TargetError::NotOriginForm => "the target must be a path (origin-form)",
-            TargetError::DotSegment => "the path has a . or .. segment",
-            TargetError::EmptySegment => "the path has an empty segment (// or a trailing /)",
-            TargetError::EncodedSeparator => "the path has an encoded or backslash separator",
-            TargetError::EncodedDot => "the path has a percent-encoded dot",
-            TargetError::ControlOrInvalidByte => "the target has a control or non-ASCII byte",
-            TargetError::BadPercentEncoding => "the target has a malformed percent escape",
-            TargetError::BadHost => {
+            RequestTargetError::NotOriginForm => "the target must be a path (origin-form)",
+            RequestTargetError::DotSegment => "the path has a . or .. segment",
+            RequestTargetError::EmptySegment => "the path has an empty segment (// or a trailing /)",
+            RequestTargetError::EncodedSeparator => "the path has an encoded or backslash separator",
+            RequestTargetError::EncodedDot => "the path has a percent-encoded dot",
+            RequestTargetError::ControlOrInvalidByte => "the target has a control or non-ASCII byte",
+            RequestTargetError::BadPercentEncoding => "the target has a malformed percent escape",
+            RequestTargetError::BadHost => {
                 "the Host header or :authority is missing, repeated or not a plain host[:port], or they disagree"
             }
         })
@@ -55,26 +55,26 @@ fn hex(b: u8) -> Option<u8> {
 }
 
 /// Decodes the escape starting at `bytes[i]` (a `%`).
-fn escape(bytes: &[u8], i: usize) -> Result<u8, TargetError> {
+fn escape(bytes: &[u8], i: usize) -> Result<u8, RequestTargetError> {
     match (
         bytes.get(i + 1).copied().and_then(hex),
         bytes.get(i + 2).copied().and_then(hex),
     ) {
         (Some(h), Some(l)) => Ok(h << 4 | l),
-        _ => Err(TargetError::BadPercentEncoding),
+        _ => Err(RequestTargetError::BadPercentEncoding),
     }
 }
 
 /// Stage 1: refuse every ambiguous target. On HTTP/2 the scheme and authority
 /// come from pseudo-headers and are expected; on HTTP/1.x only origin-form.
-pub fn check_target(uri: &Uri, version: Version) -> Result<(), TargetError> {
+pub fn check_request_target(uri: &Uri, version: Version) -> Result<(), RequestTargetError> {
     let h2_or_later = version >= Version::HTTP_2;
     if !h2_or_later && (uri.scheme().is_some() || uri.authority().is_some()) {
-        return Err(TargetError::NotOriginForm);
+        return Err(RequestTargetError::NotOriginForm);
     }
     let path = uri.path();
     if !path.starts_with('/') {
-        return Err(TargetError::NotOriginForm);
+        return Err(RequestTargetError::NotOriginForm);
     }
     check_path(path)?;
     if let Some(q) = uri.query() {
@@ -91,30 +91,34 @@ pub fn check_target(uri: &Uri, version: Version) -> Result<(), TargetError> {
 /// the same authority (RFC 9113 §8.3.1; nginx answers 400 as well). A
 /// request must name its host: HTTP/1.1 by `Host` (RFC 9112 §3.2), HTTP/2
 /// by either field (nginx: "client sent neither"); only HTTP/1.0 may omit
-/// it. Runs after [`check_target`]; reads headers only, no allocation.
+/// it. Runs after [`check_request_target`]; reads headers only, no allocation.
 /// (Framing is the HTTP/1.1 reader's: see `crate::h1`.)
-pub fn check_head(uri: &Uri, version: Version, headers: &HeaderMap) -> Result<(), TargetError> {
+pub fn check_head(
+    uri: &Uri,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<(), RequestTargetError> {
     let mut hosts = headers.get_all(HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
-        return Err(TargetError::BadHost);
+        return Err(RequestTargetError::BadHost);
     }
     let host = match host {
         Some(v) if plain_authority(v.as_bytes()) => Some(v.as_bytes()),
-        Some(_) => return Err(TargetError::BadHost),
+        Some(_) => return Err(RequestTargetError::BadHost),
         None => None,
     };
     // Only an HTTP/2 request has an authority in its URI (stage 1 refuses
     // absolute-form on HTTP/1.x): its `:authority`.
     let authority = match uri.authority() {
         Some(a) if plain_authority(a.as_str().as_bytes()) => Some(a.as_str().as_bytes()),
-        Some(_) => return Err(TargetError::BadHost),
+        Some(_) => return Err(RequestTargetError::BadHost),
         None => None,
     };
     match (host, authority) {
-        (None, None) if version != Version::HTTP_10 => Err(TargetError::BadHost),
+        (None, None) if version != Version::HTTP_10 => Err(RequestTargetError::BadHost),
         (Some(host), Some(authority)) if !same_authority(host, authority, uri.scheme_str()) => {
-            Err(TargetError::BadHost)
+            Err(RequestTargetError::BadHost)
         }
         _ => Ok(()),
     }
@@ -212,7 +216,7 @@ fn visible_except<const N: usize>(bytes: &[u8], special: [u8; N]) -> bool {
     })
 }
 
-fn check_path(path: &str) -> Result<(), TargetError> {
+fn check_path(path: &str) -> Result<(), RequestTargetError> {
     if path == "/" {
         return Ok(());
     }
@@ -224,7 +228,7 @@ fn check_path(path: &str) -> Result<(), TargetError> {
             .zip(&bytes[1..])
             .fold(false, |found, (&a, &b)| found | ((a == b'/') & (b == b'/')));
         return match double || bytes.ends_with(b"/") {
-            true => Err(TargetError::EmptySegment),
+            true => Err(RequestTargetError::EmptySegment),
             false => Ok(()),
         };
     }
@@ -233,26 +237,26 @@ fn check_path(path: &str) -> Result<(), TargetError> {
 
 /// [`check_path`] a byte at a time, for a path with escapes, backslashes or
 /// dots.
-fn check_path_bytewise(path: &str) -> Result<(), TargetError> {
+fn check_path_bytewise(path: &str) -> Result<(), RequestTargetError> {
     // Split as bytes: `str::split` with a char costs more on short paths.
     for bytes in path.as_bytes()[1..].split(|&b| b == b'/') {
         if bytes.is_empty() {
-            return Err(TargetError::EmptySegment);
+            return Err(RequestTargetError::EmptySegment);
         }
         if bytes == b"." || bytes == b".." {
-            return Err(TargetError::DotSegment);
+            return Err(RequestTargetError::DotSegment);
         }
         let mut i = 0;
         while i < bytes.len() {
             match bytes[i] {
-                b'\\' => return Err(TargetError::EncodedSeparator),
+                b'\\' => return Err(RequestTargetError::EncodedSeparator),
                 b'%' => {
                     match escape(bytes, i)? {
-                        b'/' | b'\\' => return Err(TargetError::EncodedSeparator),
-                        b'.' => return Err(TargetError::EncodedDot),
+                        b'/' | b'\\' => return Err(RequestTargetError::EncodedSeparator),
+                        b'.' => return Err(RequestTargetError::EncodedDot),
                         // Control bytes, DEL, and anything non-ASCII (overlong UTF-8 tricks).
                         v if !(0x20..0x7F).contains(&v) => {
-                            return Err(TargetError::ControlOrInvalidByte)
+                            return Err(RequestTargetError::ControlOrInvalidByte)
                         }
                         _ => {}
                     }
@@ -260,7 +264,7 @@ fn check_path_bytewise(path: &str) -> Result<(), TargetError> {
                     continue;
                 }
                 0x21..=0x7E => {}
-                _ => return Err(TargetError::ControlOrInvalidByte),
+                _ => return Err(RequestTargetError::ControlOrInvalidByte),
             }
             i += 1;
         }
@@ -268,7 +272,7 @@ fn check_path_bytewise(path: &str) -> Result<(), TargetError> {
     Ok(())
 }
 
-fn check_query(q: &str) -> Result<(), TargetError> {
+fn check_query(q: &str) -> Result<(), RequestTargetError> {
     let bytes = q.as_bytes();
     if visible_except(bytes, [b'%']) {
         return Ok(());
@@ -279,13 +283,13 @@ fn check_query(q: &str) -> Result<(), TargetError> {
             b'%' => {
                 let v = escape(bytes, i)?;
                 if v < 0x20 || v == 0x7F {
-                    return Err(TargetError::ControlOrInvalidByte);
+                    return Err(RequestTargetError::ControlOrInvalidByte);
                 }
                 i += 3;
                 continue;
             }
             0x21..=0x7E => {}
-            _ => return Err(TargetError::ControlOrInvalidByte),
+            _ => return Err(RequestTargetError::ControlOrInvalidByte),
         }
         i += 1;
     }
@@ -297,8 +301,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn check(target: &str) -> Result<(), TargetError> {
-        check_target(&target.parse::<Uri>().unwrap(), Version::HTTP_11)
+    fn check(target: &str) -> Result<(), RequestTargetError> {
+        check_request_target(&target.parse::<Uri>().unwrap(), Version::HTTP_11)
     }
 
     #[test]
@@ -319,7 +323,7 @@ mod tests {
 
     #[test]
     fn every_ambiguous_form_is_refused() {
-        use TargetError::*;
+        use RequestTargetError::*;
         let cases = [
             ("/api/../clusters", DotSegment),
             ("/api/./clusters", DotSegment),
@@ -356,8 +360,8 @@ mod tests {
     fn backslashes_are_refused_when_the_parser_lets_them_through() {
         if let Ok(uri) = "/api\\v1".parse::<Uri>() {
             assert_eq!(
-                check_target(&uri, Version::HTTP_11),
-                Err(TargetError::EncodedSeparator)
+                check_request_target(&uri, Version::HTTP_11),
+                Err(RequestTargetError::EncodedSeparator)
             );
         }
     }
@@ -367,19 +371,23 @@ mod tests {
         let uri: Uri = "https://localhost:8443/api/v1/clusters?organization_id=a"
             .parse()
             .unwrap();
-        assert_eq!(check_target(&uri, Version::HTTP_2), Ok(()));
+        assert_eq!(check_request_target(&uri, Version::HTTP_2), Ok(()));
         assert_eq!(
-            check_target(&uri, Version::HTTP_11),
-            Err(TargetError::NotOriginForm)
+            check_request_target(&uri, Version::HTTP_11),
+            Err(RequestTargetError::NotOriginForm)
         );
         let uri: Uri = "https://localhost:8443/api/../x".parse().unwrap();
         assert_eq!(
-            check_target(&uri, Version::HTTP_2),
-            Err(TargetError::DotSegment)
+            check_request_target(&uri, Version::HTTP_2),
+            Err(RequestTargetError::DotSegment)
         );
     }
 
-    fn head(version: Version, target: &str, pairs: &[(&str, &str)]) -> Result<(), TargetError> {
+    fn head(
+        version: Version,
+        target: &str,
+        pairs: &[(&str, &str)],
+    ) -> Result<(), RequestTargetError> {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(
@@ -392,7 +400,7 @@ mod tests {
 
     #[test]
     fn host_and_framing_must_be_unambiguous() {
-        use TargetError::*;
+        use RequestTargetError::*;
         let v11 = Version::HTTP_11;
         assert_eq!(head(v11, "/", &[("host", "api.example:8443")]), Ok(()));
         assert_eq!(head(Version::HTTP_10, "/", &[]), Ok(()));
@@ -439,7 +447,7 @@ mod tests {
 
     #[test]
     fn authority_gets_the_host_check_and_must_agree_with_host() {
-        use TargetError::*;
+        use RequestTargetError::*;
         let h2 = Version::HTTP_2;
         // Whatever `Host` may not be, `:authority` may not be either
         // (those `http::Uri` parses at all).
@@ -535,7 +543,7 @@ mod tests {
         #[test]
         fn never_panics_and_accepted_paths_have_no_dot_or_empty_segments(s in "/[ -~]{0,40}") {
             if let Ok(uri) = s.parse::<Uri>() {
-                if check_target(&uri, Version::HTTP_11).is_ok() {
+                if check_request_target(&uri, Version::HTTP_11).is_ok() {
                     let path = uri.path();
                     if path != "/" {
                         for seg in path[1..].split('/') {
