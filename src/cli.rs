@@ -2,10 +2,12 @@
 //! code, and printing the outcome. The admin commands, which act on the store
 //! named by `--config`, are in `actions`. JSON goes to stdout, human messages
 //! to stderr; exit 0 ok, 1 runtime failure, 2 bad input.
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use crate::config::Settings;
 use crate::store::StoreError;
@@ -26,9 +28,27 @@ pub struct Cli {
         default_value = "config/gateway.toml"
     )]
     pub config: PathBuf,
+    /// Whether `config` was named (by `--config` or `$MPG_GATEWAY_CONFIG`)
+    /// rather than the default: the demo uses a named file only.
+    #[arg(skip)]
+    pub config_named: bool,
     /// What to do (default: run).
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+impl Cli {
+    /// Parses the command line (exiting with clap's message on bad usage),
+    /// noting whether the configuration file was named.
+    pub fn parse_args() -> Cli {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.config_named = matches!(
+            matches.value_source("config"),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        cli
+    }
 }
 
 /// Subcommands.
@@ -59,12 +79,28 @@ pub enum Command {
     Keys(KeysCmd),
 }
 
-/// `demo` options.
+/// `demo` options. A configuration file named by `--config` (or
+/// `$MPG_GATEWAY_CONFIG`) replaces the shipped route table, roles and
+/// policies; the demo still brings its own store, certificate and clusters
+/// service.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Where the demo gateway listens.
     #[arg(long, default_value = "127.0.0.1:8443")]
     pub listen: std::net::SocketAddr,
+    /// How long a created or updated demo cluster stays busy (changing it
+    /// meanwhile is a 409); at most 1h.
+    #[arg(long, default_value = "10s", value_parser = busy_for)]
+    pub busy_for: Duration,
+}
+
+/// `--busy-for`: a duration of at most an hour.
+fn busy_for(text: &str) -> Result<Duration, String> {
+    let d = crate::config::parse_duration(text)?;
+    if d > Duration::from_secs(3600) {
+        return Err("must be at most 1h".into());
+    }
+    Ok(d)
 }
 
 /// `orgs …`

@@ -1,113 +1,102 @@
 //! `mpg-gateway demo`: the one-command quick start. A temporary SQLite store,
 //! a self-signed certificate, an in-process demo clusters service, seeded
 //! data, and `curl` lines that work when pasted. Ctrl-C stops it.
-use crate::http::body::RequestBody;
-use http::{Request, Response, StatusCode};
-use serde_json::json;
+//!
+//! The routes, roles and policies are the shipped `config/gateway.toml`'s, or
+//! those of the file named by `--config`; either way the demo replaces the
+//! listener, the certificate, the store, the clusters upstream and the admin
+//! listener with its own.
+use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-use crate::cli::Failure;
-use crate::config::Settings;
-use crate::http::body::{self, Body};
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::cli::{DemoArgs, Failure};
+use crate::config::{ConfigError, Problem, QuotaSettings, Settings};
 use crate::server::{serve, ListenerLimits};
 use crate::store::NewApiKey;
 
-/// The shipped route table, which the demo serves unchanged.
+mod clusters;
+mod welcome;
+
+pub use clusters::DemoClusters;
+use welcome::{Seeded, Serving};
+
+/// The shipped route table, which the demo serves unless told otherwise.
 const SHIPPED_CONFIG: &str = include_str!("../config/gateway.toml");
+/// The organization the demo seeds; its clusters are the service's.
+const ORG: &str = "acme";
 
-/// A stand-in for the clusters backend: lists two clusters of the
-/// organization the gateway vouches for in `X-Mpg-Organization-Id`.
-pub struct DemoClusters;
-
-impl Handler for DemoClusters {
-    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Reply {
-        self.answer(req).await.into()
-    }
-}
-
-impl DemoClusters {
-    async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
-        let org = req
-            .headers()
-            .get("x-mpg-organization-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let body = json!({
-            "data": [
-                { "id": "cl_demo_primary", "organization_id": org, "name": "primary", "engine": "postgres-16", "status": "running" },
-                { "id": "cl_demo_analytics", "organization_id": org, "name": "analytics", "engine": "postgres-16", "status": "running" }
-            ]
-        });
-        let mut res = Response::new(body::full(body.to_string()));
-        if req.uri().path() != "/api/v1/clusters" {
-            *res.status_mut() = StatusCode::NOT_FOUND;
-        }
-        res.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        res
-    }
-}
-
-/// The demo configuration: the shipped routes, with the listener, the
-/// certificate, the store and the clusters target replaced.
+/// The demo configuration: `base` (a configuration file's text) with the
+/// listener, the certificate, the store, the clusters target and the admin
+/// listener replaced. `Err` holds every problem, with its TOML path.
 pub fn demo_settings(
+    base: &str,
     listen: SocketAddr,
     db_path: &str,
     clusters: SocketAddr,
-) -> Result<Settings, Failure> {
-    let mut table: toml::Table = SHIPPED_CONFIG
-        .parse()
-        .map_err(|e| Failure::runtime(format!("shipped config: {e}")))?;
-    let set = |table: &mut toml::Table, path: &[&str], value: toml::Value| {
-        let mut t = table;
-        for key in &path[..path.len() - 1] {
-            t = t
-                .entry(key.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .expect("config sections are tables");
-        }
-        t.insert(path[path.len() - 1].to_string(), value);
+) -> Result<Settings, Vec<Problem>> {
+    let problem = |path: &str, message: String| Problem {
+        path: path.into(),
+        message,
     };
-    set(
-        &mut table,
-        &["server", "listen"],
-        toml::Value::String(listen.to_string()),
+    let mut table: toml::Table = base
+        .parse()
+        .map_err(|e: toml::de::Error| vec![problem("", e.to_string().trim().replace('\n', " "))])?;
+    let section = |table: &mut toml::Table, name: &str| -> Result<toml::Table, Vec<Problem>> {
+        match table.remove(name) {
+            None => Ok(toml::Table::new()),
+            Some(toml::Value::Table(t)) => Ok(t),
+            Some(_) => Err(vec![problem(name, "must be a table".into())]),
+        }
+    };
+    let table_of = |pairs: &[(&str, toml::Value)]| {
+        let mut t = toml::Table::new();
+        for (k, v) in pairs {
+            t.insert(k.to_string(), v.clone());
+        }
+        toml::Value::Table(t)
+    };
+
+    let mut server = section(&mut table, "server")?;
+    server.insert("listen".into(), listen.to_string().into());
+    server.remove("insecure_http");
+    server.insert("tls".into(), table_of(&[("self_signed", true.into())]));
+    table.insert("server".into(), toml::Value::Table(server));
+    table.insert(
+        "store".into(),
+        table_of(&[("kind", "sqlite".into()), ("path", db_path.into())]),
     );
-    let mut tls = toml::Table::new();
-    tls.insert("self_signed".into(), toml::Value::Boolean(true));
-    set(&mut table, &["server", "tls"], toml::Value::Table(tls));
-    set(
-        &mut table,
-        &["store", "path"],
-        toml::Value::String(db_path.to_string()),
+    let mut upstreams = section(&mut table, "upstreams")?;
+    let target = toml::Value::String(format!("http://{clusters}"));
+    upstreams.insert(
+        "clusters".into(),
+        table_of(&[("targets", toml::Value::Array(vec![target]))]),
     );
-    set(
-        &mut table,
-        &["upstreams", "clusters", "targets"],
-        toml::Value::Array(vec![toml::Value::String(format!("http://{clusters}"))]),
-    );
-    set(
-        &mut table,
-        &["admin", "enabled"],
-        toml::Value::Boolean(false),
-    );
-    let text = toml::to_string(&table).map_err(|e| Failure::runtime(e.to_string()))?;
-    Settings::parse(&text).map_err(|problems| {
-        let lines: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        Failure::runtime(format!("demo config: {}", lines.join("; ")))
-    })
+    table.insert("upstreams".into(), toml::Value::Table(upstreams));
+    table.insert("admin".into(), table_of(&[("enabled", false.into())]));
+
+    let text = toml::to_string(&table).map_err(|e| vec![problem("", e.to_string())])?;
+    Settings::parse(&text)
 }
 
-/// Runs the demo until Ctrl-C (or SIGTERM).
-pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
+/// Runs the demo until Ctrl-C (or SIGTERM). `config` names a file whose
+/// routes, roles and policies replace the shipped ones.
+pub async fn run(args: &DemoArgs, config: Option<&Path>) -> Result<(), Failure> {
+    let (base, file): (Cow<'_, str>, &Path) = match config {
+        None => (
+            SHIPPED_CONFIG.into(),
+            Path::new("config/gateway.toml (built in)"),
+        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Failure::input(format!("{}: cannot read the file: {e}", path.display()))
+            })?;
+            (text.into(), path)
+        }
+    };
     let mut signals = crate::signals::Signals::register();
     let dir = tempfile::tempdir()
         .map_err(|e| Failure::runtime(format!("cannot create a temp dir: {e}")))?;
@@ -118,6 +107,15 @@ pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
     let clusters_addr = clusters_listener
         .local_addr()
         .map_err(|e| Failure::runtime(e.to_string()))?;
+    let settings = demo_settings(&base, args.listen, &db.to_string_lossy(), clusters_addr)
+        .map_err(|problems| {
+            let e = ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            };
+            Failure::input(e.to_string())
+        })?;
+
     let limits = ListenerLimits {
         name: "demo-clusters",
         idle_timeout: Duration::from_secs(60),
@@ -131,21 +129,38 @@ pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
         clusters_listener,
         None,
         limits,
-        Arc::new(DemoClusters),
+        Arc::new(DemoClusters::seeded(ORG, args.busy_for)),
         async {
             let _ = stopped.await;
         },
     ));
 
-    let settings = demo_settings(listen, &db.to_string_lossy(), clusters_addr)?;
-    let store = crate::app::open_store(&settings)
-        .await
-        .map_err(|e| Failure::runtime(e.to_string()))?;
-    let seeded = seed(&store).await?;
-    let running = crate::app::start(settings, None)
-        .await
-        .map_err(|e| Failure::runtime(e.to_string()))?;
-    print_welcome(running.addr, &seeded);
+    let limit = clusters_limit(&settings);
+    let started = async {
+        let store = crate::app::open_store(&settings)
+            .await
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        let seeded = seed(&store).await?;
+        let running = crate::app::start(settings, None)
+            .await
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        Ok::<_, Failure>((running, seeded))
+    };
+    let (running, seeded) = match started.await {
+        Ok(started) => started,
+        Err(f) => {
+            let _ = stop_clusters.send(());
+            let _ = clusters.await;
+            return Err(f);
+        }
+    };
+    let serving = Serving {
+        addr: running.addr,
+        config,
+        busy_for: args.busy_for,
+        limit,
+    };
+    welcome::print(&serving, &seeded);
 
     // Ctrl-C or SIGTERM: either way the temporary store is removed.
     signals.stop().await;
@@ -156,61 +171,44 @@ pub async fn run(listen: SocketAddr) -> Result<(), Failure> {
     Ok(())
 }
 
-struct Seeded {
-    session: String,
-    key: String,
-    key_id: String,
+/// The rate limit of `GET /api/v1/clusters`, which the printed 429 loop spends.
+fn clusters_limit(settings: &Settings) -> Option<QuotaSettings> {
+    let route = settings
+        .routes
+        .iter()
+        .find(|r| r.method == http::Method::GET && r.path == "/api/v1/clusters")?;
+    let policy = settings.rate_limit.policies.get(route.rate_limit?)?;
+    Some(policy.quota)
 }
 
+/// Organization `acme`, its owner `alice`, her session token, and two keys:
+/// one that may read and write clusters, one that may only read them.
 async fn seed(store: &crate::store::sql::SqlStore) -> Result<Seeded, Failure> {
-    store.create_organization("acme", Some("Acme Inc.")).await?;
+    store.create_organization(ORG, Some("Acme Inc.")).await?;
     store
         .create_user("alice", Some("alice@example.com"))
         .await?;
-    store.set_member("acme", "alice", "owner").await?;
+    store.set_member(ORG, "alice", "owner").await?;
     let (session, _) = store
         .create_session("alice", Duration::from_secs(12 * 3600))
         .await?;
-    let new = NewApiKey {
-        organization_id: "acme".into(),
+    let key = |name: &str, scopes: &[&str]| NewApiKey {
+        organization_id: ORG.into(),
         user_id: "alice".into(),
-        name: "demo key".into(),
-        scopes: vec!["clusters:read".into()],
+        name: name.into(),
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
         expires_at: None,
     };
-    let (key, record) = store.create_api_key(new).await?;
+    let (write_key, _) = store
+        .create_api_key(key("demo read-write", &["clusters:read", "clusters:write"]))
+        .await?;
+    let (read_key, read_record) = store
+        .create_api_key(key("demo read-only", &["clusters:read"]))
+        .await?;
     Ok(Seeded {
         session,
-        key,
-        key_id: record.id,
+        write_key,
+        read_key,
+        read_key_id: read_record.id,
     })
-}
-
-fn print_welcome(addr: SocketAddr, s: &Seeded) {
-    let base = format!("https://{addr}/api/v1");
-    println!(
-        "mpg-gateway demo is running on {addr} (self-signed TLS; embedded SQLite in a temp dir).
-Seeded: organization acme, user alice (owner), a session token and an API key (scope clusters:read).
-
-# List clusters with the API key:
-curl -k -H 'Authorization: Bearer {key}' '{base}/clusters?organization_id=acme'
-
-# The same key for another organization is a 404; no key is a 401:
-curl -k -H 'Authorization: Bearer {key}' '{base}/clusters?organization_id=other'
-curl -k '{base}/clusters?organization_id=acme'
-
-# Manage keys with the session token:
-curl -k -H 'Authorization: Bearer {session}' '{base}/api-keys?organization_id=acme'
-curl -k -X POST -H 'Authorization: Bearer {session}' -H 'Content-Type: application/json' \\
-     -d '{{\"name\":\"ci\",\"scopes\":[\"clusters:read\"]}}' '{base}/api-keys?organization_id=acme'
-curl -k -X POST -H 'Authorization: Bearer {session}' '{base}/api-keys/{key_id}/revoke'
-
-# After the revoke, the key gets 401 with reason \"revoked\":
-curl -k -H 'Authorization: Bearer {key}' '{base}/clusters?organization_id=acme'
-
-Press Ctrl-C to stop.",
-        key = s.key,
-        session = s.session,
-        key_id = s.key_id,
-    );
 }

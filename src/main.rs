@@ -2,7 +2,6 @@
 //! the demo, a config check, or an admin command.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
 use std::process::ExitCode;
 
 use mpg_gateway::cli::{self, Cli, Command, Failure};
@@ -21,13 +20,14 @@ use mpg_gateway::{app, demo, logging};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => run(&cli.config),
         Command::CheckConfig => check_config(&cli.config),
         Command::Demo(args) => {
             logging::init("info", mpg_gateway::config::LogFormat::Text);
-            match runtime(0).and_then(|rt| rt.block_on(demo::run(args.listen))) {
+            let config = cli.config_named.then_some(cli.config.as_path());
+            match runtime(0).and_then(|rt| rt.block_on(demo::run(&args, config))) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(f) => {
                     eprintln!("mpg-gateway: {}", f.message);

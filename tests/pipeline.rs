@@ -35,15 +35,9 @@ async fn world(tune: impl FnOnce(&mut TestConfig)) -> World {
         ("GET", "/api/v1/busy", "clusters", "default"),
         ("GET", "/api/v1/dead", "dead", "default"),
         ("GET", "/api/v1/limited", "clusters", "tight"),
-        ("POST", "/api/v1/clusters", "clusters", "default"),
     ] {
-        let scope = if method == "GET" {
-            "clusters:read"
-        } else {
-            "clusters:write"
-        };
         cfg.route(&format!(
-            "method = \"{method}\"\npath = \"{path}\"\nauth = \"api_key\"\nscope = \"{scope}\"\norganization = \"query:organization_id\"\nupstream = \"{upstream}\"\nrate_limit = \"{policy}\""
+            "method = \"{method}\"\npath = \"{path}\"\nauth = \"api_key\"\nscope = \"clusters:read\"\norganization = \"query:organization_id\"\nupstream = \"{upstream}\"\nrate_limit = \"{policy}\""
         ));
     }
     cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");

@@ -654,7 +654,6 @@ pub async fn world_with(tune: impl FnOnce(&mut TestConfig)) -> World {
     cfg.set("rate_limit.policies.default.per", "1m");
     cfg.set("rate_limit.auth_failures.requests", 100_000);
     cfg.set("rate_limit.auth_failures.per", "1m");
-    cfg.route("method = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"");
     cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
     tune(&mut cfg);
     let path = cfg.write();
