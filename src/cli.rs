@@ -79,6 +79,21 @@ pub enum OrgsCmd {
         #[arg(long)]
         name: Option<String>,
     },
+    /// List every organization.
+    List,
+    /// Delete an organization, its API keys and its memberships.
+    ///
+    /// In one transaction: every API key of the organization is deleted
+    /// (whoever created it), every membership in it is removed, then the
+    /// organization itself. Its users stay, and so do their sessions, which
+    /// keep working for the other organizations they belong to. Running
+    /// gateways drop the deleted keys and the removed roles from their caches
+    /// within a second. Prints the ids of what was removed; an unknown id
+    /// exits 2.
+    Delete {
+        /// Organization id.
+        id: String,
+    },
 }
 
 /// `users …`
@@ -92,6 +107,19 @@ pub enum UsersCmd {
         /// E-mail address.
         #[arg(long)]
         email: Option<String>,
+    },
+    /// List every user.
+    List,
+    /// Delete a user, their sessions, API keys and memberships.
+    ///
+    /// In one transaction: every session of the user ends, every API key the
+    /// user owns is deleted (in every organization), every membership is
+    /// removed, then the user itself. Running gateways refuse the sessions
+    /// and keys within a second. Prints the ids of what was removed; an
+    /// unknown id exits 2.
+    Delete {
+        /// User id.
+        id: String,
     },
 }
 
@@ -110,6 +138,27 @@ pub enum MembersCmd {
         #[arg(long)]
         role: String,
     },
+    /// List an organization's members and their roles.
+    List {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+    },
+    /// Remove a user from an organization.
+    ///
+    /// The user's sessions lose the role in this organization and the keys
+    /// they own in it grant nothing (403 on every route that needs a scope)
+    /// on running gateways within a second. The keys are kept, and work again
+    /// if the user is added back: revoke them with `keys revoke` to end them
+    /// for good. A user who is not a member exits 2.
+    Remove {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// User id.
+        #[arg(long)]
+        user: String,
+    },
 }
 
 /// `sessions …`
@@ -123,6 +172,17 @@ pub enum SessionsCmd {
         /// Lifetime, e.g. 12h.
         #[arg(long, default_value = "12h")]
         ttl: String,
+    },
+    /// List a user's sessions (ids and times, never the token).
+    List {
+        /// User id.
+        #[arg(long)]
+        user: String,
+    },
+    /// End a session: running gateways refuse its token within a second.
+    Revoke {
+        /// Session id (`ses_…`).
+        id: String,
     },
 }
 
