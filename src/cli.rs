@@ -264,7 +264,7 @@ impl From<StoreError> for Failure {
                 Failure::input(e.to_string())
             }
             StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
-                Failure::runtime(e.to_string())
+                Failure::runtime(e.explain())
             }
         }
     }
@@ -287,4 +287,10 @@ pub fn finish(result: Result<Value, Failure>) -> ExitCode {
 /// Loads the config for a command, every problem in the message.
 pub fn load_settings(path: &std::path::Path) -> Result<Settings, Failure> {
     Settings::load(path).map_err(|e| Failure::input(e.to_string()))
+}
+
+/// Loads the config for an admin command: as [`load_settings`], except that
+/// the server's TLS files need not exist (admin commands act on the store only).
+pub fn load_store_settings(path: &std::path::Path) -> Result<Settings, Failure> {
+    Settings::load_without_tls_files(path).map_err(|e| Failure::input(e.to_string()))
 }
