@@ -115,6 +115,21 @@ pub enum OrgsCmd {
         #[arg(long)]
         name: Option<String>,
     },
+    /// List every organization.
+    List,
+    /// Delete an organization, its API keys and its memberships.
+    ///
+    /// In one transaction: every API key of the organization is deleted
+    /// (whoever created it), every membership in it is removed, then the
+    /// organization itself. Its users stay, and so do their sessions, which
+    /// keep working for the other organizations they belong to. Running
+    /// gateways drop the deleted keys and the removed roles from their caches
+    /// within a second. Prints the ids of what was removed; an unknown id
+    /// exits 2.
+    Delete {
+        /// Organization id.
+        id: String,
+    },
 }
 
 /// `users …`
@@ -128,6 +143,19 @@ pub enum UsersCmd {
         /// E-mail address.
         #[arg(long)]
         email: Option<String>,
+    },
+    /// List every user.
+    List,
+    /// Delete a user, their sessions, API keys and memberships.
+    ///
+    /// In one transaction: every session of the user ends, every API key the
+    /// user owns is deleted (in every organization), every membership is
+    /// removed, then the user itself. Running gateways refuse the sessions
+    /// and keys within a second. Prints the ids of what was removed; an
+    /// unknown id exits 2.
+    Delete {
+        /// User id.
+        id: String,
     },
 }
 
@@ -146,6 +174,27 @@ pub enum MembersCmd {
         #[arg(long)]
         role: String,
     },
+    /// List an organization's members and their roles.
+    List {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+    },
+    /// Remove a user from an organization.
+    ///
+    /// The user's sessions lose the role in this organization and the keys
+    /// they own in it grant nothing (403 on every route that needs a scope)
+    /// on running gateways within a second. The keys are kept, and work again
+    /// if the user is added back: revoke them with `keys revoke` to end them
+    /// for good. A user who is not a member exits 2.
+    Remove {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// User id.
+        #[arg(long)]
+        user: String,
+    },
 }
 
 /// `sessions …`
@@ -159,6 +208,17 @@ pub enum SessionsCmd {
         /// Lifetime, e.g. 12h.
         #[arg(long, default_value = "12h")]
         ttl: String,
+    },
+    /// List a user's sessions (ids and times, never the token).
+    List {
+        /// User id.
+        #[arg(long)]
+        user: String,
+    },
+    /// End a session: running gateways refuse its token within a second.
+    Revoke {
+        /// Session id (`ses_…`).
+        id: String,
     },
 }
 
@@ -240,7 +300,7 @@ impl From<StoreError> for Failure {
                 Failure::input(e.to_string())
             }
             StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
-                Failure::runtime(e.to_string())
+                Failure::runtime(e.explain())
             }
         }
     }
@@ -263,4 +323,10 @@ pub fn finish(result: Result<Value, Failure>) -> ExitCode {
 /// Loads the config for a command, every problem in the message.
 pub fn load_settings(path: &std::path::Path) -> Result<Settings, Failure> {
     Settings::load(path).map_err(|e| Failure::input(e.to_string()))
+}
+
+/// Loads the config for an admin command: as [`load_settings`], except that
+/// the server's TLS files need not exist (admin commands act on the store only).
+pub fn load_store_settings(path: &std::path::Path) -> Result<Settings, Failure> {
+    Settings::load_without_tls_files(path).map_err(|e| Failure::input(e.to_string()))
 }

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         }
         cmd => {
             logging::init("warn", mpg_gateway::config::LogFormat::Text);
-            let result = cli::load_settings(&cli.config).and_then(|settings| {
+            let result = cli::load_store_settings(&cli.config).and_then(|settings| {
                 runtime(1).and_then(|rt| rt.block_on(cli::admin(&settings, cmd)))
             });
             cli::finish(result)

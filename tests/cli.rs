@@ -336,3 +336,104 @@ fn lifetimes_past_the_year_9999_are_refused_not_printed_as_no_expiry() {
     );
     assert!(key["expires_at"].as_str().unwrap().ends_with('Z'), "{key}");
 }
+
+#[test]
+fn admin_commands_do_not_need_the_servers_tls_files_but_check_config_and_run_do() {
+    // The shipped config names config/tls/*.pem; on a machine without them
+    // (an operator's laptop, a CI job) `orgs create` failed on server.tls.cert.
+    let mut cfg = config();
+    cfg.set("server.insecure_http", false);
+    let absent = cfg.dir.path().join("absent");
+    cfg.set("server.tls.cert", absent.join("cert.pem").to_str().unwrap());
+    cfg.set("server.tls.key", absent.join("key.pem").to_str().unwrap());
+    let path = cfg.write();
+    cli_ok(&path, &["migrate"]);
+    assert_eq!(
+        cli_ok(&path, &["orgs", "create", "--id", "acme"])["id"],
+        "acme"
+    );
+    assert_eq!(cli_ok(&path, &["orgs", "list"])["data"][0]["id"], "acme");
+    let (code, _, err) = cli(&path, &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("server.tls.cert") && err.contains("server.tls.key"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.tls.cert"));
+    // Whatever else is wrong is still refused.
+    cfg.set("store.query_timeout", "0s");
+    let (code, _, err) = cli(&cfg.write(), &["orgs", "list"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("store.query_timeout"), "{err}");
+}
+
+/// An address where nothing listens (a port bound, then released).
+fn closed_port() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+#[test]
+fn a_missing_database_a_refused_login_and_a_refused_connection_are_named_as_such() {
+    use common::scale::{host_port, pg_admin_url, with_database};
+    let pg = host_port(&pg_admin_url());
+    for (url, cause) in [
+        (
+            with_database(&pg_admin_url(), "mpg_no_such_database"),
+            "database \"mpg_no_such_database\" does not exist",
+        ),
+        // Trust authentication here: a role that does not exist is refused.
+        (
+            format!("postgres://nosuchuser:hunter2@{pg}/test"),
+            "PostgreSQL refused the login: role \"nosuchuser\" does not exist",
+        ),
+        (
+            format!("postgres://postgres:hunter2@{}/test", closed_port()),
+            "connection refused",
+        ),
+    ] {
+        let mut cfg = config();
+        cfg.postgres(&url);
+        let path = cfg.write();
+        let (code, _, err) = cli(&path, &["orgs", "create", "--id", "acme"]);
+        assert_eq!(code, 1, "{url}: {err}");
+        assert!(err.contains(cause), "{url}: {err}");
+        assert!(
+            !err.contains("unavailable")
+                && !err.contains("unreachable")
+                && !err.contains("timed out"),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+        // The same words when the gateway starts.
+        let out = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(cause), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_redis_that_refuses_connections_is_logged_as_refused_not_as_a_timeout() {
+    let mut cfg = config();
+    cfg.redis(&format!("redis://{}", closed_port()), "mpgtest:refused:");
+    let gw = Gateway::start(&cfg.write());
+    let log = gw.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("rate-limit backend") && l.contains("failing"))
+        .unwrap_or_else(|| panic!("no limiter failure logged:\n{log}"));
+    assert!(line.to_lowercase().contains("connection refused"), "{line}");
+    assert!(!line.contains("timed out"), "{line}");
+}

@@ -20,7 +20,7 @@ use crate::server::{serve, ListenerLimits};
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The key store could not be opened or migrated.
-    #[error("store ({what}): {source}")]
+    #[error("store ({what}): {}", source.explain())]
     Store {
         /// The store, with any password hidden.
         what: String,

@@ -8,7 +8,7 @@ use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
 use crate::store::sql::SqlStore;
-use crate::store::NewApiKey;
+use crate::store::{NewApiKey, SessionRecord};
 
 /// Runs an admin command (everything but run, check-config and demo).
 pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
@@ -22,11 +22,41 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
             non_empty("--id", &id)?;
             Ok(store.create_organization(&id, name.as_deref()).await?)
         }
+        Command::Orgs(OrgsCmd::List) => Ok(json!({ "data": store.list_organizations().await? })),
+        Command::Orgs(OrgsCmd::Delete { id }) => match store.delete_organization(&id).await? {
+            Some(removed) => Ok(json!({
+                "deleted": id,
+                "api_keys_deleted": removed.api_keys,
+                "memberships_removed": removed.memberships.into_iter().map(|(_, user)| user).collect::<Vec<_>>(),
+            })),
+            None => Err(Failure::input(format!("no organization with id {id:?}"))),
+        },
         Command::Users(UsersCmd::Create { id, email }) => {
             non_empty("--id", &id)?;
             Ok(store.create_user(&id, email.as_deref()).await?)
         }
-        Command::Members(MembersCmd::Add { org, user, role }) => {
+        Command::Users(UsersCmd::List) => Ok(json!({ "data": store.list_users().await? })),
+        Command::Users(UsersCmd::Delete { id }) => match store.delete_user(&id).await? {
+            Some(removed) => Ok(json!({
+                "deleted": id,
+                "sessions_ended": removed.sessions,
+                "api_keys_deleted": removed.api_keys,
+                "memberships_removed": removed.memberships.into_iter().map(|(org, _)| org).collect::<Vec<_>>(),
+            })),
+            None => Err(Failure::input(format!("no user with id {id:?}"))),
+        },
+        Command::Members(cmd) => members(settings, &store, cmd).await,
+        Command::Sessions(cmd) => sessions(&store, cmd, now).await,
+        Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
+        Command::Run | Command::CheckConfig | Command::Demo(_) => {
+            Err(Failure::input("not an admin command"))
+        }
+    }
+}
+
+async fn members(settings: &Settings, store: &SqlStore, cmd: MembersCmd) -> Result<Value, Failure> {
+    match cmd {
+        MembersCmd::Add { org, user, role } => {
             if !settings.roles.contains(&role) {
                 return Err(Failure::input(format!(
                     "--role: unknown role {role:?}; roles in [roles]: {}",
@@ -35,7 +65,33 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
             }
             Ok(store.set_member(&org, &user, &role).await?)
         }
-        Command::Sessions(SessionsCmd::Create { user, ttl }) => {
+        MembersCmd::List { org } => {
+            let members = store.list_members(&org).await?;
+            let data: Vec<Value> = members
+                .into_iter()
+                .map(
+                    |(user, role)| json!({ "organization_id": org, "user_id": user, "role": role }),
+                )
+                .collect();
+            Ok(json!({ "data": data }))
+        }
+        MembersCmd::Remove { org, user } => match store.remove_member(&org, &user).await? {
+            Some(role) => Ok(json!({
+                "organization_id": org,
+                "user_id": user,
+                "role": role,
+                "removed": true,
+            })),
+            None => Err(Failure::input(format!(
+                "user {user:?} is not a member of organization {org:?}"
+            ))),
+        },
+    }
+}
+
+async fn sessions(store: &SqlStore, cmd: SessionsCmd, now: i64) -> Result<Value, Failure> {
+    match cmd {
+        SessionsCmd::Create { user, ttl } => {
             let ttl = duration_arg("--ttl", &ttl)?;
             expiry_arg("--ttl", ttl, now)?;
             let (token, session) = store.create_session(&user, ttl).await?;
@@ -43,11 +99,40 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
                 json!({ "token": token, "user_id": session.user_id, "expires_at": rfc3339(session.expires_at) }),
             )
         }
-        Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
-        Command::Run | Command::CheckConfig | Command::Demo(_) => {
-            Err(Failure::input("not an admin command"))
+        SessionsCmd::List { user } => {
+            let data: Vec<Value> = store
+                .list_sessions(&user)
+                .await?
+                .iter()
+                .map(|s| {
+                    session_json(
+                        s,
+                        if s.is_expired(now) {
+                            "expired"
+                        } else {
+                            "active"
+                        },
+                    )
+                })
+                .collect();
+            Ok(json!({ "data": data }))
         }
+        SessionsCmd::Revoke { id } => match store.revoke_session(&id).await? {
+            Some(s) => Ok(session_json(&s, "revoked")),
+            None => Err(Failure::input(format!("no session with id {id:?}"))),
+        },
     }
+}
+
+/// A session as the admin commands print it: never its token.
+fn session_json(s: &SessionRecord, status: &str) -> Value {
+    json!({
+        "id": s.id,
+        "user_id": s.user_id,
+        "status": status,
+        "created_at": rfc3339(s.created_at),
+        "expires_at": rfc3339(s.expires_at),
+    })
 }
 
 async fn keys(

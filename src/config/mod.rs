@@ -356,6 +356,10 @@ pub struct RouteSettings {
 impl Settings {
     /// Reads and validates a configuration file.
     pub fn load(file: &Path) -> Result<Settings, ConfigError> {
+        Self::load_with(file, true)
+    }
+
+    fn load_with(file: &Path, tls_files: bool) -> Result<Settings, ConfigError> {
         let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
             file: file.to_path_buf(),
             problems: vec![Problem {
@@ -363,7 +367,7 @@ impl Settings {
                 message: format!("cannot read the file: {e}"),
             }],
         })?;
-        Self::parse(&text).map_err(|problems| ConfigError {
+        validate::validate(&text, tls_files).map_err(|problems| ConfigError {
             file: file.to_path_buf(),
             problems,
         })
@@ -371,7 +375,14 @@ impl Settings {
 
     /// Validates configuration text; `Err` holds every problem found.
     pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
-        validate::validate(text)
+        validate::validate(text, true)
+    }
+
+    /// Like [`Settings::load`], except that the server's certificate and
+    /// key files need not exist: for the admin commands, which act on the
+    /// store only. Everything else is validated as for `run`.
+    pub fn load_without_tls_files(file: &Path) -> Result<Settings, ConfigError> {
+        Self::load_with(file, false)
     }
 
     /// Index of a rate-limit policy by name.

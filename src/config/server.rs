@@ -24,7 +24,9 @@ pub(super) fn socket_addr(p: &mut Problems, path: &str, text: &str) -> Option<So
     }
 }
 
-pub(super) fn server_settings(p: &mut Problems, raw: RawServer) -> ServerSettings {
+/// `tls_files`: whether the certificate and key files must exist (not for
+/// the admin commands, which never serve and may run on another machine).
+pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool) -> ServerSettings {
     let listen = socket_addr(
         p,
         "server.listen",
@@ -51,7 +53,7 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer) -> ServerSetting
                         p.add(path, "required (a PEM file path)");
                         None
                     }
-                    Some(f) if !std::path::Path::new(&f).is_file() => {
+                    Some(f) if tls_files && !std::path::Path::new(&f).is_file() => {
                         p.add(path, format!("file {f:?} does not exist or is not a file"));
                         None
                     }

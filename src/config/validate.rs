@@ -23,7 +23,8 @@ const SECTIONS: [&str; 8] = [
     "routes",
 ];
 
-pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
+/// `tls_files`: whether the server's certificate and key files must exist.
+pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Problem>> {
     let mut table: toml::Table = match text.parse() {
         Ok(t) => t,
         Err(e) => {
@@ -59,7 +60,7 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
         .and_then(|v| p.de("routes", v))
         .unwrap_or_default();
 
-    let server = server_settings(&mut p, server);
+    let server = server_settings(&mut p, server, tls_files);
     let admin = AdminSettings {
         listen: admin
             .enabled

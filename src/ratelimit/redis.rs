@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::AsyncConnectionConfig;
 use ::redis::{Client, Script};
 
 use super::gcra::{Gcra, Op};
@@ -87,8 +88,24 @@ impl RedisLimiter {
             .set_number_of_retries(2)
             .set_max_delay(1_000);
         let script = Script::new(SCRIPT);
+        let direct = AsyncConnectionConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout);
         let conn = tokio::time::timeout(timeout, async {
-            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            // The manager waits far longer than `timeout` before it retries a
+            // failed connect, so its error (e.g. "connection refused") would
+            // be lost to the timeout. One direct attempt alongside it reports
+            // that cause at once; if it succeeds it is simply closed.
+            let manager = ConnectionManager::new_with_config(client.clone(), config);
+            let mut manager = std::pin::pin!(manager);
+            let mut conn = tokio::select! {
+                biased;
+                conn = &mut manager => conn?,
+                probe = client.get_multiplexed_async_connection_with_config(&direct) => {
+                    drop(probe?);
+                    manager.await?
+                }
+            };
             script.prepare_invoke().load_async(&mut conn).await?;
             Ok::<_, ::redis::RedisError>(conn)
         })

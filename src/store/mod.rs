@@ -14,6 +14,8 @@ mod sql_changes;
 mod sql_connect;
 mod sql_error;
 mod sql_keys;
+mod sql_removal;
+mod sql_sessions;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod usage;
@@ -24,6 +26,7 @@ pub use outage::unavailable;
 pub use sql::SqlStore;
 pub use sql_changes::CHANGE_RETENTION;
 pub use sql_keys::NewApiKey;
+pub use sql_removal::Removed;
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;

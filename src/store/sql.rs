@@ -1,9 +1,10 @@
 //! [`SqlStore`]: the one SQL store, served from SQLite or PostgreSQL through
 //! sqlx's `Any` driver so the same statements run on both (`$1` placeholders
 //! work on both). This file owns connecting, migrating and the query
-//! deadline; the change log lives in `sql_changes.rs`, accounts and sessions
-//! in `sql_accounts.rs`, API keys in `sql_keys.rs`, and what a sqlx error
-//! means for the caller in `sql_error.rs`.
+//! deadline; the change log lives in `sql_changes.rs`, organizations, users
+//! and memberships in `sql_accounts.rs`, sessions in `sql_sessions.rs`,
+//! deleting an organization or a user in `sql_removal.rs`, API keys in
+//! `sql_keys.rs`, and what a sqlx error means for the caller in `sql_error.rs`.
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
 use super::sql_connect::ConnectCheck;
 use super::sql_error::Db;

@@ -1,13 +1,23 @@
-//! The accounts half of [`SqlStore`]: organizations, users, memberships and
-//! sessions (creation, role changes, session removal and the session lookup).
+//! The accounts part of [`SqlStore`]: organizations, users and memberships
+//! (creation, listing, role changes and membership removal). Sessions are in
+//! `sql_sessions.rs`; deleting an organization or a user, with everything
+//! that hangs on it, in `sql_removal.rs`.
 use super::sql::{check_id, SqlStore};
 use super::sql_error::Db;
-use super::{Change, SessionAuth, SessionRecord, StoreError};
+use super::{Change, StoreError};
 use crate::clock::unix_now;
-use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
 use serde_json::{json, Value};
+use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
-use std::time::Duration;
+
+/// An organization or user row as the admin commands print it: `id`, the
+/// optional `column` (name or email) and `created_at`.
+fn account_json(row: &AnyRow, column: &str) -> Result<Value, sqlx::Error> {
+    let id: String = row.try_get("id")?;
+    let extra: Option<String> = row.try_get(column)?;
+    let created_at: i64 = row.try_get("created_at")?;
+    Ok(json!({"id": id, column: extra, "created_at": super::rfc3339(Some(created_at))}))
+}
 
 impl SqlStore {
     /// Creates an organization; Conflict if the id exists.
@@ -64,6 +74,56 @@ impl SqlStore {
         Ok(json!({"id": id, "email": email, "created_at": super::rfc3339(Some(now))}))
     }
 
+    /// Every organization, by id.
+    pub async fn list_organizations(&self) -> Result<Vec<Value>, StoreError> {
+        self.list_accounts(
+            "SELECT id, name, created_at FROM organizations ORDER BY id",
+            "name",
+        )
+        .await
+    }
+
+    /// Every user, by id.
+    pub async fn list_users(&self) -> Result<Vec<Value>, StoreError> {
+        self.list_accounts(
+            "SELECT id, email, created_at FROM users ORDER BY id",
+            "email",
+        )
+        .await
+    }
+
+    async fn list_accounts(&self, sql: &str, column: &str) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            sqlx::query(sql)
+                .fetch_all(&mut *conn)
+                .await
+                .db()?
+                .iter()
+                .map(|r| account_json(r, column))
+                .collect::<Result<Vec<_>, _>>()
+                .db()
+        })
+        .await
+    }
+
+    /// NotFound unless the organization exists.
+    pub(super) async fn require_org(
+        &self,
+        conn: &mut AnyConnection,
+        org: &str,
+    ) -> Result<(), StoreError> {
+        let found = sqlx::query("SELECT id FROM organizations WHERE id = $1")
+            .bind(org)
+            .fetch_optional(&mut *conn)
+            .await
+            .db()?;
+        match found {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NotFound(format!("organization {org}"))),
+        }
+    }
+
     /// NotFound unless both the organization and the user exist.
     pub(super) async fn require_org_and_user(
         &self,
@@ -71,19 +131,16 @@ impl SqlStore {
         org: &str,
         user: &str,
     ) -> Result<(), StoreError> {
-        let org_found = sqlx::query("SELECT id FROM organizations WHERE id = $1")
-            .bind(org)
-            .fetch_optional(&mut *conn)
-            .await
-            .db()?;
-        if org_found.is_none() {
-            return Err(StoreError::NotFound(format!("organization {org}")));
-        }
+        self.require_org(conn, org).await?;
         self.require_user(conn, user).await
     }
 
     /// NotFound unless the user exists.
-    async fn require_user(&self, conn: &mut AnyConnection, user: &str) -> Result<(), StoreError> {
+    pub(super) async fn require_user(
+        &self,
+        conn: &mut AnyConnection,
+        user: &str,
+    ) -> Result<(), StoreError> {
         let found = sqlx::query("SELECT id FROM users WHERE id = $1")
             .bind(user)
             .fetch_optional(&mut *conn)
@@ -141,102 +198,57 @@ impl SqlStore {
         .await
     }
 
-    /// Creates a session for `user` valid for `ttl`; returns the token (shown
-    /// once; only its hash is stored) and the record.
-    pub async fn create_session(
-        &self,
-        user: &str,
-        ttl: Duration,
-    ) -> Result<(String, SessionRecord), StoreError> {
-        let ttl = i64::try_from(ttl.as_secs()).map_err(|_| StoreError::Invalid("ttl".into()))?;
-        let token = generate_session_token();
-        let now = unix_now();
-        let record = SessionRecord {
-            id: generate_id("ses_"),
-            user_id: user.to_owned(),
-            created_at: now,
-            expires_at: now.saturating_add(ttl),
-        };
-        let mut tx = self.begin().await?;
-        self.timed(async {
-            self.require_user(&mut tx, user).await?;
-            sqlx::query(
-                "INSERT INTO sessions (id, token_hash, user_id, created_at, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(&record.id)
-            .bind(hash_secret(&token).to_hex())
-            .bind(user)
-            .bind(record.created_at)
-            .bind(record.expires_at)
-            .execute(&mut *tx)
-            .await
-            .db()
-        })
-        .await?;
-        self.commit(tx).await?;
-        Ok((token, record))
-    }
-
-    /// Removes a session; logs a session change. False if there was none.
-    pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.begin().await?;
-        let deleted = self
-            .timed(async {
-                let done = sqlx::query("DELETE FROM sessions WHERE id = $1")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .db()?;
-                if done.rows_affected() > 0 {
-                    let change = Change::Session { id: id.to_owned() };
-                    self.log_change(&mut tx, &change).await?;
-                }
-                Ok(done.rows_affected() > 0)
-            })
-            .await?;
-        self.commit(tx).await?;
-        Ok(deleted)
-    }
-    /// The session lookup: the session with this token hash and every
-    /// (organization, role) of its user.
-    pub(super) async fn find_session_by_hash(
-        &self,
-        hash: &SecretHash,
-    ) -> Result<Option<SessionAuth>, StoreError> {
+    /// `org`'s members as (user id, role), by user id. NotFound if the
+    /// organization does not exist.
+    pub async fn list_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            let row = sqlx::query(
-                "SELECT id, user_id, created_at, expires_at FROM sessions WHERE token_hash = $1",
+            self.require_org(&mut conn, org).await?;
+            sqlx::query(
+                "SELECT user_id, role FROM memberships WHERE organization_id = $1 ORDER BY user_id",
             )
-            .bind(hash.to_hex())
-            .fetch_optional(&mut *conn)
-            .await
-            .db()?;
-            let Some(row) = row else { return Ok(None) };
-            let session = SessionRecord {
-                id: row.try_get("id").db()?,
-                user_id: row.try_get("user_id").db()?,
-                created_at: row.try_get("created_at").db()?,
-                expires_at: row.try_get("expires_at").db()?,
-            };
-            let memberships = sqlx::query(
-                "SELECT organization_id, role FROM memberships WHERE user_id = $1 \
-                 ORDER BY organization_id",
-            )
-            .bind(&session.user_id)
+            .bind(org)
             .fetch_all(&mut *conn)
             .await
             .db()?
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .db()?;
-            Ok(Some(SessionAuth {
-                session,
-                memberships,
-            }))
+            .db()
         })
         .await
+    }
+
+    /// Removes `user` from `org` and logs a member change, so running
+    /// gateways drop the cached keys and sessions that carry the role.
+    /// Returns the role the user had; None if they were not a member.
+    /// NotFound if the organization or the user does not exist.
+    pub async fn remove_member(&self, org: &str, user: &str) -> Result<Option<String>, StoreError> {
+        let mut tx = self.begin().await?;
+        let role = self
+            .timed(async {
+                self.require_org_and_user(&mut tx, org, user).await?;
+                let row = sqlx::query(
+                    "DELETE FROM memberships WHERE organization_id = $1 AND user_id = $2 \
+                     RETURNING role",
+                )
+                .bind(org)
+                .bind(user)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?;
+                let role: Option<String> = row.map(|r| r.try_get(0)).transpose().db()?;
+                if role.is_some() {
+                    let change = Change::Member {
+                        organization_id: org.to_owned(),
+                        user_id: user.to_owned(),
+                    };
+                    self.log_change(&mut tx, &change).await?;
+                }
+                Ok(role)
+            })
+            .await?;
+        self.commit(tx).await?;
+        Ok(role)
     }
 }

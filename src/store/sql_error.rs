@@ -1,5 +1,6 @@
 //! sqlx's errors as [`StoreError`]s: which mean the store is unreachable,
-//! which that it timed out, which that it answered with an error.
+//! which that it timed out, which that it answered with an error; and
+//! [`StoreError::explain`], the cause in an operator's words.
 use super::StoreError;
 use std::sync::Arc;
 
@@ -36,5 +37,80 @@ pub(super) trait Db<T> {
 impl<T> Db<T> for Result<T, sqlx::Error> {
     fn db(self) -> Result<T, StoreError> {
         self.map_err(unavailable)
+    }
+}
+
+impl StoreError {
+    /// What went wrong, cause first, for an operator reading a start-up or
+    /// admin command failure: a database that does not exist, a refused
+    /// login, a refused connection, rather than "unavailable". The source
+    /// holds the server's own words (never a password: PostgreSQL's messages
+    /// name the role and database, not the secret).
+    pub fn explain(&self) -> String {
+        let source = match self {
+            StoreError::Unreachable(e) | StoreError::Unavailable(e) => e,
+            StoreError::Timeout => {
+                return "no answer from the store within store.query_timeout".to_owned()
+            }
+            StoreError::NotFound(_) | StoreError::Conflict(_) | StoreError::Invalid(_) => {
+                return self.to_string()
+            }
+        };
+        if let Some(e) = source.downcast_ref::<sqlx::Error>() {
+            if let Some(text) = explain_sqlx(e) {
+                return text;
+            }
+        } else if let Some(e) = source.downcast_ref::<std::io::Error>() {
+            return explain_io(e);
+        }
+        crate::logging::Chain(self).to_string()
+    }
+}
+
+/// The cause of a sqlx error in an operator's words, when it is one they
+/// can act on.
+fn explain_sqlx(e: &sqlx::Error) -> Option<String> {
+    use sqlx::Error as E;
+    Some(match e {
+        E::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            let message = db.message();
+            match &*code {
+                // invalid_catalog_name
+                "3D000" => format!(
+                    "PostgreSQL refused the connection: {message} \
+                     (create the database, or fix the database name in store.url)"
+                ),
+                // invalid_authorization_specification, invalid_password
+                "28000" | "28P01" => format!(
+                    "PostgreSQL refused the login: {message} \
+                     (check the user and password in store.url)"
+                ),
+                // insufficient_privilege
+                "42501" => format!("PostgreSQL refused: {message} (grant the store's role access)"),
+                "" => format!("the store answered with an error: {message}"),
+                _ => format!("the store answered with an error: {message} (code {code})"),
+            }
+        }
+        E::Io(io) => explain_io(io),
+        E::Tls(tls) => format!("TLS with the store failed: {tls}"),
+        E::Configuration(c) => format!("store.url: {c}"),
+        E::PoolTimedOut => StoreError::Timeout.explain(),
+        _ => return None,
+    })
+}
+
+/// A failed connect in an operator's words.
+fn explain_io(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => {
+            "connection refused: nothing listens at the store's address (is PostgreSQL \
+             running, and are the host and port in store.url right?)"
+                .to_owned()
+        }
+        K::TimedOut => format!("no answer from the store's address: {e}"),
+        K::NotFound => format!("cannot connect to the store: {e} (is the host name right?)"),
+        _ => format!("cannot connect to the store: {e}"),
     }
 }

@@ -1,0 +1,152 @@
+//! The sessions part of [`SqlStore`]: creation, listing a user's sessions,
+//! revocation (which logs a session change, so running gateways drop the
+//! cached session) and the session lookup authentication reads through.
+use super::sql::SqlStore;
+use super::sql_error::Db;
+use super::{Change, SessionAuth, SessionRecord, StoreError};
+use crate::clock::unix_now;
+use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use std::time::Duration;
+
+/// Columns of a [`SessionRecord`] (never the token hash).
+const SESSION_COLUMNS: &str = "id, user_id, created_at, expires_at";
+
+/// Builds a record from a row selected with [`SESSION_COLUMNS`].
+fn session_from_row(row: &AnyRow) -> Result<SessionRecord, sqlx::Error> {
+    Ok(SessionRecord {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}
+
+impl SqlStore {
+    /// Creates a session for `user` valid for `ttl`; returns the token (shown
+    /// once; only its hash is stored) and the record.
+    pub async fn create_session(
+        &self,
+        user: &str,
+        ttl: Duration,
+    ) -> Result<(String, SessionRecord), StoreError> {
+        let ttl = i64::try_from(ttl.as_secs()).map_err(|_| StoreError::Invalid("ttl".into()))?;
+        let token = generate_session_token();
+        let now = unix_now();
+        let record = SessionRecord {
+            id: generate_id("ses_"),
+            user_id: user.to_owned(),
+            created_at: now,
+            expires_at: now.saturating_add(ttl),
+        };
+        let mut tx = self.begin().await?;
+        self.timed(async {
+            self.require_user(&mut tx, user).await?;
+            sqlx::query(
+                "INSERT INTO sessions (id, token_hash, user_id, created_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(&record.id)
+            .bind(hash_secret(&token).to_hex())
+            .bind(user)
+            .bind(record.created_at)
+            .bind(record.expires_at)
+            .execute(&mut *tx)
+            .await
+            .db()
+        })
+        .await?;
+        self.commit(tx).await?;
+        Ok((token, record))
+    }
+
+    /// `user`'s sessions, expired ones included, oldest first. NotFound if
+    /// the user does not exist.
+    pub async fn list_sessions(&self, user: &str) -> Result<Vec<SessionRecord>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            self.require_user(&mut conn, user).await?;
+            sqlx::query(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE user_id = $1 \
+                 ORDER BY created_at, id"
+            ))
+            .bind(user)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?
+            .iter()
+            .map(session_from_row)
+            .collect::<Result<Vec<_>, _>>()
+            .db()
+        })
+        .await
+    }
+
+    /// Removes a session and logs a session change, so running gateways
+    /// drop it from their caches. None if there was no such session.
+    pub async fn revoke_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let mut tx = self.begin().await?;
+        let record = self
+            .timed(async {
+                let row = sqlx::query(&format!(
+                    "DELETE FROM sessions WHERE id = $1 RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?;
+                let record = row.as_ref().map(session_from_row).transpose().db()?;
+                if record.is_some() {
+                    let change = Change::Session { id: id.to_owned() };
+                    self.log_change(&mut tx, &change).await?;
+                }
+                Ok(record)
+            })
+            .await?;
+        self.commit(tx).await?;
+        Ok(record)
+    }
+
+    /// Removes a session (see [`SqlStore::revoke_session`]). False if there was none.
+    pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.revoke_session(id).await?.is_some())
+    }
+
+    /// The session lookup: the session with this token hash and every
+    /// (organization, role) of its user.
+    pub(super) async fn find_session_by_hash(
+        &self,
+        hash: &SecretHash,
+    ) -> Result<Option<SessionAuth>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let row = sqlx::query(
+                "SELECT id, user_id, created_at, expires_at FROM sessions WHERE token_hash = $1",
+            )
+            .bind(hash.to_hex())
+            .fetch_optional(&mut *conn)
+            .await
+            .db()?;
+            let Some(row) = row else { return Ok(None) };
+            let session = session_from_row(&row).db()?;
+            let memberships = sqlx::query(
+                "SELECT organization_id, role FROM memberships WHERE user_id = $1 \
+                 ORDER BY organization_id",
+            )
+            .bind(&session.user_id)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .db()?;
+            Ok(Some(SessionAuth {
+                session,
+                memberships,
+            }))
+        })
+        .await
+    }
+}
