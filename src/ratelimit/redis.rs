@@ -11,15 +11,19 @@
 //!
 //! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
 //! bucket is full again, so idle keys vanish by themselves. Every call runs under the
-//! configured timeout on a reconnecting, multiplexed `ConnectionManager`; `Script` sends
-//! EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
+//! configured timeout on a reconnecting, multiplexed connection (`redis_target.rs`); `Script`
+//! sends EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
+//!
+//! A script call names its one key, so a Redis Cluster runs it on the node owning that key's
+//! slot; buckets spread over the slots. SCRIPT LOAD goes to every primary, and a primary
+//! that lacks the script (a failover, a new node) answers NOSCRIPT and gets it again.
 
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Script};
+use ::redis::Script;
 
 use super::gcra::{Gcra, Op};
+use super::redis_target::{RedisConn, RedisTarget};
 use super::{Decision, LimiterError, PolicyId, Quota};
 
 /// ARGV: 1 = emission interval T (ns), 2 = burst c*T (ns), 3 = op (0 check, 1 peek,
@@ -64,7 +68,7 @@ return { t[1], t[2], debt }
 /// GCRA limiter whose state lives in Redis, shared by every gateway instance.
 #[derive(Clone)]
 pub struct RedisLimiter {
-    conn: ConnectionManager,
+    conn: RedisConn,
     script: Script,
     prefix: Box<str>,
     policies: Vec<Gcra>,
@@ -72,23 +76,17 @@ pub struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    /// Connects to `url` (and loads the script) within `timeout`; keys are named
+    /// Connects to `target` (and loads the script) within `timeout`; keys are named
     /// `{prefix}rl:{policy index}:{key}`. Later calls reconnect by themselves.
     pub async fn connect(
-        url: &str,
+        target: &RedisTarget,
         prefix: &str,
         policies: Vec<Quota>,
         timeout: Duration,
     ) -> Result<Self, LimiterError> {
-        let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(2)
-            .set_max_delay(1_000);
         let script = Script::new(SCRIPT);
         let conn = tokio::time::timeout(timeout, async {
-            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            let mut conn = target.connect(timeout).await?;
             script.prepare_invoke().load_async(&mut conn).await?;
             Ok::<_, ::redis::RedisError>(conn)
         })
