@@ -121,6 +121,9 @@ fn run(path: &std::path::Path) -> ExitCode {
         let running = match started {
             Ok(r) => r,
             Err(e) => {
+                // With its causes: "key store unreachable" alone does not
+                // tell a refused connection from an untrusted certificate.
+                let e = logging::Chain(&e);
                 tracing::error!(error = %e, "cannot start");
                 eprintln!("mpg-gateway: {e}");
                 return ExitCode::from(1);

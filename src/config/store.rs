@@ -28,13 +28,11 @@ fn postgres_tls(p: &mut Problems, url: &str) {
     };
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         match &*name {
-            "sslmode" | "ssl-mode" => {
-                if !SSL_MODES.contains(&value.to_ascii_lowercase().as_str()) {
-                    p.add(
-                        "store.url",
-                        format!("{name}={value:?}: expected one of {}", SSL_MODES.join(", ")),
-                    );
-                }
+            "sslmode" | "ssl-mode" if !SSL_MODES.contains(&value.to_ascii_lowercase().as_str()) => {
+                p.add(
+                    "store.url",
+                    format!("{name}={value:?}: expected one of {}", SSL_MODES.join(", ")),
+                );
             }
             "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
                 if let Err(e) = crate::tls::pem::load_roots(Path::new(&*value)) {

@@ -82,14 +82,18 @@ impl RedisTarget {
 
     /// Opens a connection that reconnects by itself; connects and answers
     /// each give up after `timeout`.
+    ///
+    /// A failed connect is not retried here: the limiter's breaker already
+    /// tries again once a second, and a retry's backoff (a second or more)
+    /// would outlast the call's timeout and hide the cause (a refused
+    /// connection, a certificate from an unknown CA) behind "timed out".
     pub(super) async fn connect(&self, timeout: Duration) -> RedisResult<RedisConn> {
         match &self.kind {
             Kind::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(timeout)
                     .set_response_timeout(timeout)
-                    .set_number_of_retries(2)
-                    .set_max_delay(1_000);
+                    .set_number_of_retries(0);
                 let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
                 Ok(RedisConn::Single(conn))
             }
@@ -150,10 +154,15 @@ fn cluster_client(
     ca_pem: Option<&[u8]>,
     timeout: Duration,
 ) -> RedisResult<ClusterClient> {
+    // Retries follow MOVED and ASK redirects (immediately) after a
+    // resharding or failover; waits between others stay well inside a
+    // call's timeout (the crate's default starts at 1.28 s).
     let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
         .response_timeout(timeout)
-        .retries(2);
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(100);
     if let Some(pem) = ca_pem {
         builder = builder.certs(certificates(pem.to_vec()));
     }
@@ -180,6 +189,9 @@ fn no_tls_for_ca() -> RedisError {
 
 /// The limiter's connection: to one server, or to a cluster (which routes
 /// each command by its key's slot and follows `MOVED`/`ASK`). Cheap to clone.
+// Unboxed: made once per connect and cloned (no allocation) per call; a
+// boxed manager would cost an allocation per clone.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub(super) enum RedisConn {
     Single(ConnectionManager),
