@@ -15,7 +15,7 @@
 //! sends EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
 //!
 //! A script call names its one key, so a Redis Cluster runs it on the node owning that key's
-//! slot; buckets spread over the slots. SCRIPT LOAD goes to every primary, and a primary
+//! slot; buckets spread over the slots. SCRIPT LOAD goes to every node, and a primary
 //! that lacks the script (a failover, a new node) answers NOSCRIPT and gets it again.
 
 use std::time::Duration;
