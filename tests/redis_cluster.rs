@@ -98,3 +98,19 @@ async fn a_cluster_speaking_tls_is_reached_with_its_ca_file() {
         .sum();
     assert_eq!(total, 12);
 }
+
+#[tokio::test]
+async fn check_config_reads_a_cluster_url_as_the_limiter_does() {
+    let up = MockUpstream::start().await;
+    let cfg = config(
+        &up,
+        "redis+cluster://:s3cret@127.0.0.1:7000,,127.0.0.1:7001",
+    );
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("rate_limit.redis_url: invalid Redis settings: invalid Redis Cluster url"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}

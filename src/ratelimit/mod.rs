@@ -59,6 +59,9 @@ pub enum LimiterError {
     /// A [`PolicyId`] that was never registered (a programming error; treated as refusal).
     #[error("unknown rate-limit policy index {0}")]
     UnknownPolicy(usize),
+    /// The Redis url or CA file cannot be used ([`RedisTarget::new`]).
+    #[error("invalid Redis settings: {0}")]
+    Config(#[source] ::redis::RedisError),
 }
 
 impl From<::redis::RedisError> for LimiterError {

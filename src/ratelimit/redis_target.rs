@@ -45,6 +45,10 @@ impl RedisTarget {
     /// trusted then). A malformed url, a CA file with a non-TLS url or an
     /// unreadable CA file is an error; nothing is connected yet.
     pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Self, LimiterError> {
+        Self::parse(url, ca_file).map_err(LimiterError::Config)
+    }
+
+    fn parse(url: &str, ca_file: Option<&Path>) -> RedisResult<Self> {
         let ca_pem = match ca_file {
             Some(path) => Some(std::fs::read(path).map_err(|e| {
                 config_error(
@@ -58,7 +62,7 @@ impl RedisTarget {
             let nodes = nodes?;
             let tls = nodes[0].starts_with("rediss://");
             if ca_pem.is_some() && !tls {
-                return Err(no_tls_for_ca().into());
+                return Err(no_tls_for_ca());
             }
             // Built once here so that a bad node url is a configuration error.
             cluster_client(&nodes, ca_pem.as_deref(), Duration::from_secs(1))?;
@@ -71,7 +75,7 @@ impl RedisTarget {
         let tls = matches!(info.addr, ConnectionAddr::TcpTls { .. });
         let client = match ca_pem {
             None => Client::open(info)?,
-            Some(_) if !tls => return Err(no_tls_for_ca().into()),
+            Some(_) if !tls => return Err(no_tls_for_ca()),
             Some(pem) => Client::build_with_tls(info, certificates(pem))?,
         };
         Ok(Self {
@@ -266,7 +270,7 @@ mod tests {
         assert!(format!("{:?}", cluster.unwrap()).contains("cluster"));
         assert!(matches!(
             RedisTarget::new("not a url", None),
-            Err(LimiterError::Unavailable(_))
+            Err(LimiterError::Config(_))
         ));
 
         let dir = tempfile::tempdir().unwrap();
