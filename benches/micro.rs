@@ -14,7 +14,9 @@ use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
-use mpg_gateway::ratelimit::{LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter};
+use mpg_gateway::ratelimit::{
+    LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter, RedisTarget,
+};
 use mpg_gateway::routes::{check_head, check_request_target, RouteMatch, Router};
 use mpg_gateway::secret::SecretHash;
 use mpg_gateway::secret::{check_api_key_format, generate_api_key, hash_secret};
@@ -218,8 +220,12 @@ fn limiter_redis(c: &mut Criterion) {
         .build()
         .unwrap();
     let prefix = format!("mpg-bench-{}:", std::process::id());
+    let Ok(target) = RedisTarget::new(&url, None) else {
+        eprintln!("limiter_redis: skipped (bad MPG_TEST_REDIS_URL)");
+        return;
+    };
     let limiter = rt.block_on(RateLimiter::redis(
-        &url,
+        target,
         &prefix,
         vec![quota(1_000_000_000)],
         quota(20),

@@ -299,6 +299,8 @@ impl From<StoreError> for Failure {
             StoreError::NotFound(_) | StoreError::Conflict(_) | StoreError::Invalid(_) => {
                 Failure::input(e.to_string())
             }
+            // With its causes, which tell a refused connection from an
+            // untrusted certificate or a failed login.
             StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
                 Failure::runtime(e.explain())
             }

@@ -67,6 +67,11 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         if let Some(tls) = &s.server.tls {
             app::load_certified_key(tls).map_err(|e| Failure::input(format!("server.tls: {e}")))?;
         }
+        // And parse the Redis url as the limiter will (a cluster's node list included).
+        if let Some(r) = &s.rate_limit.redis {
+            mpg_gateway::ratelimit::RedisTarget::new(&r.url, r.ca_file.as_deref())
+                .map_err(|e| Failure::input(format!("rate_limit.redis_url: {e}")))?;
+        }
         Ok(s)
     }) {
         Ok(s) => {
@@ -116,6 +121,9 @@ fn run(path: &std::path::Path) -> ExitCode {
         let running = match started {
             Ok(r) => r,
             Err(e) => {
+                // With its causes: "key store unreachable" alone does not
+                // tell a refused connection from an untrusted certificate.
+                let e = logging::Chain(&e);
                 tracing::error!(error = %e, "cannot start");
                 eprintln!("mpg-gateway: {e}");
                 return ExitCode::from(1);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::StartError;
 use crate::config::Settings;
 use crate::pipeline::Pipeline;
-use crate::ratelimit::{OnBackendError, Quota, RateLimiter};
+use crate::ratelimit::{OnBackendError, Quota, RateLimiter, RedisTarget};
 use crate::store::cache::{CacheConfig, CachedKeyStore};
 use crate::store::invalidation::spawn_invalidation;
 use crate::store::sql::SqlStore;
@@ -92,8 +92,9 @@ pub(crate) async fn build_limiter(settings: &Settings) -> Result<RateLimiter, St
                 crate::config::BackendErrorPolicy::Deny => OnBackendError::Deny,
                 crate::config::BackendErrorPolicy::Allow => OnBackendError::Allow,
             };
+            let target = RedisTarget::new(&r.url, r.ca_file.as_deref())?;
             RateLimiter::redis(
-                &r.url,
+                target,
                 &r.prefix,
                 policies,
                 auth_failures,

@@ -14,7 +14,7 @@ use crate::store::{NewApiKey, SessionRecord};
 pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
     let store = open_store(settings)
         .await
-        .map_err(|e| Failure::runtime(e.to_string()))?;
+        .map_err(|e| Failure::runtime(crate::logging::Chain(&e).to_string()))?;
     let now = unix_now();
     match cmd {
         Command::Migrate => Ok(json!({ "migrated": true, "store": settings.store.display })),

@@ -206,12 +206,15 @@ pub struct RateLimitSettings {
 /// The Redis limiter backend.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisSettings {
-    /// `redis://…`
+    /// `redis://…`, `rediss://…` (TLS), `redis+cluster://h:p,h:p` or
+    /// `rediss+cluster://…` (may hold a password: never log it).
     pub url: String,
     /// Prefix for every key the gateway writes.
     pub prefix: String,
     /// Per-decision timeout.
     pub timeout: Duration,
+    /// With TLS: trust only the CA certificates of this PEM file.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// A bucket: `requests` capacity, refilled entirely every `per`.

@@ -1,7 +1,9 @@
-//! Validation of `[rate_limit]`: the backend (in-process or Redis), the
-//! named policies and the per-IP budget of failed authentications.
+//! Validation of `[rate_limit]`: the backend (in-process or Redis, with its
+//! TLS trust), the named policies and the per-IP budget of failed
+//! authentications.
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::problems::Problems;
@@ -21,39 +23,62 @@ fn quota(p: &mut Problems, path: &str, requests: u32, per: Duration) -> Option<Q
     Some(QuotaSettings { requests, per })
 }
 
+/// The url schemes the limiter connects with: one server or a cluster, plain or TLS.
+const REDIS_SCHEMES: [&str; 4] = [
+    "redis://",
+    "rediss://",
+    "redis+cluster://",
+    "rediss+cluster://",
+];
+
+fn redis_settings(p: &mut Problems, raw: &RawRateLimit) -> Option<RedisSettings> {
+    let Some(url) = raw.redis_url.clone() else {
+        p.add("rate_limit.redis_url", "required when backend = \"redis\"");
+        return None;
+    };
+    if !REDIS_SCHEMES.iter().any(|s| url.starts_with(s)) {
+        p.add(
+            "rate_limit.redis_url",
+            format!(
+                "expected a redis://, rediss://, redis+cluster:// or rediss+cluster:// url, got {:?}",
+                redact_url(&url)
+            ),
+        );
+        return None;
+    }
+    let tls = url.starts_with("rediss");
+    // The redis crate reads `#insecure` as "do not check the certificate",
+    // which this build does not offer: a private CA goes in redis_ca_file.
+    if url.contains('#') {
+        p.add(
+            "rate_limit.redis_url",
+            "no #fragment (#insecure is not supported: give a private CA in rate_limit.redis_ca_file)",
+        );
+    }
+    let ca_file = raw.redis_ca_file.as_ref().map(PathBuf::from);
+    if let Some(ca) = &ca_file {
+        if !tls {
+            p.add(
+                "rate_limit.redis_ca_file",
+                "applies only to rediss:// and rediss+cluster:// urls",
+            );
+        } else if let Err(e) = crate::tls::pem::load_roots(ca) {
+            p.add("rate_limit.redis_ca_file", e);
+        }
+    }
+    p.positive("rate_limit.redis_timeout", raw.redis_timeout);
+    Some(RedisSettings {
+        url,
+        prefix: raw.redis_prefix.clone(),
+        timeout: raw.redis_timeout,
+        ca_file,
+    })
+}
+
 pub(super) fn rate_limit_settings(p: &mut Problems, raw: RawRateLimit) -> RateLimitSettings {
     let redis = match raw.backend {
         RawBackend::Local => None,
-        RawBackend::Redis => match raw.redis_url {
-            // The redis client is built without TLS: a `rediss://` url would
-            // pass here and then stop every start.
-            Some(url) if url.starts_with("rediss://") => {
-                p.add(
-                    "rate_limit.redis_url",
-                    "rediss:// (TLS) is not supported by this build; use redis://",
-                );
-                None
-            }
-            Some(url) if url.starts_with("redis://") => {
-                p.positive("rate_limit.redis_timeout", raw.redis_timeout);
-                Some(RedisSettings {
-                    url,
-                    prefix: raw.redis_prefix,
-                    timeout: raw.redis_timeout,
-                })
-            }
-            Some(url) => {
-                p.add(
-                    "rate_limit.redis_url",
-                    format!("expected a redis:// url, got {:?}", redact_url(&url)),
-                );
-                None
-            }
-            None => {
-                p.add("rate_limit.redis_url", "required when backend = \"redis\"");
-                None
-            }
-        },
+        RawBackend::Redis => redis_settings(p, &raw),
     };
     let mut policies = Vec::new();
     let raw_policies = raw.policies.unwrap_or_else(|| {

@@ -219,6 +219,7 @@ pub(crate) struct RawRateLimit {
     pub(crate) ietf_headers: bool,
     pub(crate) policies: Option<BTreeMap<String, toml::Value>>,
     pub(crate) auth_failures: RawQuota,
+    pub(crate) redis_ca_file: Option<String>,
 }
 
 impl Default for RawRateLimit {
@@ -232,6 +233,7 @@ impl Default for RawRateLimit {
             ietf_headers: false,
             policies: None,
             auth_failures: RawQuota::default(),
+            redis_ca_file: None,
         }
     }
 }

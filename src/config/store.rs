@@ -1,9 +1,48 @@
-//! Validation of `[store]`: the SQLite path or PostgreSQL url, and the
-//! cache sizes and timeouts.
+//! Validation of `[store]`: the SQLite path or PostgreSQL url (with its TLS
+//! parameters), and the cache sizes and timeouts.
 use super::problems::Problems;
 use super::raw::{RawStore, StoreKind};
 use super::redact::redact_url;
 use super::StoreSettings;
+use std::path::Path;
+
+/// The `sslmode` values the PostgreSQL driver knows (any case).
+const SSL_MODES: [&str; 6] = [
+    "disable",
+    "allow",
+    "prefer",
+    "require",
+    "verify-ca",
+    "verify-full",
+];
+
+/// Checks the TLS parameters of a `postgres://` url now, so that a typo in
+/// `sslmode` or a missing `sslrootcert` file is a configuration error
+/// rather than a failed start. Names as the driver reads them (it also
+/// takes `ssl-mode`, `ssl-root-cert` and `ssl-ca`).
+fn postgres_tls(p: &mut Problems, url: &str) {
+    // After the user info, which may hold a `?` in a password.
+    let rest = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let Some((_, query)) = rest.split_once('?') else {
+        return;
+    };
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*name {
+            "sslmode" | "ssl-mode" if !SSL_MODES.contains(&value.to_ascii_lowercase().as_str()) => {
+                p.add(
+                    "store.url",
+                    format!("{name}={value:?}: expected one of {}", SSL_MODES.join(", ")),
+                );
+            }
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
+                if let Err(e) = crate::tls::pem::load_roots(Path::new(&*value)) {
+                    p.add("store.url", format!("{name}: {e}"));
+                }
+            }
+            _ => {}
+        }
+    }
+}
 
 pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
     let (url, display) = match raw.kind {
@@ -30,6 +69,7 @@ pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
             }
             match raw.url {
                 Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                    postgres_tls(p, &url);
                     let display = redact_url(&url);
                     (url, display)
                 }

@@ -23,7 +23,10 @@ use crate::logging::Incident;
 
 use super::clock::{Clock, SystemClock};
 use super::gcra::{self, Gcra, Op};
-use super::{Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quota, RedisLimiter};
+use super::{
+    Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quota, RedisLimiter,
+    RedisTarget,
+};
 
 /// How long decisions skip a failed backend before one request probes it again.
 const PROBE_INTERVAL_NANOS: u64 = 1_000_000_000;
@@ -41,7 +44,7 @@ pub struct RateLimiter {
 }
 
 struct Remote {
-    url: Box<str>,
+    target: RedisTarget,
     prefix: Box<str>,
     quotas: Vec<Quota>,
     timeout: Duration,
@@ -80,10 +83,10 @@ impl RateLimiter {
     }
 
     /// A Redis-backed limiter shared by every instance. If Redis cannot be reached now, it
-    /// starts in fallback (`on_error`) and connects later by itself; only a malformed `url`
-    /// is an error. Every Redis call runs under `timeout`.
+    /// starts in fallback (`on_error`) and connects later by itself. Every Redis call runs
+    /// under `timeout`.
     pub async fn redis(
-        url: &str,
+        target: RedisTarget,
         prefix: &str,
         policies: Vec<Quota>,
         auth_failures: Quota,
@@ -92,7 +95,7 @@ impl RateLimiter {
     ) -> Result<Self, LimiterError> {
         let clock = Arc::new(SystemClock::new());
         Self::redis_with_clock(
-            url,
+            target,
             prefix,
             policies,
             auth_failures,
@@ -105,7 +108,7 @@ impl RateLimiter {
 
     /// [`RateLimiter::redis`] with an injected clock for the breaker and the fallback.
     pub async fn redis_with_clock(
-        url: &str,
+        target: RedisTarget,
         prefix: &str,
         policies: Vec<Quota>,
         auth_failures: Quota,
@@ -113,10 +116,9 @@ impl RateLimiter {
         timeout: Duration,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LimiterError> {
-        ::redis::Client::open(url)?; // a malformed url is a configuration error, not an outage
         let (all, auth_policy) = with_auth_policy(policies, auth_failures);
         let remote = Remote {
-            url: url.into(),
+            target,
             prefix: prefix.into(),
             quotas: all.clone(),
             timeout,
@@ -256,9 +258,13 @@ impl std::fmt::Debug for Remote {
 
 impl Remote {
     async fn connect(&self) -> Result<Arc<RedisLimiter>, LimiterError> {
-        let limiter =
-            RedisLimiter::connect(&self.url, &self.prefix, self.quotas.clone(), self.timeout)
-                .await?;
+        let limiter = RedisLimiter::connect(
+            &self.target,
+            &self.prefix,
+            self.quotas.clone(),
+            self.timeout,
+        )
+        .await?;
         Ok(Arc::new(limiter))
     }
 
@@ -361,6 +367,10 @@ mod tests {
         Arc::new(ManualClock::new(START))
     }
 
+    fn target(url: &str) -> RedisTarget {
+        RedisTarget::new(url, None).unwrap()
+    }
+
     #[tokio::test]
     async fn local_backend_counts_down_and_guards_auth_failures() {
         let l = RateLimiter::local_with_clock(vec![quota(2, 60)], quota(3, 60), clock());
@@ -390,7 +400,7 @@ mod tests {
     #[tokio::test]
     async fn debug_output_hides_the_redis_password() {
         let l = RateLimiter::redis_with_clock(
-            "redis://:s3cret-pw@127.0.0.1:1",
+            target("redis://:s3cret-pw@127.0.0.1:1"),
             "x:",
             vec![quota(1, 1)],
             quota(1, 1),
@@ -411,7 +421,7 @@ mod tests {
         let url = redis_url();
         let make = || {
             RateLimiter::redis(
-                &url,
+                target(&url),
                 &prefix,
                 vec![quota(3, 60)],
                 quota(2, 60),
@@ -435,26 +445,9 @@ mod tests {
         cleanup(&prefix).await;
     }
 
-    #[test]
-    fn malformed_url_is_an_error() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let result = rt.block_on(RateLimiter::redis(
-            "not a url",
-            "x:",
-            vec![],
-            quota(1, 1),
-            OnBackendError::Local,
-            Duration::from_millis(100),
-        ));
-        assert!(matches!(result, Err(LimiterError::Unavailable(_))));
-    }
-
     async fn unreachable(on_error: OnBackendError, clock: Arc<ManualClock>) -> RateLimiter {
         RateLimiter::redis_with_clock(
-            "redis://127.0.0.1:1",
+            target("redis://127.0.0.1:1"),
             "x:",
             vec![quota(2, 60)],
             quota(1, 60),
@@ -540,13 +533,13 @@ mod tests {
 
     #[tokio::test]
     async fn starts_in_fallback_and_recovers_when_redis_answers() {
-        let target = redis_url();
-        let target = target.trim_start_matches("redis://").trim_end_matches('/');
-        let (url, up) = switchable_relay(target.to_string()).await;
+        let real = redis_url();
+        let real = real.trim_start_matches("redis://").trim_end_matches('/');
+        let (url, up) = switchable_relay(real.to_string()).await;
         let prefix = random_prefix();
         let clock = clock();
         let l = RateLimiter::redis_with_clock(
-            &url,
+            target(&url),
             &prefix,
             vec![quota(5, 60)],
             quota(1, 60),

@@ -2,7 +2,8 @@
 //!
 //! This module owns the limiter types the pipeline sees ([`RateLimiter`], [`Decision`],
 //! [`Quota`], [`PolicyId`]), the rate-limit response headers, and both backends: the
-//! in-process [`LocalLimiter`] and the shared [`RedisLimiter`]. Both run the same integer
+//! in-process [`LocalLimiter`] and the shared [`RedisLimiter`] (on one Redis server or a
+//! Redis Cluster, plain or TLS: [`RedisTarget`]). Both run the same integer
 //! arithmetic (`gcra.rs`) so a client gets identical headers whichever answers.
 //!
 //! Policies are registered once, at build time, as a `Vec<Quota>`; the hot path refers to
@@ -13,11 +14,13 @@ mod gcra;
 mod limiter;
 mod local;
 mod redis;
+mod redis_target;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::limiter::RateLimiter;
 pub use self::local::LocalLimiter;
 pub use self::redis::RedisLimiter;
+pub use self::redis_target::RedisTarget;
 pub use crate::http::rate_limit::Decision;
 
 use std::num::NonZeroU32;
@@ -56,6 +59,9 @@ pub enum LimiterError {
     /// A [`PolicyId`] that was never registered (a programming error; treated as refusal).
     #[error("unknown rate-limit policy index {0}")]
     UnknownPolicy(usize),
+    /// The Redis url or CA file cannot be used ([`RedisTarget::new`]).
+    #[error("invalid Redis settings: {0}")]
+    Config(#[source] ::redis::RedisError),
 }
 
 impl From<::redis::RedisError> for LimiterError {

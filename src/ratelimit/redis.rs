@@ -11,16 +11,19 @@
 //!
 //! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
 //! bucket is full again, so idle keys vanish by themselves. Every call runs under the
-//! configured timeout on a reconnecting, multiplexed `ConnectionManager`; `Script` sends
-//! EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
+//! configured timeout on a reconnecting, multiplexed connection (`redis_target.rs`); `Script`
+//! sends EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
+//!
+//! A script call names its one key, so a Redis Cluster runs it on the node owning that key's
+//! slot; buckets spread over the slots. SCRIPT LOAD goes to every node, and a primary
+//! that lacks the script (a failover, a new node) answers NOSCRIPT and gets it again.
 
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::AsyncConnectionConfig;
-use ::redis::{Client, Script};
+use ::redis::Script;
 
 use super::gcra::{Gcra, Op};
+use super::redis_target::{RedisConn, RedisTarget};
 use super::{Decision, LimiterError, PolicyId, Quota};
 
 /// ARGV: 1 = emission interval T (ns), 2 = burst c*T (ns), 3 = op (0 check, 1 peek,
@@ -65,7 +68,7 @@ return { t[1], t[2], debt }
 /// GCRA limiter whose state lives in Redis, shared by every gateway instance.
 #[derive(Clone)]
 pub struct RedisLimiter {
-    conn: ConnectionManager,
+    conn: RedisConn,
     script: Script,
     prefix: Box<str>,
     policies: Vec<Gcra>,
@@ -73,39 +76,17 @@ pub struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    /// Connects to `url` (and loads the script) within `timeout`; keys are named
+    /// Connects to `target` (and loads the script) within `timeout`; keys are named
     /// `{prefix}rl:{policy index}:{key}`. Later calls reconnect by themselves.
     pub async fn connect(
-        url: &str,
+        target: &RedisTarget,
         prefix: &str,
         policies: Vec<Quota>,
         timeout: Duration,
     ) -> Result<Self, LimiterError> {
-        let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(2)
-            .set_max_delay(1_000);
         let script = Script::new(SCRIPT);
-        let direct = AsyncConnectionConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout);
         let conn = tokio::time::timeout(timeout, async {
-            // The manager waits far longer than `timeout` before it retries a
-            // failed connect, so its error (e.g. "connection refused") would
-            // be lost to the timeout. One direct attempt alongside it reports
-            // that cause at once; if it succeeds it is simply closed.
-            let manager = ConnectionManager::new_with_config(client.clone(), config);
-            let mut manager = std::pin::pin!(manager);
-            let mut conn = tokio::select! {
-                biased;
-                conn = &mut manager => conn?,
-                probe = client.get_multiplexed_async_connection_with_config(&direct) => {
-                    drop(probe?);
-                    manager.await?
-                }
-            };
+            let mut conn = target.connect(timeout).await?;
             script.prepare_invoke().load_async(&mut conn).await?;
             Ok::<_, ::redis::RedisError>(conn)
         })

@@ -632,6 +632,9 @@ pub mod scale;
 // === an HTTP/2 client (prior knowledge, the `h2` crate) ===
 pub mod h2c;
 
+// === servers a test starts for itself: TLS Redis, Redis Cluster, TLS PostgreSQL ===
+pub mod backends;
+
 /// A running gateway and its recording upstream, for tests that attack it or
 /// speak raw HTTP to it.
 pub struct World {

@@ -1,6 +1,6 @@
 use super::*;
-use crate::ratelimit::{LocalLimiter, ManualClock};
-use ::redis::AsyncCommands;
+use crate::ratelimit::{LocalLimiter, ManualClock, RedisTarget};
+use ::redis::{AsyncCommands, Client};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -30,7 +30,8 @@ fn quota(capacity: u32, secs: u64) -> Quota {
 }
 
 async fn connect(prefix: &str, quotas: Vec<Quota>) -> RedisLimiter {
-    RedisLimiter::connect(&redis_url(), prefix, quotas, Duration::from_secs(2))
+    let target = RedisTarget::new(&redis_url(), None).unwrap();
+    RedisLimiter::connect(&target, prefix, quotas, Duration::from_secs(2))
         .await
         .unwrap()
 }
@@ -155,7 +156,7 @@ async fn consume_and_unknown_policy() {
 async fn unreachable_redis_fails_within_the_timeout() {
     let started = std::time::Instant::now();
     let result = RedisLimiter::connect(
-        "redis://127.0.0.1:1",
+        &RedisTarget::new("redis://127.0.0.1:1", None).unwrap(),
         "x:",
         vec![quota(1, 1)],
         Duration::from_millis(300),

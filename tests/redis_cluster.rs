@@ -1,0 +1,116 @@
+//! The shared limiter on a Redis Cluster (`redis+cluster://`): three primaries
+//! the test starts on loopback, buckets spread over their slots, one limit
+//! held by two gateway instances, and the script reloaded on every node after
+//! `SCRIPT FLUSH` (EVALSHA answered NOSCRIPT); and a cluster speaking only TLS
+//! (`rediss+cluster://` with `rate_limit.redis_ca_file`).
+mod common;
+
+use common::backends::RedisCluster;
+use common::*;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Policy `ip`: 3 requests an hour per client IP on `/public/ping`, counted
+/// in the cluster at `url`; refusing everything while Redis fails, so a
+/// fallback cannot pass for the cluster.
+fn config(up: &MockUpstream, url: &str) -> TestConfig {
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("rate_limit.policies.ip.requests", 3);
+    cfg.set("rate_limit.policies.ip.per", "1h");
+    cfg.set("rate_limit.policies.ip.key", "client_ip");
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"ip\"");
+    cfg.set("rate_limit.backend", "redis");
+    cfg.set("rate_limit.redis_url", url);
+    cfg.set("rate_limit.redis_timeout", "2s");
+    cfg.set("rate_limit.on_backend_error", "deny");
+    cfg
+}
+
+/// A client sending from loopback address 127.0.0.`last` (its own bucket).
+fn client_from(last: u8) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(IpAddr::from([127, 0, 0, last]))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Five requests from each of `clients`, alternating between the gateways.
+async fn five_each(gws: &[Gateway; 2], clients: std::ops::Range<u8>) {
+    for last in clients {
+        let client = client_from(last);
+        let mut seen = Vec::new();
+        for i in 0..5 {
+            let gw = &gws[(usize::from(last) + i) % 2];
+            let res = client.get(gw.url("/public/ping")).send().await.unwrap();
+            seen.push(res.status().as_u16());
+        }
+        // One bucket for both instances: three in all, then refusals.
+        assert_eq!(seen, [200, 200, 200, 429, 429], "client 127.0.0.{last}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_spread_over_the_cluster_and_two_instances_hold_one_limit() {
+    let cluster = RedisCluster::start(3);
+    let up = MockUpstream::start().await;
+    let cfg = config(&up, &cluster.url());
+    let path = cfg.write();
+    let (code, _, err) = cli(&path, &["check-config"]);
+    assert_eq!(code, 0, "{err}");
+    let gws = [Gateway::start(&path), Gateway::start(&path)];
+
+    five_each(&gws, 10..34).await;
+    // Every bucket is in the cluster, and every node holds some.
+    let mut total = 0;
+    for &port in &cluster.ports {
+        let keys = cluster.keys_on(port, "mpg:rl:");
+        assert!(!keys.is_empty(), "node {port} holds no bucket");
+        total += keys.len();
+    }
+    assert_eq!(total, 24);
+
+    // Every node forgets the script: the next calls load it again.
+    for &port in &cluster.ports {
+        assert_eq!(cluster.cli(port, &["SCRIPT", "FLUSH"]).trim(), "OK");
+    }
+    five_each(&gws, 40..52).await;
+    for gw in &gws {
+        let log = gw.log_text();
+        assert!(!log.contains("rate-limit backend redis"), "{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_speaking_tls_is_reached_with_its_ca_file() {
+    let cluster = RedisCluster::start_tls(3);
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up, &cluster.url());
+    let ca = &cluster.pki.as_ref().unwrap().ca;
+    cfg.set("rate_limit.redis_ca_file", ca.to_str().unwrap());
+    let path = cfg.write();
+    let gws = [Gateway::start(&path), Gateway::start(&path)];
+    five_each(&gws, 10..22).await;
+    let total: usize = cluster
+        .ports
+        .iter()
+        .map(|&port| cluster.keys_on(port, "mpg:rl:").len())
+        .sum();
+    assert_eq!(total, 12);
+}
+
+#[tokio::test]
+async fn check_config_reads_a_cluster_url_as_the_limiter_does() {
+    let up = MockUpstream::start().await;
+    let cfg = config(
+        &up,
+        "redis+cluster://:s3cret@127.0.0.1:7000,,127.0.0.1:7001",
+    );
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("rate_limit.redis_url: invalid Redis settings: invalid Redis Cluster url"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}
