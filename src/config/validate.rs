@@ -27,7 +27,8 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
     let mut table: toml::Table = match text.parse() {
         Ok(t) => t,
         Err(e) => {
-            let message = e.to_string().trim().replace('\n', " ");
+            // Multi-line on purpose: the line, its text and a caret under the column.
+            let message = e.to_string().trim_end().to_string();
             return Err(vec![Problem {
                 path: String::new(),
                 message,
@@ -89,11 +90,20 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
     for (name, value) in raw_upstreams {
         let path = format!("upstreams.{name}");
         if let Some(raw) = p.de::<RawUpstream>(&path, value) {
-            if let Some(u) = super::upstream::upstream_settings(&mut p, &path, raw) {
-                upstreams.insert(name, u);
+            match super::upstream::upstream_settings(&mut p, &path, raw) {
+                Some(u) => {
+                    upstreams.insert(name, u);
+                }
+                None => p.refuse(path),
             }
         }
     }
+    // Scopes routes name, read before each route is checked: a route that
+    // fails to parse still names its scope, which roles may then grant.
+    let route_scopes: Vec<String> = raw_routes
+        .iter()
+        .filter_map(|v| v.get("scope")?.as_str().map(str::to_string))
+        .collect();
     let raw_routes: Vec<(String, RawRoute)> = raw_routes
         .into_iter()
         .enumerate()
@@ -108,7 +118,7 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
 
     let raw_roles = raw_roles.unwrap_or_else(default_roles);
     let mut known_scopes: BTreeSet<String> = BUILTIN_SCOPES.iter().map(|s| s.to_string()).collect();
-    known_scopes.extend(raw_routes.iter().filter_map(|(_, r)| r.scope.clone()));
+    known_scopes.extend(route_scopes);
     let granted: HashSet<&str> = raw_roles.values().flatten().map(String::as_str).collect();
     let roles = roles_settings(&mut p, &raw_roles, &known_scopes);
 
