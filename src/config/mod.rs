@@ -157,6 +157,9 @@ pub struct Limits {
 pub struct AdminSettings {
     /// `None` when `enabled = false`.
     pub listen: Option<SocketAddr>,
+    /// Host names, lower-case, the admin listener answers for besides
+    /// `localhost` and IP addresses that reach it.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `[log]`

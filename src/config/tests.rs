@@ -698,3 +698,28 @@ fn a_redis_url_this_build_cannot_open_is_refused_by_check_config() {
     );
     assert!(Settings::parse(&ok).is_ok());
 }
+
+#[test]
+fn admin_allowed_hosts_are_dns_names_without_port_or_scheme() {
+    let s = Settings::parse(&format!(
+        "{MINIMAL}[admin]\nallowed_hosts = [\"GW-1.internal\", \"gw-1.internal\", \"metrics\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(s.admin.allowed_hosts, ["gw-1.internal", "metrics"]);
+    assert!(Settings::parse(MINIMAL)
+        .unwrap()
+        .admin
+        .allowed_hosts
+        .is_empty());
+    let errs = problems(&format!(
+        "{MINIMAL}[admin]\nallowed_hosts = [\"ok.internal\", \"gw:9901\", \"http://gw\", \"\", \"a..b\"]\n"
+    ));
+    for i in 1..=4 {
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(&format!("admin.allowed_hosts[{i}]: invalid host name"))),
+            "[{i}] not named in {errs:#?}"
+        );
+    }
+    assert_eq!(errs.len(), 4, "{errs:#?}");
+}

@@ -8,7 +8,7 @@ use super::rate_limit::rate_limit_settings;
 use super::raw::*;
 use super::roles::{default_roles, roles_settings};
 use super::routes::route_settings;
-use super::server::{server_settings, socket_addr};
+use super::server::{admin_settings, server_settings};
 use super::store::store_settings;
 use super::*;
 
@@ -61,12 +61,7 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
         .unwrap_or_default();
 
     let server = server_settings(&mut p, server);
-    let admin = AdminSettings {
-        listen: admin
-            .enabled
-            .then(|| socket_addr(&mut p, "admin.listen", &admin.listen))
-            .flatten(),
-    };
+    let admin = admin_settings(&mut p, admin);
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
         p.add(
             "log.level",
