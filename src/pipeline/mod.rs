@@ -145,7 +145,9 @@ impl Pipeline {
             out.route = Some(index);
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
-            out.principal = self.authenticate(entry, head, conn).await?;
+            out.principal = self
+                .authenticate(entry, head, conn, &mut out.decision)
+                .await?;
             let principal = out.principal.as_ref();
             // 3. Limit before validation, so malformed requests still spend tokens.
             self.rate_limit(
