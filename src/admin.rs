@@ -1,7 +1,12 @@
 //! The admin listener (`[admin]`, loopback by default): `/healthz` (the
 //! process is alive), `/readyz` (config loaded, store reachable, limiter
 //! state), `/metrics` (Prometheus text) and `POST /reload`. Never exposes
-//! a secret.
+//! a secret; answers only requests that name it, and reloads only for a
+//! client that is not a browser page (`guard`).
+mod guard;
+
+pub use guard::AllowedHosts;
+
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -61,14 +66,16 @@ const STORE_PING: Duration = Duration::from_secs(2);
 pub struct Admin<C> {
     control: Arc<C>,
     metrics: PrometheusHandle,
+    hosts: AllowedHosts,
 }
 
 impl<C: Control> Admin<C> {
-    /// An admin handler for the serving gateway.
-    pub fn new(control: Arc<C>) -> Self {
+    /// An admin handler for the serving gateway, answering requests that name `hosts`.
+    pub fn new(control: Arc<C>, hosts: AllowedHosts) -> Self {
         Admin {
             control,
             metrics: metrics_handle(),
+            hosts,
         }
     }
 
@@ -125,22 +132,33 @@ impl<C: Control> Handler for Admin<C> {
 
 impl<C: Control> Admin<C> {
     async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
-        if req.uri().path() == "/reload" {
-            if req.method() != Method::POST {
+        let (head, _body) = req.into_parts();
+        if !self.hosts.allow(&head) {
+            return GatewayError::MisdirectedRequest.into_response();
+        }
+        if head.uri.path() == "/reload" {
+            if head.method != Method::POST {
                 return GatewayError::MethodNotAllowed {
                     allow: HeaderValue::from_static("POST"),
                 }
                 .into_response();
             }
+            if guard::cross_site(&head) {
+                return GatewayError::ForbiddenRequest {
+                    reason: "cross_site",
+                    message: "the admin listener refuses a request a browser page could send (an Origin field, or a form body type); send POST /reload with neither",
+                }
+                .into_response();
+            }
             return self.reload().await;
         }
-        if req.method() != Method::GET && req.method() != Method::HEAD {
+        if head.method != Method::GET && head.method != Method::HEAD {
             return GatewayError::MethodNotAllowed {
                 allow: HeaderValue::from_static("GET, HEAD"),
             }
             .into_response();
         }
-        match req.uri().path() {
+        match head.uri.path() {
             "/healthz" => json_response(StatusCode::OK, &json!({ "status": "ok" })),
             "/readyz" => self.ready().await,
             "/metrics" => {

@@ -61,6 +61,15 @@ pub enum GatewayError {
         /// `details.required_scope`.
         required_scope: String,
     },
+    /// 403 for what the request is rather than whose credential it bears
+    /// (the admin listener's refusal of what a browser page could send).
+    #[error("forbidden: {reason}")]
+    ForbiddenRequest {
+        /// `details.reason`, e.g. `cross_site`.
+        reason: &'static str,
+        /// Human text saying what to do instead.
+        message: &'static str,
+    },
     /// 404: no such route or resource, or the caller may not see it.
     #[error("not found")]
     NotFound,
@@ -70,6 +79,9 @@ pub enum GatewayError {
         /// Methods the path accepts.
         allow: HeaderValue,
     },
+    /// 421: the Host names a server this listener does not answer for.
+    #[error("misdirected request")]
+    MisdirectedRequest,
     /// 413.
     #[error("request body over {limit} bytes")]
     PayloadTooLarge {
@@ -125,8 +137,11 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            GatewayError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            GatewayError::Forbidden { .. } | GatewayError::ForbiddenRequest { .. } => {
+                StatusCode::FORBIDDEN
+            }
             GatewayError::NotFound => StatusCode::NOT_FOUND,
+            GatewayError::MisdirectedRequest => StatusCode::MISDIRECTED_REQUEST,
             GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::HeaderFieldsTooLarge { .. } => {
@@ -146,8 +161,9 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. } => "BadRequest",
             GatewayError::Unauthorized(_) => "Unauthorized",
-            GatewayError::Forbidden { .. } => "Forbidden",
+            GatewayError::Forbidden { .. } | GatewayError::ForbiddenRequest { .. } => "Forbidden",
             GatewayError::NotFound => "NotFound",
+            GatewayError::MisdirectedRequest => "MisdirectedRequest",
             GatewayError::MethodNotAllowed { .. } => "MethodNotAllowed",
             GatewayError::PayloadTooLarge { .. } => "PayloadTooLarge",
             GatewayError::HeaderFieldsTooLarge { .. } => "RequestHeaderFieldsTooLarge",
@@ -184,8 +200,15 @@ impl GatewayError {
                 format!("the credential lacks the permission {required_scope}").into(),
                 Some(json!({ "required_scope": required_scope })),
             ),
+            GatewayError::ForbiddenRequest { reason, message } => {
+                ((*message).into(), Some(json!({ "reason": reason })))
+            }
             GatewayError::NotFound => (
                 "the resource does not exist or is not accessible".into(),
+                None,
+            ),
+            GatewayError::MisdirectedRequest => (
+                "this listener does not answer for the host the request names".into(),
                 None,
             ),
             GatewayError::MethodNotAllowed { allow } => (

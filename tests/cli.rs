@@ -249,6 +249,62 @@ fn check_config_refuses_connection_and_header_limits_too_large_to_serve() {
     }
 }
 
+/// check-config's problem lines (after the `FILE: N problem(s)` header).
+fn problem_lines(err: &str) -> Vec<&str> {
+    err.lines()
+        .skip_while(|l| !l.contains("problem(s)"))
+        .skip(1)
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+        .collect()
+}
+
+#[test]
+fn check_config_names_a_broken_upstream_or_policy_once_not_per_route() {
+    // A typo in [upstreams.clusters], which several routes use.
+    let mut cfg = config();
+    cfg.set("upstreams.clusters.conect_timeout", "2s");
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    let lines = problem_lines(&err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("  upstreams.clusters.conect_timeout: unknown field"),
+        "{err}"
+    );
+    assert!(err.contains(": 1 problem(s)"), "{err}");
+
+    // A bad field in the policy every route uses.
+    let mut cfg = config();
+    cfg.set("rate_limit.policies.default.requests", "100");
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    let lines = problem_lines(&err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("  rate_limit.policies.default.requests: invalid type"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_shows_a_syntax_error_with_its_line_and_a_caret() {
+    let cfg = config();
+    let bad = cfg.dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\nlisten = \"127.0.0.1:0\"\n[upstreams\n").unwrap();
+    let (code, _, err) = cli(&bad, &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(problem_lines(&err).len(), 1, "{err}");
+    assert!(err.contains("line 3, column 11"), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let source = lines
+        .iter()
+        .position(|l| l.ends_with("3 | [upstreams"))
+        .unwrap_or_else(|| panic!("no source line in:\n{err}"));
+    // The caret sits under the column the parser stopped at (column 11).
+    let column_1 = lines[source].find('[').unwrap();
+    assert_eq!(lines[source + 1].find('^'), Some(column_1 + 10), "{err}");
+}
+
 #[test]
 fn check_config_refuses_key_service_routes_that_skip_the_keys_organization() {
     // `POST /api-keys/{id}/revoke` without `organization = "key:id"` (and

@@ -453,6 +453,27 @@ async fn ips_that_pile_up_401s_get_429_before_any_lookup() {
     let (status, headers, _) = error_of(get(&w, CLUSTERS, Some(&w.seed.key)).await).await;
     assert_eq!(status, 429);
     assert!(headers.contains_key("retry-after"));
+    // The guard's 429 says its bucket as every 429 does: 3 failures a minute.
+    assert_eq!(headers["x-ratelimit-limit"], "3", "{headers:?}");
+    assert_eq!(headers["x-ratelimit-remaining"], "0", "{headers:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let reset: u64 = headers["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (now..=now + 61).contains(&reset),
+        "reset {reset}, now {now}"
+    );
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(
+        (1..=20).contains(&retry),
+        "one failure forgiven per 20 s: {retry}"
+    );
     // Routes without authentication are not affected.
     assert_eq!(get(&w, "/public/ping", None).await.status(), 200);
 }

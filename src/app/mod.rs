@@ -102,6 +102,7 @@ pub async fn start(
     let listen = settings.server.listen;
     let limits = ListenerLimits::gateway(&settings.server.limits);
     let admin_listen = settings.admin.listen;
+    let admin_hosts = settings.admin.allowed_hosts.clone();
     let gateway = build(settings).await?;
     let (store_display, limiter_backend) = (
         gateway.settings.store.display.clone(),
@@ -135,7 +136,8 @@ pub async fn start(
         })?;
         tracing::info!(addr = %bound, "admin listening");
         admin_addr = Some(bound);
-        let handler = Arc::new(crate::admin::Admin::new(live.clone()));
+        let hosts = crate::admin::AllowedHosts::new(listen, admin_hosts);
+        let handler = Arc::new(crate::admin::Admin::new(live.clone(), hosts));
         let admin_limits = ListenerLimits {
             name: "admin",
             max_connections: 64,

@@ -73,8 +73,13 @@ impl fmt::Display for ConfigError {
             self.file.display(),
             self.problems.len()
         )?;
+        // A problem's further lines (a syntax error's excerpt and caret) are
+        // indented under its first, all by the same amount.
         for p in &self.problems {
-            write!(f, "\n  {p}")?;
+            for (i, line) in p.to_string().lines().enumerate() {
+                let indent = if i == 0 { "  " } else { "    " };
+                write!(f, "\n{indent}{line}")?;
+            }
         }
         Ok(())
     }
@@ -152,6 +157,9 @@ pub struct Limits {
 pub struct AdminSettings {
     /// `None` when `enabled = false`.
     pub listen: Option<SocketAddr>,
+    /// Host names, lower-case, the admin listener answers for besides
+    /// `localhost` and IP addresses that reach it.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `[log]`

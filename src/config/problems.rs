@@ -17,6 +17,9 @@ pub(super) struct Problems {
     list: Vec<(Problem, bool)>,
     /// TOML paths whose value failed to parse; defaults stood in for them.
     pub(super) failed: Vec<String>,
+    /// Entries (`upstreams.NAME`, `rate_limit.policies.NAME`) that parsed but
+    /// were refused: present, so a route naming one is not told it is unknown.
+    refused: Vec<String>,
 }
 
 impl Problems {
@@ -28,6 +31,19 @@ impl Problems {
             },
             false,
         ));
+    }
+
+    /// Records that the entry at `path` is present but invalid (its problem is
+    /// already listed).
+    pub(super) fn refuse(&mut self, path: impl Into<String>) {
+        self.refused.push(path.into());
+    }
+
+    /// Whether the entry at `path`, or the section holding it, is present but
+    /// invalid: a reference to it would only echo the problem already listed.
+    pub(super) fn invalid(&self, section: &str, path: &str) -> bool {
+        self.failed.iter().any(|f| f == section || f == path)
+            || self.refused.iter().any(|f| f == path)
     }
 
     pub(super) fn len(&self) -> usize {

@@ -100,12 +100,13 @@ pub(super) fn rate_limit_settings(p: &mut Problems, raw: RawRateLimit) -> RateLi
             continue;
         }
         if let Some(rp) = p.de::<RawPolicy>(&path, value) {
-            if let Some(q) = quota(p, &path, rp.requests, rp.per) {
-                policies.push(PolicySettings {
+            match quota(p, &path, rp.requests, rp.per) {
+                Some(q) => policies.push(PolicySettings {
                     name,
                     quota: q,
                     key: rp.key,
-                });
+                }),
+                None => p.refuse(path),
             }
         }
     }

@@ -62,6 +62,7 @@ impl Default for RawLimits {
 pub(crate) struct RawAdmin {
     pub(crate) listen: String,
     pub(crate) enabled: bool,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl Default for RawAdmin {
@@ -69,6 +70,7 @@ impl Default for RawAdmin {
         Self {
             listen: "127.0.0.1:9901".into(),
             enabled: true,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -163,7 +163,10 @@ pub(super) fn route_settings(
                 format!("{path}.scope"),
                 format!("invalid scope {scope:?}: use printable ASCII without spaces, e.g. \"clusters:read\""),
             );
-        } else if !BUILTIN_SCOPES.contains(&scope.as_str()) && !granted.contains(scope.as_str()) {
+        } else if !BUILTIN_SCOPES.contains(&scope.as_str())
+            && !granted.contains(scope.as_str())
+            && !p.invalid("roles", "roles")
+        {
             p.add(
                 format!("{path}.scope"),
                 format!(
@@ -172,7 +175,11 @@ pub(super) fn route_settings(
             );
         }
     }
+    // A reference to an entry that is present but invalid is not a second
+    // problem; the route is still refused.
+    let mut dangling = false;
     match upstreams.get(&raw.upstream) {
+        None if p.invalid("upstreams", &format!("upstreams.{}", raw.upstream)) => dangling = true,
         None => {
             let names: Vec<&str> = upstreams.keys().map(String::as_str).collect();
             p.add(
@@ -206,6 +213,10 @@ pub(super) fn route_settings(
         Some("none") => None,
         Some(name) => match policies.iter().position(|x| x.name == name) {
             Some(i) => Some(i),
+            None if p.invalid("rate_limit", &format!("rate_limit.policies.{name}")) => {
+                dangling = true;
+                None
+            }
             None => {
                 p.add(
                     format!("{path}.rate_limit"),
@@ -216,7 +227,7 @@ pub(super) fn route_settings(
         },
         None => policies.iter().position(|x| x.name == "default"),
     };
-    if p.len() > before {
+    if p.len() > before || dangling {
         return None;
     }
     Some(RouteSettings {

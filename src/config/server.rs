@@ -1,11 +1,11 @@
-//! Validation of `[server]` (listen address, TLS files, limits) and the
-//! socket addresses `[admin]` shares with it.
+//! Validation of `[server]` (listen address, TLS files, limits), and of
+//! `[admin]`, which shares its socket-address rule.
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::problems::{Problems, MAX_CONNECTIONS};
-use super::raw::RawServer;
-use super::{Limits, ServerSettings, TlsSettings};
+use super::raw::{RawAdmin, RawServer};
+use super::{AdminSettings, Limits, ServerSettings, TlsSettings};
 
 /// The most header bytes a request may have: twice this bounds the head a
 /// connection buffers, and must fit HTTP/2's `u32` header-list limit.
@@ -21,6 +21,41 @@ pub(super) fn socket_addr(p: &mut Problems, path: &str, text: &str) -> Option<So
             );
             None
         }
+    }
+}
+
+/// `[admin]`: the address, and the extra host names it answers for (DNS
+/// names only: `localhost` and IP addresses need no listing, and a port
+/// is never part of the match).
+pub(super) fn admin_settings(p: &mut Problems, raw: RawAdmin) -> AdminSettings {
+    let listen = raw
+        .enabled
+        .then(|| socket_addr(p, "admin.listen", &raw.listen))
+        .flatten();
+    let mut allowed_hosts = Vec::new();
+    for (i, host) in raw.allowed_hosts.iter().enumerate() {
+        let name = host.to_ascii_lowercase();
+        let dns_name = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !dns_name {
+            p.add(
+                format!("admin.allowed_hosts[{i}]"),
+                format!("invalid host name {host:?}: expected a DNS name such as \"gateway-1.internal\", without port or scheme"),
+            );
+        } else if !allowed_hosts.contains(&name) {
+            allowed_hosts.push(name);
+        }
+    }
+    AdminSettings {
+        listen,
+        allowed_hosts,
     }
 }
 

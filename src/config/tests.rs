@@ -244,6 +244,147 @@ fn syntax_errors_name_the_line() {
     let errs = problems("[server\nlisten = 1");
     assert_eq!(errs.len(), 1);
     assert!(errs[0].contains("line 1"), "{errs:?}");
+    // The excerpt keeps its lines: the source line, then a caret under column 8.
+    let lines: Vec<&str> = errs[0].lines().collect();
+    let source = lines
+        .iter()
+        .position(|l| l.ends_with("| [server"))
+        .expect(&errs[0]);
+    let caret = lines[source + 1];
+    assert_eq!(
+        caret.find('^'),
+        Some(lines[source].find('[').unwrap() + 7),
+        "{errs:?}"
+    );
+}
+
+/// `MINIMAL` with a second route on `clusters`, and a `strict` policy both use.
+fn with_policy(policy: &str) -> String {
+    let text = MINIMAL.replace(
+        "upstream = \"clusters\"",
+        "upstream = \"clusters\"\nrate_limit = \"strict\"",
+    );
+    format!(
+        "{text}[[routes]]\nmethod = \"POST\"\npath = \"/api/v1/clusters\"\nauth = \"api_key\"\nscope = \"clusters:write\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"\nrate_limit = \"strict\"\n[rate_limit.policies.strict]\n{policy}\n"
+    )
+}
+
+#[test]
+fn an_invalid_upstream_is_one_problem_not_one_per_route_using_it() {
+    let two_routes = |upstream: &str| {
+        with_policy("requests = 5\nper = \"1s\"").replace(
+            "[upstreams.clusters]\ntargets = [\"http://127.0.0.1:9000\"]",
+            upstream,
+        )
+    };
+    let errs = problems(&two_routes(
+        "[upstreams.clusters]\ntargets = [\"http://127.0.0.1:9000\"]\nconect_timeout = \"2s\"",
+    ));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("upstreams.clusters.conect_timeout: unknown field"),
+        "{errs:?}"
+    );
+    // Parsed but refused: the same.
+    let errs = problems(&two_routes(
+        "[upstreams.clusters]\ntargets = [\"http://127.0.0.1:9000\"]\nbuiltin = \"api-keys\"",
+    ));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("upstreams.clusters: set either"),
+        "{errs:?}"
+    );
+    // The whole section unreadable: one problem.
+    let errs = problems(&format!("upstreams = 5\n{}", two_routes("")));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].starts_with("upstreams: invalid type"), "{errs:?}");
+    // A name no entry has is still unknown.
+    let errs = problems(&two_routes(
+        "[upstreams.clustrs]\ntargets = [\"http://127.0.0.1:9000\"]\nconect_timeout = \"2s\"",
+    ));
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(
+        errs[1].starts_with("routes[0].upstream: unknown upstream \"clusters\""),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn an_invalid_policy_is_one_problem_not_one_per_route_using_it() {
+    for (policy, problem) in [
+        (
+            "requests = \"100\"\nper = \"1s\"",
+            "rate_limit.policies.strict.requests: invalid type",
+        ),
+        (
+            "requests = 0\nper = \"1s\"",
+            "rate_limit.policies.strict.requests: must be at least 1",
+        ),
+        (
+            "requests = 5\nper = \"1s\"\nkey = \"client\"",
+            "rate_limit.policies.strict.key: unknown variant",
+        ),
+    ] {
+        let errs = problems(&with_policy(policy));
+        assert_eq!(errs.len(), 1, "{policy}: {errs:#?}");
+        assert!(errs[0].starts_with(problem), "{errs:?}");
+    }
+    // The whole [rate_limit] unreadable (a bad backend): its policies are not known.
+    let errs = problems(&with_policy("requests = 5\nper = \"1s\"").replace(
+        "[rate_limit.policies.strict]",
+        "[rate_limit]\nbackend = \"memcached\"\n[rate_limit.policies.strict]",
+    ));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].starts_with("rate_limit.backend"), "{errs:?}");
+}
+
+#[test]
+fn roles_and_routes_do_not_echo_each_others_parse_failures() {
+    // A route that fails to parse still names the scope a role grants.
+    let text = format!(
+        "{MINIMAL}[[routes]]\nmethod = \"GET\"\npath = \"/b\"\nauth = \"api_key\"\nscope = \"billing:read\"\norganization = \"query:org\"\nupstream = \"clusters\"\ntimeout = 1\n[roles]\nowner = [\"*\"]\nbilling = [\"billing:read\"]\n"
+    );
+    let errs = problems(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("routes[1].timeout: unknown field"),
+        "{errs:?}"
+    );
+    // Unreadable roles: a route's scope is not called granted by none.
+    let text = format!(
+        "{MINIMAL}[[routes]]\nmethod = \"GET\"\npath = \"/b\"\nauth = \"api_key\"\nscope = \"billing:read\"\norganization = \"query:org\"\nupstream = \"clusters\"\n[roles]\nbilling = \"billing:read\"\n"
+    );
+    let errs = problems(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("roles.billing: invalid type"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn a_config_error_indents_the_lines_of_a_syntax_error_alike() {
+    let err = ConfigError {
+        file: "gateway.toml".into(),
+        problems: Settings::parse("[server\n").unwrap_err(),
+    };
+    let text = err.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "gateway.toml: 1 problem(s)");
+    assert!(
+        lines[1].starts_with("  TOML parse error at line 1, column 8"),
+        "{text}"
+    );
+    let source = lines
+        .iter()
+        .position(|l| l.ends_with("| [server"))
+        .expect(&text);
+    assert_eq!(
+        lines[source + 1].find('^'),
+        Some(lines[source].find('[').unwrap() + 7),
+        "{text}"
+    );
+    assert!(lines[2..].iter().all(|l| l.starts_with("    ")), "{text}");
 }
 
 #[test]
@@ -612,4 +753,29 @@ fn postgres_tls_parameters_are_checked_before_start() {
         errs[0].starts_with("store.url: sslrootcert: cannot read /nonexistent/ca.pem"),
         "{errs:?}"
     );
+}
+
+#[test]
+fn admin_allowed_hosts_are_dns_names_without_port_or_scheme() {
+    let s = Settings::parse(&format!(
+        "{MINIMAL}[admin]\nallowed_hosts = [\"GW-1.internal\", \"gw-1.internal\", \"metrics\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(s.admin.allowed_hosts, ["gw-1.internal", "metrics"]);
+    assert!(Settings::parse(MINIMAL)
+        .unwrap()
+        .admin
+        .allowed_hosts
+        .is_empty());
+    let errs = problems(&format!(
+        "{MINIMAL}[admin]\nallowed_hosts = [\"ok.internal\", \"gw:9901\", \"http://gw\", \"\", \"a..b\"]\n"
+    ));
+    for i in 1..=4 {
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(&format!("admin.allowed_hosts[{i}]: invalid host name"))),
+            "[{i}] not named in {errs:#?}"
+        );
+    }
+    assert_eq!(errs.len(), 4, "{errs:#?}");
 }

@@ -8,7 +8,7 @@ use super::rate_limit::rate_limit_settings;
 use super::raw::*;
 use super::roles::{default_roles, roles_settings};
 use super::routes::route_settings;
-use super::server::{server_settings, socket_addr};
+use super::server::{admin_settings, server_settings};
 use super::store::store_settings;
 use super::*;
 
@@ -28,7 +28,8 @@ pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Prob
     let mut table: toml::Table = match text.parse() {
         Ok(t) => t,
         Err(e) => {
-            let message = e.to_string().trim().replace('\n', " ");
+            // Multi-line on purpose: the line, its text and a caret under the column.
+            let message = e.to_string().trim_end().to_string();
             return Err(vec![Problem {
                 path: String::new(),
                 message,
@@ -61,12 +62,7 @@ pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Prob
         .unwrap_or_default();
 
     let server = server_settings(&mut p, server, tls_files);
-    let admin = AdminSettings {
-        listen: admin
-            .enabled
-            .then(|| socket_addr(&mut p, "admin.listen", &admin.listen))
-            .flatten(),
-    };
+    let admin = admin_settings(&mut p, admin);
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
         p.add(
             "log.level",
@@ -90,11 +86,20 @@ pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Prob
     for (name, value) in raw_upstreams {
         let path = format!("upstreams.{name}");
         if let Some(raw) = p.de::<RawUpstream>(&path, value) {
-            if let Some(u) = super::upstream::upstream_settings(&mut p, &path, raw) {
-                upstreams.insert(name, u);
+            match super::upstream::upstream_settings(&mut p, &path, raw) {
+                Some(u) => {
+                    upstreams.insert(name, u);
+                }
+                None => p.refuse(path),
             }
         }
     }
+    // Scopes routes name, read before each route is checked: a route that
+    // fails to parse still names its scope, which roles may then grant.
+    let route_scopes: Vec<String> = raw_routes
+        .iter()
+        .filter_map(|v| v.get("scope")?.as_str().map(str::to_string))
+        .collect();
     let raw_routes: Vec<(String, RawRoute)> = raw_routes
         .into_iter()
         .enumerate()
@@ -109,7 +114,7 @@ pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Prob
 
     let raw_roles = raw_roles.unwrap_or_else(default_roles);
     let mut known_scopes: BTreeSet<String> = BUILTIN_SCOPES.iter().map(|s| s.to_string()).collect();
-    known_scopes.extend(raw_routes.iter().filter_map(|(_, r)| r.scope.clone()));
+    known_scopes.extend(route_scopes);
     let granted: HashSet<&str> = raw_roles.values().flatten().map(String::as_str).collect();
     let roles = roles_settings(&mut p, &raw_roles, &known_scopes);
 

@@ -1,25 +1,43 @@
 //! tracing setup: a human or JSON format on stderr, filtered by `[log] level`;
 //! and [`Incident`], which turns a failure repeated on every request into a
 //! few lines.
+mod absent;
 mod incident;
 
 pub use incident::{now_ms, set_summary_interval, Chain, Incident, Line, Recovery};
+use std::io::IsTerminal;
+use tracing_subscriber::fmt::format::JsonFields;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+use absent::{Style, WithAbsent};
 
 /// Installs the global subscriber (once per process; later calls are no-ops).
+/// Text is coloured only on a terminal: a file or a log collector would get
+/// the escape codes as text.
 pub fn init(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder
+            .event_format(WithAbsent {
+                inner: tracing_subscriber::fmt::format().with_ansi(ansi),
+                style: Style::Text,
+            })
+            .try_init(),
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
+            .fmt_fields(JsonFields::new())
+            .event_format(WithAbsent {
+                inner: tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+                style: Style::Json,
+            })
             .try_init(),
     };
 }

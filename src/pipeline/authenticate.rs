@@ -8,17 +8,21 @@ use crate::auth::credential::{parse_authorization, Credential, CredentialError};
 use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
+use crate::http::rate_limit::Decision;
 use crate::http::service::ConnInfo;
 use crate::secret::hash_secret;
 use crate::store::KeyStatus;
 
 impl Pipeline {
-    /// Stage 2: the credential, checked against the cached key store.
+    /// Stage 2: the credential, checked against the cached key store. A
+    /// refusal by the brute-force guard leaves its decision in `decided`,
+    /// so its 429 carries the rate-limit fields as any other does.
     pub(super) async fn authenticate(
         &self,
         entry: &RouteEntry,
         head: &request::Parts,
         conn: &ConnInfo,
+        decided: &mut Option<Decision>,
     ) -> Result<Option<Principal>, GatewayError> {
         if entry.route.auth == AuthMode::None {
             return Ok(None);
@@ -26,9 +30,9 @@ impl Pipeline {
         let ip = conn.peer_ip();
         // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
         if let Some(d) = self.limiter.auth_failures_exceeded(ip).await {
-            return Err(GatewayError::TooManyRequests {
-                retry_after: d.retry_after_secs.unwrap_or(1),
-            });
+            let retry_after = d.retry_after_secs.unwrap_or(1);
+            *decided = Some(d);
+            return Err(GatewayError::TooManyRequests { retry_after });
         }
         let result = self.check_credential(entry, head).await;
         match &result {

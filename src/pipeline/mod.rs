@@ -77,10 +77,7 @@ impl Pipeline {
             if head_request {
                 res = without_body(res);
             }
-            let route = out
-                .route
-                .map(|i| this.routes[i].route.path.as_str())
-                .unwrap_or("-");
+            let route = out.route.map(|i| this.routes[i].route.path.as_str());
             let status = res.status().as_u16();
             let request_metrics = match out.route {
                 Some(i) => &this.routes[i].metrics,
@@ -102,14 +99,14 @@ impl Pipeline {
                 status,
                 latency_us = started.elapsed().as_micros() as u64,
                 peer = %conn.peer.ip(),
-                key_id = out.principal.as_ref().and_then(|p| p.key_id()).unwrap_or("-"),
-                user_id = out.principal.as_ref().map(|p| p.user_id()).unwrap_or("-"),
+                // What the request has not got is absent: `null` in JSON, `-` in text.
+                key_id = out.principal.as_ref().and_then(|p| p.key_id()),
+                user_id = out.principal.as_ref().map(|p| p.user_id()),
                 organization = out
                     .organization
                     .as_deref()
-                    .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization()))
-                    .unwrap_or("-"),
-                upstream = out.route.map(|i| this.routes[i].route.upstream.as_str()).unwrap_or("-"),
+                    .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization())),
+                upstream = out.route.map(|i| this.routes[i].route.upstream.as_str()),
                 bytes_in,
                 bytes_out = res.body().size_hint().exact(),
                 "request"
@@ -148,7 +145,9 @@ impl Pipeline {
             out.route = Some(index);
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
-            out.principal = self.authenticate(entry, head, conn).await?;
+            out.principal = self
+                .authenticate(entry, head, conn, &mut out.decision)
+                .await?;
             let principal = out.principal.as_ref();
             // 3. Limit before validation, so malformed requests still spend tokens.
             self.rate_limit(
