@@ -339,7 +339,7 @@ fn header_rewrite(c: &mut Criterion) {
         scopes: Scopes::listed(&scopes),
     };
     let fwd = ForwardedFor {
-        client_ip: "127.0.0.1",
+        chain: "127.0.0.1",
         proto: "https",
         host: Some("api.example.com"),
     };

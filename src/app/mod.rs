@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Settings, TlsSettings};
 use crate::http::service::stopped;
-use crate::server::{serve, ListenerLimits};
+use crate::server::{serve, serve_behind, ListenerLimits, Proxies};
 
 /// Why the gateway could not start; each names the config part involved.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +101,7 @@ pub async fn start(
     };
     let listen = settings.server.listen;
     let limits = ListenerLimits::gateway(&settings.server.limits);
+    let proxies = Proxies::gateway(&settings.server);
     let admin_listen = settings.admin.listen;
     let admin_hosts = settings.admin.allowed_hosts.clone();
     let gateway = build(settings).await?;
@@ -154,7 +155,7 @@ pub async fn start(
     tracing::info!(%addr, tls = tls.is_some(), store = %store_display, limiter = limiter_backend, "listening");
     let handler = live.clone();
     tasks.push(tokio::spawn(async move {
-        serve(listener, tls, limits, handler, stopped(rx)).await;
+        serve_behind(listener, tls, limits, proxies, handler, stopped(rx)).await;
         usage.flush().await;
     }));
     Ok(Running {

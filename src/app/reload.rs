@@ -276,6 +276,20 @@ fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
         &mut nl.shutdown_grace,
         &ol.shutdown_grace,
     );
+    // The listener checks PROXY headers against the list it started with:
+    // the pipeline reading the same list keeps the two in step.
+    keep(
+        &mut changed,
+        "server.proxy_protocol",
+        &mut new.server.proxy_protocol,
+        &old.server.proxy_protocol,
+    );
+    keep(
+        &mut changed,
+        "server.client_ip",
+        &mut new.server.client_ip,
+        &old.server.client_ip,
+    );
     keep(&mut changed, "admin", &mut new.admin, &old.admin);
     keep(&mut changed, "log", &mut new.log, &old.log);
     keep(&mut changed, "store", &mut new.store, &old.store);
@@ -300,5 +314,19 @@ mod tests {
         assert_eq!(new.store, old.store);
         // Reloadable settings keep the new value.
         assert_eq!(new.rate_limit.policies[0].quota.requests.get(), 7);
+    }
+
+    #[test]
+    fn the_trusted_proxies_and_proxy_protocol_need_a_restart() {
+        let old = Settings::parse(BASE).unwrap();
+        let text = BASE.replace(
+            "insecure_http = true",
+            "insecure_http = true\nproxy_protocol = true\n[server.client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]",
+        );
+        let mut new = Settings::parse(&text).unwrap();
+        let changed = keep_restart_only(&mut new, &old);
+        assert_eq!(changed, vec!["server.proxy_protocol", "server.client_ip"]);
+        assert!(!new.server.proxy_protocol);
+        assert!(new.server.client_ip.trusted_proxies.is_empty());
     }
 }

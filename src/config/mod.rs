@@ -16,6 +16,7 @@ mod store;
 mod upstream;
 mod validate;
 
+pub use crate::ip::TrustedProxies;
 pub use builtin::{BuiltinService, Operation};
 pub use duration::{format_duration, parse_duration};
 pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey};
@@ -119,6 +120,21 @@ pub struct ServerSettings {
     pub workers: usize,
     /// `[server.limits]`
     pub limits: Limits,
+    /// Every connection begins with a PROXY protocol (v1 or v2) header from
+    /// a trusted proxy, whose source address is the client's.
+    pub proxy_protocol: bool,
+    /// `[server.client_ip]`
+    pub client_ip: ClientIpSettings,
+}
+
+/// `[server.client_ip]`: which proxies may say who the client is, and in
+/// which field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientIpSettings {
+    /// Connections from these networks may name the client; empty: none may.
+    pub trusted_proxies: TrustedProxies,
+    /// The field a trusted proxy names the client in (`X-Forwarded-For` syntax).
+    pub header: http::HeaderName,
 }
 
 /// Where the server certificate comes from.

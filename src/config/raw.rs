@@ -20,6 +20,24 @@ pub(crate) struct RawServer {
     pub(crate) workers: usize,
     pub(crate) tls: Option<RawTls>,
     pub(crate) limits: RawLimits,
+    pub(crate) proxy_protocol: bool,
+    pub(crate) client_ip: RawClientIp,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawClientIp {
+    pub(crate) trusted_proxies: Vec<String>,
+    pub(crate) header: String,
+}
+
+impl Default for RawClientIp {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            header: "x-forwarded-for".into(),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

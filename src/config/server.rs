@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::problems::{Problems, MAX_CONNECTIONS};
-use super::raw::{RawAdmin, RawServer};
-use super::{AdminSettings, Limits, ServerSettings, TlsSettings};
+use super::raw::{RawAdmin, RawClientIp, RawServer};
+use super::{AdminSettings, ClientIpSettings, Limits, ServerSettings, TlsSettings, TrustedProxies};
 
 /// The most header bytes a request may have: twice this bounds the head a
 /// connection buffers, and must fit HTTP/2's `u32` header-list limit.
@@ -126,6 +126,13 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
     }
     p.positive("server.limits.header_read_timeout", l.header_read_timeout);
     p.positive("server.limits.idle_timeout", l.idle_timeout);
+    let client_ip = client_ip_settings(p, raw.client_ip);
+    if raw.proxy_protocol && client_ip.trusted_proxies.is_empty() {
+        p.add(
+            "server.proxy_protocol",
+            "requires server.client_ip.trusted_proxies: the addresses of the proxies that send the PROXY header",
+        );
+    }
     ServerSettings {
         listen,
         tls,
@@ -138,5 +145,40 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
             max_connections: l.max_connections,
             shutdown_grace: l.shutdown_grace,
         },
+        proxy_protocol: raw.proxy_protocol,
+        client_ip,
+    }
+}
+
+/// `[server.client_ip]`: each network checked on its own, and the field
+/// name.
+fn client_ip_settings(p: &mut Problems, raw: RawClientIp) -> ClientIpSettings {
+    let mut networks = Vec::with_capacity(raw.trusted_proxies.len());
+    for (i, text) in raw.trusted_proxies.iter().enumerate() {
+        match TrustedProxies::parse_entry(text) {
+            Ok(net) => networks.push(net),
+            Err(why) => p.add(format!("server.client_ip.trusted_proxies[{i}]"), why),
+        }
+    }
+    let header = match http::HeaderName::from_bytes(raw.header.as_bytes()) {
+        Ok(name) if name == "forwarded" => {
+            p.add(
+                "server.client_ip.header",
+                "\"forwarded\" (RFC 7239) is not read: name a field holding a comma-separated list of addresses, such as \"x-forwarded-for\"",
+            );
+            None
+        }
+        Ok(name) => Some(name),
+        Err(_) => {
+            p.add(
+                "server.client_ip.header",
+                format!("{:?} is not a header field name", raw.header),
+            );
+            None
+        }
+    };
+    ClientIpSettings {
+        trusted_proxies: TrustedProxies::new(networks),
+        header: header.unwrap_or(http::HeaderName::from_static("x-forwarded-for")),
     }
 }

@@ -779,3 +779,65 @@ fn admin_allowed_hosts_are_dns_names_without_port_or_scheme() {
     }
     assert_eq!(errs.len(), 4, "{errs:#?}");
 }
+
+#[test]
+fn client_ip_defaults_to_no_trusted_proxy_and_x_forwarded_for() {
+    let s = Settings::parse(MINIMAL).unwrap();
+    assert!(s.server.client_ip.trusted_proxies.is_empty());
+    assert_eq!(s.server.client_ip.header, "x-forwarded-for");
+    assert!(!s.server.proxy_protocol);
+    let s = Settings::parse(&MINIMAL.replace(
+        "insecure_http = true",
+        "insecure_http = true\nproxy_protocol = true\n[server.client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::/32\", \"192.0.2.1\"]\nheader = \"X-Real-Client\"",
+    ))
+    .unwrap();
+    assert!(s.server.proxy_protocol);
+    assert_eq!(s.server.client_ip.header, "x-real-client");
+    let trusted = &s.server.client_ip.trusted_proxies;
+    assert!(trusted.contains("10.1.2.3".parse().unwrap()));
+    assert!(trusted.contains("2001:db8::5".parse().unwrap()));
+    assert!(trusted.contains("192.0.2.1".parse().unwrap()));
+    assert!(!trusted.contains("192.0.2.2".parse().unwrap()));
+}
+
+#[test]
+fn bad_client_ip_settings_are_each_named() {
+    let errs = problems(&MINIMAL.replace(
+        "insecure_http = true",
+        "insecure_http = true\n[server.client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.1/8\", \"nlb.internal\"]\nheader = \"x forwarded\"",
+    ));
+    assert_eq!(errs.len(), 3, "{errs:?}");
+    assert!(
+        errs[0].starts_with("server.client_ip.trusted_proxies[1]: ")
+            && errs[0].contains("10.0.0.0/8"),
+        "{errs:?}"
+    );
+    assert!(
+        errs[1].starts_with("server.client_ip.trusted_proxies[2]: ")
+            && errs[1].contains("nlb.internal"),
+        "{errs:?}"
+    );
+    assert!(errs[2].starts_with("server.client_ip.header: "), "{errs:?}");
+    let errs = problems(&MINIMAL.replace(
+        "insecure_http = true",
+        "insecure_http = true\n[server.client_ip]\nheader = \"Forwarded\"",
+    ));
+    assert!(
+        errs[0].starts_with("server.client_ip.header: ") && errs[0].contains("RFC 7239"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn the_proxy_protocol_needs_trusted_proxies() {
+    let errs = problems(&MINIMAL.replace(
+        "insecure_http = true",
+        "insecure_http = true\nproxy_protocol = true",
+    ));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("server.proxy_protocol: ")
+            && errs[0].contains("server.client_ip.trusted_proxies"),
+        "{errs:?}"
+    );
+}

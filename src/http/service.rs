@@ -4,38 +4,60 @@
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response};
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::http::body::{Body, RequestBody};
 use crate::http::fields::{F_REQUEST_ID, X_REQUEST_ID};
 use crate::http::rate_limit::Decision;
-use crate::ip::IpText;
+use crate::ip::ClientAddr;
 
 /// What the pipeline knows about the connection a request came on.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
-    /// The client's address.
+    /// The TCP peer's address.
     pub peer: SocketAddr,
     /// Whether the connection is TLS.
     pub tls: bool,
-    /// The client's IP address as text, made once per connection.
-    peer_ip: IpText,
+    /// The address the connection speaks for: the PROXY protocol header's
+    /// source when the listener takes one, else the peer's. Made once per
+    /// connection.
+    source: ClientAddr,
+    /// Whether `source` is a trusted proxy (`[server.client_ip]
+    /// trusted_proxies`), whose header may name the client.
+    trusted: bool,
 }
 
 impl ConnInfo {
-    /// A connection from `peer`.
+    /// A connection from `peer`, speaking for itself, not trusted.
     pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        Self::from_source(peer, tls, peer.ip(), false)
+    }
+
+    /// A connection from `peer` that speaks for `source` (the peer itself,
+    /// or the client of a PROXY protocol header), trusted or not.
+    pub fn from_source(peer: SocketAddr, tls: bool, source: IpAddr, trusted: bool) -> Self {
         ConnInfo {
             peer,
             tls,
-            peer_ip: IpText::new(peer.ip()),
+            source: ClientAddr::new(source),
+            trusted,
         }
     }
 
-    /// The client's IP address as text (`X-Forwarded-For`, rate-limit keys).
-    pub fn peer_ip(&self) -> &str {
-        self.peer_ip.as_str()
+    /// The source's IP address as text.
+    pub fn source_ip(&self) -> &str {
+        self.source.as_str()
+    }
+
+    /// Whether the source is a trusted proxy.
+    pub fn trusted(&self) -> bool {
+        self.trusted
+    }
+
+    /// The source's address, its text and rate-limit key.
+    pub(crate) fn source(&self) -> &ClientAddr {
+        &self.source
     }
 }
 

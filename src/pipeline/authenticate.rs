@@ -9,7 +9,7 @@ use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::rate_limit::Decision;
-use crate::http::service::ConnInfo;
+use crate::ip::Client;
 use crate::secret::hash_secret;
 use crate::store::KeyStatus;
 
@@ -21,13 +21,14 @@ impl Pipeline {
         &self,
         entry: &RouteEntry,
         head: &request::Parts,
-        conn: &ConnInfo,
+        client: &Client<'_>,
         decided: &mut Option<Decision>,
     ) -> Result<Option<Principal>, GatewayError> {
         if entry.route.auth == AuthMode::None {
             return Ok(None);
         }
-        let ip = conn.peer_ip();
+        // IPv6 clients per /64: one host can take any address in its block.
+        let ip = client.addr().limit_key();
         // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
         if let Some(d) = self.limiter.auth_failures_exceeded(ip).await {
             let retry_after = d.retry_after_secs.unwrap_or(1);
@@ -39,7 +40,11 @@ impl Pipeline {
             Ok(p) => self.auth_outcomes.increment(("ok", p.auth_kind())),
             Err(GatewayError::Unauthorized(reason)) => {
                 self.auth_outcomes.increment(("refused", reason.as_str()));
-                tracing::debug!(peer = %ip, reason = reason.as_str(), "authentication failed");
+                tracing::debug!(
+                    client = client.addr().as_str(),
+                    reason = reason.as_str(),
+                    "authentication failed"
+                );
                 self.limiter.record_auth_failure(ip).await;
             }
             Err(_) => self.auth_outcomes.increment(("error", "store_unavailable")),

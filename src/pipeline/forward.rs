@@ -12,6 +12,7 @@ use super::validate::Validated;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{Body, RequestBody};
 use crate::http::service::{ConnInfo, RequestId};
+use crate::ip::Client;
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
 use crate::routes::named_host;
@@ -28,6 +29,7 @@ impl Pipeline {
         grant: Option<Grant<'a>>,
         validated: Validated,
         conn: &'a ConnInfo,
+        client: &'a Client<'a>,
         request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
@@ -63,6 +65,11 @@ impl Pipeline {
             let authority = head.uri.authority().cloned();
             let host = named_host(authority.as_ref(), host_field.as_ref());
             sanitize_request(&mut head.headers);
+            // A client-address field of another name than those removed
+            // above: its word was taken (or not) here, never passed on.
+            if let Some(name) = &self.client_ip_field {
+                head.headers.remove(name);
+            }
             let identity = match &grant {
                 Some(g) => {
                     let scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
@@ -80,7 +87,7 @@ impl Pipeline {
             let added = Added {
                 identity,
                 forwarded: ForwardedFor {
-                    client_ip: conn.peer_ip(),
+                    chain: client.forwarded_for(),
                     proto: if conn.tls { "https" } else { "http" },
                     host,
                 },

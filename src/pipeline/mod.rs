@@ -30,6 +30,7 @@ use crate::error::GatewayError;
 use crate::http::body::Body;
 use crate::http::rate_limit::Decision;
 use crate::http::service::{ConnInfo, Reply, RequestId, Stamp};
+use crate::ip::Client;
 
 /// What the wrapper needs to know about a request after the stages ran.
 struct Outcome {
@@ -69,7 +70,17 @@ impl Pipeline {
                 organization: None,
             };
             let bytes_in = body.size_hint().exact();
-            let stages = this.stages(&mut head, body, &conn, &request_id, &mut out);
+            // Who the client is, once: the connection's source, unless a
+            // trusted proxy's header names another.
+            let client_ip = &this.settings.server.client_ip;
+            let client = Client::of(
+                conn.source(),
+                conn.trusted(),
+                &head.headers,
+                &client_ip.header,
+                &client_ip.trusted_proxies,
+            );
+            let stages = this.stages(&mut head, body, &conn, &client, &request_id, &mut out);
             let mut res = match stages.await {
                 Ok(res) => res,
                 Err(err) => this.rescue(err, &request_id),
@@ -100,6 +111,7 @@ impl Pipeline {
                 latency_us = started.elapsed().as_micros() as u64,
                 peer = %conn.peer.ip(),
                 // What the request has not got is absent: `null` in JSON, `-` in text.
+                client = client.addr().as_str(),
                 key_id = out.principal.as_ref().and_then(|p| p.key_id()),
                 user_id = out.principal.as_ref().map(|p| p.user_id()),
                 organization = out
@@ -136,6 +148,7 @@ impl Pipeline {
         head: &'a mut request::Parts,
         body: RequestBody,
         conn: &'a ConnInfo,
+        client: &'a Client<'a>,
         request_id: &'a RequestId,
         out: &'a mut Outcome,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
@@ -146,7 +159,7 @@ impl Pipeline {
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
             out.principal = self
-                .authenticate(entry, head, conn, &mut out.decision)
+                .authenticate(entry, head, client, &mut out.decision)
                 .await?;
             let principal = out.principal.as_ref();
             // 3. Limit before validation, so malformed requests still spend tokens.
@@ -155,7 +168,7 @@ impl Pipeline {
                 principal,
                 head,
                 path_param.as_deref(),
-                conn,
+                client,
                 &mut out.decision,
             )
             .await?;
@@ -168,8 +181,10 @@ impl Pipeline {
                 None => None,
             };
             // 6. Forward to the upstream (or the built-in key service).
-            self.forward(entry, head, body, grant, validated, conn, request_id)
-                .await
+            self.forward(
+                entry, head, body, grant, validated, conn, client, request_id,
+            )
+            .await
         }
     }
 

@@ -9,7 +9,7 @@ use crate::auth::Principal;
 use crate::config::PolicyKey;
 use crate::error::GatewayError;
 use crate::http::rate_limit::Decision;
-use crate::http::service::ConnInfo;
+use crate::ip::Client;
 
 impl Pipeline {
     /// Stage 3: the route's policy, keyed as the policy says.
@@ -19,7 +19,7 @@ impl Pipeline {
         principal: Option<&Principal>,
         head: &request::Parts,
         path_param: Option<&str>,
-        conn: &ConnInfo,
+        client: &Client<'_>,
         decided: &mut Option<Decision>,
     ) -> Result<(), GatewayError> {
         let Some((policy, key_kind)) = entry.policy else {
@@ -55,7 +55,8 @@ impl Pipeline {
                     }
                 }
             }
-            _ => conn.peer_ip(),
+            // The client's address; an IPv6 client's /64.
+            _ => client.addr().limit_key(),
         };
         let decision = self.limiter.check(policy, key).await;
         let allowed = decision.allowed;

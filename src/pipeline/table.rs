@@ -95,6 +95,9 @@ pub struct Pipeline {
     pub(crate) unrouted: RequestMetrics,
     /// `mpg_auth_total` by (result, reason).
     pub(crate) auth_outcomes: CounterCache<(&'static str, &'static str)>,
+    /// `[server.client_ip] header`, when header hygiene would not remove it
+    /// anyway: a name of the operator's own choosing.
+    pub(crate) client_ip_field: Option<http::HeaderName>,
 }
 
 impl Pipeline {
@@ -186,6 +189,8 @@ impl Pipeline {
             });
         }
         let keys_service = KeysService::new(store.clone(), keys.clone(), settings.clone());
+        let field = &settings.server.client_ip.header;
+        let client_ip_field = (!crate::proxy::headers::is_spoofable(field)).then(|| field.clone());
         let router = router
             .build()
             .map_err(|e| TableError::Route(e.to_string()))?;
@@ -203,6 +208,7 @@ impl Pipeline {
             auth_outcomes: CounterCache::new(
                 |&(result, reason)| metrics::counter!(names::AUTH, "result" => result, "reason" => reason),
             ),
+            client_ip_field,
         })
     }
 }

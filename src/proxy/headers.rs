@@ -80,8 +80,9 @@ pub struct Identity<'a> {
 /// What the `X-Forwarded-*` headers say.
 #[derive(Debug)]
 pub struct ForwardedFor<'a> {
-    /// The client's address.
-    pub client_ip: &'a str,
+    /// The `X-Forwarded-For` value: the client's address, then the trusted
+    /// proxies it came through, if any.
+    pub chain: &'a str,
     /// `https` or `http`.
     pub proto: &'static str,
     /// The host the client asked for.
@@ -190,7 +191,7 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 /// the upstream), and `Proxy` itself (httpoxy, CVE-2016-5385: a CGI-style
 /// upstream reads it as `HTTP_PROXY` and sends its own requests through
 /// the client's proxy).
-fn is_spoofable(name: &HeaderName) -> bool {
+pub(crate) fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
     // Names are lower case: most (`accept`, `user-agent`, …) are settled
@@ -327,7 +328,7 @@ impl Added<'_> {
             }
         }
         put(&F_REQUEST_ID, self.request_id);
-        put(&F_FORWARDED_FOR, self.forwarded.client_ip.as_bytes());
+        put(&F_FORWARDED_FOR, self.forwarded.chain.as_bytes());
         put(&F_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
         if let Some(host) = self.forwarded.host {
             put(&F_FORWARDED_HOST, host.as_bytes());
@@ -408,7 +409,7 @@ mod tests {
         id.scopes = Scopes::listed(&long);
         let rid = HeaderValue::from_static("rid");
         let fwd = ForwardedFor {
-            client_ip: "10.1.2.3",
+            chain: "10.1.2.3",
             proto: "http",
             host: None,
         };
@@ -425,7 +426,7 @@ mod tests {
         id.user_id = "bad\r\nx-injected: 1";
         let rid = HeaderValue::from_static("rid");
         let fwd = || ForwardedFor {
-            client_ip: "10.1.2.3",
+            chain: "10.1.2.3",
             proto: "https",
             host: Some("api.example"),
         };
@@ -524,7 +525,7 @@ mod tests {
             let rid = HeaderValue::from_static("r");
             let conn = crate::http::service::ConnInfo::new((ip, 1).into(), false);
             let fwd = ForwardedFor {
-                client_ip: conn.peer_ip(),
+                chain: conn.source_ip(),
                 proto: "http",
                 host: None,
             };
@@ -551,7 +552,7 @@ mod tests {
         ]);
         sanitize_request(&mut h);
         let fwd = ForwardedFor {
-            client_ip: "10.1.2.3",
+            chain: "10.1.2.3",
             proto: "https",
             host: Some("api.example"),
         };
@@ -634,7 +635,7 @@ mod tests {
         sanitize_request(&mut h);
         assert!(h.is_empty(), "{h:?}");
         let fwd = ForwardedFor {
-            client_ip: "127.0.0.1",
+            chain: "127.0.0.1",
             proto: "http",
             host: None,
         };
@@ -651,7 +652,7 @@ mod tests {
     fn unauthenticated_routes_get_no_identity_and_responses_lose_hop_headers() {
         let mut h = HeaderMap::new();
         let fwd = ForwardedFor {
-            client_ip: "::1",
+            chain: "::1",
             proto: "http",
             host: Some("h"),
         };

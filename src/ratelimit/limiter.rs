@@ -154,11 +154,10 @@ impl RateLimiter {
         self.decide(policy, key, Op::Check, false).await
     }
 
-    /// `Some(refusal)` when `client_ip` (its text form, [`ConnInfo::peer_ip`])
-    /// has used up its authentication-failure bucket (checked before any
-    /// store lookup); does not consume anything.
-    ///
-    /// [`ConnInfo::peer_ip`]: crate::http::service::ConnInfo::peer_ip
+    /// `Some(refusal)` when `client_ip` (the client's rate-limit key: its
+    /// address, or an IPv6 client's /64) has used up its
+    /// authentication-failure bucket (checked before any store lookup);
+    /// does not consume anything.
     pub async fn auth_failures_exceeded(&self, client_ip: &str) -> Option<Decision> {
         let decision = self
             .decide(self.auth_policy, client_ip, Op::Peek, true)

@@ -1,11 +1,13 @@
 //! Listeners: the accept loop, the connection cap and the graceful drain on
-//! shutdown. Each connection goes through its TLS handshake
-//! ([`handshake`]), then HTTP/1.1 ([`crate::h1`], see [`connection`]) or
+//! shutdown. Each connection goes through its PROXY header if the listener
+//! takes one ([`proxy_protocol`]), its TLS handshake ([`handshake`]), then
+//! HTTP/1.1 ([`crate::h1`], see [`connection`]) or
 //! HTTP/2 (hyper, see [`h2`]), which close it when idle.
 mod connection;
 mod h2;
 mod handshake;
 mod limits;
+mod proxy_protocol;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use connection::serve_connection;
 use h2::h2_builder;
 use handshake::serve_tls;
 pub use limits::ListenerLimits;
+pub use proxy_protocol::Proxies;
 
 /// Decrements the open-connections gauge when the connection task ends.
 struct OpenConnection(&'static str);
@@ -31,7 +34,16 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Serves `listener` until `shutdown` resolves, then drains for the grace period.
+/// Whom an accepted connection speaks for.
+enum Source {
+    /// Its peer.
+    Peer(Arc<ConnInfo>),
+    /// The client its PROXY header will name.
+    ProxyHeader(Arc<Proxies>),
+}
+
+/// Serves `listener` until `shutdown` resolves, then drains for the grace
+/// period. Every peer speaks for itself.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -39,7 +51,21 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_behind(listener, tls, limits, Proxies::default(), handler, shutdown).await
+}
+
+/// [`serve`], behind proxies: `proxies` says which peers may name the
+/// client, and whether each connection begins with a PROXY header.
+pub async fn serve_behind<H: Handler>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    limits: ListenerLimits,
+    proxies: Proxies,
+    handler: Arc<H>,
+    shutdown: impl Future<Output = ()>,
+) {
     let h2 = Arc::new(h2_builder(&limits));
+    let proxies = Arc::new(proxies);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -66,13 +92,30 @@ pub async fn serve<H: Handler>(
             tracing::debug!(%peer, "max_connections reached; closing new connection");
             continue;
         };
+        // Trusted or not, once per connection: an empty list (no proxy in
+        // front, the default) is settled without a look at the address.
+        let peer_trusted = proxies.trusted.contains(peer.ip());
+        if proxies.proxy_protocol && !peer_trusted {
+            proxy_protocol::refused(peer, &"not in server.client_ip.trusted_proxies");
+            continue;
+        }
         let _ = stream.set_nodelay(true);
-        // The TLS handshake and the first request's head share one
-        // allowance, counted from here (Envoy's: from the accept).
+        // The PROXY header, the TLS handshake and the first request's head
+        // share one allowance, counted from here (Envoy's: from the accept).
         let first_request_by = crate::clock::now() + limits.header_read_timeout;
         metrics::gauge!(names::CONNECTIONS, "listener" => limits.name).increment(1.0);
         let open = OpenConnection(limits.name);
-        let conn = Arc::new(ConnInfo::new(peer, tls.is_some()));
+        // Behind the PROXY protocol, the connection speaks for the client
+        // its header names, which is known once the header is read.
+        let source = match proxies.proxy_protocol {
+            false => Source::Peer(Arc::new(ConnInfo::from_source(
+                peer,
+                tls.is_some(),
+                peer.ip(),
+                peer_trusted,
+            ))),
+            true => Source::ProxyHeader(proxies.clone()),
+        };
         let (handler, h2, tls, limits, stop) = (
             handler.clone(),
             h2.clone(),
@@ -87,6 +130,28 @@ pub async fn serve<H: Handler>(
         connections.spawn(crate::clock::reading_once_per_poll(async move {
             let _permit = permit;
             let _open = open;
+            let mut stream = stream;
+            let conn = match source {
+                Source::Peer(conn) => conn,
+                Source::ProxyHeader(proxies) => {
+                    let read = proxy_protocol::read_client(
+                        &mut stream,
+                        peer,
+                        first_request_by,
+                        stop.clone(),
+                    );
+                    match Box::pin(read).await {
+                        Ok(client) => Arc::new(ConnInfo::from_source(
+                            peer,
+                            tls.is_some(),
+                            client,
+                            proxies.trusted.contains(client),
+                        )),
+                        Err(proxy_protocol::HeaderError::Draining) => return,
+                        Err(e) => return proxy_protocol::refused(peer, &e),
+                    }
+                }
+            };
             match tls {
                 Some(acceptor) => {
                     Box::pin(serve_tls(
