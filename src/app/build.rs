@@ -55,16 +55,16 @@ pub async fn open_store(settings: &Settings) -> Result<SqlStore, StartError> {
         {
             std::fs::create_dir_all(dir).map_err(|e| StartError::Store {
                 what: s.display.clone(),
-                source: crate::store::StoreError::Invalid(format!(
+                cause: crate::store::StoreError::Invalid(format!(
                     "cannot create {}: {e}",
                     dir.display()
                 )),
             })?;
         }
     }
-    let err = |source| StartError::Store {
+    let err = |cause| StartError::Store {
         what: s.display.clone(),
-        source,
+        cause,
     };
     let store = SqlStore::connect(&StoreConfig {
         url: s.url.clone(),

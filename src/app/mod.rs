@@ -20,13 +20,13 @@ use crate::server::{serve, serve_behind, ListenerLimits, Proxies};
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The key store could not be opened or migrated.
-    #[error("store ({what}): {}", source.explain())]
+    #[error("store ({what}): {}", cause.explain())]
     Store {
         /// The store, with any password hidden.
         what: String,
-        /// The cause.
-        #[source]
-        source: crate::store::StoreError,
+        /// The cause, explained in the message (so not a `source` as well,
+        /// which would repeat it in a chain of causes).
+        cause: crate::store::StoreError,
     },
     /// The rate limiter backend could not be set up.
     #[error("rate_limit: {0}")]
