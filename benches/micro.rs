@@ -341,6 +341,7 @@ fn header_rewrite(c: &mut Criterion) {
         identity: Some(id),
         forwarded: fwd,
         request_id: request_id.as_bytes(),
+        signature: None,
     };
     let mut g = c.benchmark_group("headers");
     g.throughput(Throughput::Elements(1));

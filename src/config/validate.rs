@@ -9,6 +9,7 @@ use super::raw::*;
 use super::roles::{default_roles, roles_settings};
 use super::routes::route_settings;
 use super::server::{server_settings, socket_addr};
+use super::signing::Env;
 use super::store::store_settings;
 use super::*;
 
@@ -24,6 +25,12 @@ const SECTIONS: [&str; 8] = [
 ];
 
 pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
+    validate_with_env(text, &|name| std::env::var_os(name))
+}
+
+/// [`validate`], reading the environment variables the file names (the
+/// upstreams' signing keys) through `env`.
+pub(super) fn validate_with_env(text: &str, env: Env<'_>) -> Result<Settings, Vec<Problem>> {
     let mut table: toml::Table = match text.parse() {
         Ok(t) => t,
         Err(e) => {
@@ -89,7 +96,7 @@ pub(super) fn validate(text: &str) -> Result<Settings, Vec<Problem>> {
     for (name, value) in raw_upstreams {
         let path = format!("upstreams.{name}");
         if let Some(raw) = p.de::<RawUpstream>(&path, value) {
-            if let Some(u) = super::upstream::upstream_settings(&mut p, &path, raw) {
+            if let Some(u) = super::upstream::upstream_settings(&mut p, &path, raw, env) {
                 upstreams.insert(name, u);
             }
         }
