@@ -14,6 +14,7 @@ use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
+use mpg_gateway::proxy::signature::IdentitySigner;
 use mpg_gateway::ratelimit::{
     LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter, RedisTarget,
 };
@@ -347,6 +348,7 @@ fn header_rewrite(c: &mut Criterion) {
         identity: Some(id),
         forwarded: fwd,
         request_id: request_id.as_bytes(),
+        signature: None,
     };
     let mut g = c.benchmark_group("headers");
     g.throughput(Throughput::Elements(1));
@@ -373,6 +375,19 @@ fn header_rewrite(c: &mut Criterion) {
             },
             BatchSize::SmallInput,
         )
+    });
+    // `X-Mpg-Signature` for an upstream with `sign_identity_key_env`: the
+    // HMAC-SHA256 of an API-key request's identity, on top of the rewrite.
+    let signer = IdentitySigner::new(b"0123456789abcdef0123456789abcdef").unwrap();
+    g.bench_function("sign_identity", |b| {
+        b.iter(|| {
+            signer.sign(
+                black_box(&added),
+                &Method::GET,
+                black_box("/api/v1/clusters?organization_id=acme"),
+                1_700_000_000,
+            )
+        })
     });
     g.finish();
 }

@@ -15,6 +15,9 @@ pub mod names {
     pub const AUTH: &str = "mpg_auth_decisions_total";
     /// Counter: rate-limit decisions by `policy` and `decision` (`allowed`/`limited`).
     pub const RATE_LIMIT: &str = "mpg_rate_limit_decisions_total";
+    /// Counter: requests a `mode = "shadow"` policy would have refused (and
+    /// let through), by `policy`.
+    pub const RATE_LIMIT_SHADOW_REFUSALS: &str = "mpg_ratelimit_shadow_refusals_total";
     /// Counter: failed calls to the shared rate-limit backend (Redis) by `backend`.
     pub const RATE_LIMIT_BACKEND_ERRORS: &str = "mpg_rate_limit_backend_errors_total";
     /// Histogram: seconds per call to the shared rate-limit backend (Redis), by `backend`.

@@ -12,6 +12,7 @@ mod redact;
 mod roles;
 mod routes;
 mod server;
+mod signing;
 mod store;
 mod upstream;
 mod validate;
@@ -19,7 +20,8 @@ mod validate;
 pub use crate::ip::TrustedProxies;
 pub use builtin::{BuiltinService, Operation};
 pub use duration::{format_duration, parse_duration};
-pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey};
+pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey, PolicyMode};
+pub use signing::SigningKeys;
 
 use http::{Method, Uri};
 use std::collections::{BTreeMap, BTreeSet};
@@ -259,6 +261,8 @@ pub struct PolicySettings {
     pub quota: QuotaSettings,
     /// What a bucket is keyed by.
     pub key: PolicyKey,
+    /// Enforce, or only count what it would refuse.
+    pub mode: PolicyMode,
 }
 
 /// Role → permissions.
@@ -346,6 +350,8 @@ pub struct HttpUpstreamSettings {
     pub client_identity: Option<(PathBuf, PathBuf)>,
     /// Talk HTTP/2 to the targets (prior knowledge on `http://`, ALPN `h2` on `https://`).
     pub http2: bool,
+    /// Sign the identity headers sent to the targets (`X-Mpg-Signature`).
+    pub sign_identity: Option<SigningKeys>,
 }
 
 /// Where a route finds the organization a request is for.

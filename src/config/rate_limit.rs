@@ -105,6 +105,7 @@ pub(super) fn rate_limit_settings(p: &mut Problems, raw: RawRateLimit) -> RateLi
                     name,
                     quota: q,
                     key: rp.key,
+                    mode: rp.mode,
                 }),
                 None => p.refuse(path),
             }

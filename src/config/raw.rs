@@ -207,6 +207,20 @@ pub(crate) struct RawPolicy {
     pub(crate) per: Duration,
     #[serde(default)]
     pub(crate) key: PolicyKey,
+    #[serde(default)]
+    pub(crate) mode: PolicyMode,
+}
+
+/// `[rate_limit.policies.NAME] mode`: whether the policy refuses.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyMode {
+    /// Over the limit: 429.
+    #[default]
+    Enforce,
+    /// Counted and answered with the same headers, never refused: each
+    /// request it would have refused is counted and marked in the access log.
+    Shadow,
 }
 
 /// `[rate_limit.auth_failures]`: each key defaults on its own.
@@ -295,6 +309,8 @@ pub(crate) struct RawUpstream {
     pub(crate) client_cert: Option<String>,
     pub(crate) client_key: Option<String>,
     pub(crate) http2: Option<bool>,
+    pub(crate) sign_identity_key_env: Option<String>,
+    pub(crate) sign_identity_previous_key_env: Option<String>,
 }
 
 impl RawUpstream {
@@ -319,6 +335,14 @@ impl RawUpstream {
             ("client_cert", self.client_cert.is_some()),
             ("client_key", self.client_key.is_some()),
             ("http2", self.http2.is_some()),
+            (
+                "sign_identity_key_env",
+                self.sign_identity_key_env.is_some(),
+            ),
+            (
+                "sign_identity_previous_key_env",
+                self.sign_identity_previous_key_env.is_some(),
+            ),
         ];
         set.iter().filter(|(_, s)| *s).map(|(k, _)| *k).collect()
     }

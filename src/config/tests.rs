@@ -841,3 +841,109 @@ fn the_proxy_protocol_needs_trusted_proxies() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_policy_is_enforced_unless_its_mode_is_shadow() {
+    let s = Settings::parse(MINIMAL).unwrap();
+    assert_eq!(s.rate_limit.policies[0].mode, PolicyMode::Enforce);
+    let text = |mode: &str| {
+        format!("{MINIMAL}\n[rate_limit.policies.default]\nrequests = 5\nper = \"1s\"\nmode = {mode:?}\n")
+    };
+    let s = Settings::parse(&text("shadow")).unwrap();
+    assert_eq!(s.rate_limit.policies[0].mode, PolicyMode::Shadow);
+    let s = Settings::parse(&text("enforce")).unwrap();
+    assert_eq!(s.rate_limit.policies[0].mode, PolicyMode::Enforce);
+    let errs = problems(&text("log-only"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("rate_limit.policies.default.mode: unknown variant `log-only`"),
+        "{errs:?}"
+    );
+}
+
+/// Validates `text` with `vars` as the whole environment.
+fn with_env(text: &str, vars: &[(&str, &str)]) -> Result<Settings, Vec<String>> {
+    let env = |name: &str| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| std::ffi::OsString::from(v))
+    };
+    super::validate::validate_with_env(text, true, &env)
+        .map_err(|ps| ps.iter().map(|p| p.to_string()).collect())
+}
+
+#[test]
+fn the_identity_signing_key_comes_from_the_named_variable() {
+    let text = &MINIMAL.replacen(
+        "targets = [\"http://127.0.0.1:9000\"]",
+        "targets = [\"http://127.0.0.1:9000\"]\nsign_identity_key_env = \"MPG_SIGN\"",
+        1,
+    );
+    let s = with_env(text, &[("MPG_SIGN", "s3cr3t-value")]).unwrap();
+    let keys = clusters(&s).sign_identity.as_ref().unwrap();
+    assert_eq!(keys.key(), b"s3cr3t-value");
+    assert_eq!(keys.key_env, "MPG_SIGN");
+    assert!(!format!("{s:?}").contains("s3cr3t"), "Debug shows the key");
+    assert!(clusters(&Settings::parse(MINIMAL).unwrap())
+        .sign_identity
+        .is_none());
+
+    let errs = with_env(text, &[]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_key_env: environment variable MPG_SIGN is not set"]
+    );
+    let errs = with_env(text, &[("MPG_SIGN", "")]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_key_env: environment variable MPG_SIGN is empty"]
+    );
+
+    // The previous key is checked like the first, and never printed.
+    let rotating = text.replacen(
+        "sign_identity_key_env = \"MPG_SIGN\"",
+        "sign_identity_key_env = \"MPG_SIGN\"\nsign_identity_previous_key_env = \"MPG_SIGN_OLD\"",
+        1,
+    );
+    let s = with_env(&rotating, &[("MPG_SIGN", "new"), ("MPG_SIGN_OLD", "old")]).unwrap();
+    let keys = clusters(&s).sign_identity.as_ref().unwrap();
+    assert_eq!(
+        (keys.key(), keys.previous_key_env.as_deref()),
+        (&b"new"[..], Some("MPG_SIGN_OLD"))
+    );
+    let errs = with_env(&rotating, &[("MPG_SIGN", "s3cr3t-value")]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_previous_key_env: environment variable MPG_SIGN_OLD is not set"]
+    );
+    let errs = with_env(&rotating, &[("MPG_SIGN_OLD", "old-s3cr3t")]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_key_env: environment variable MPG_SIGN is not set"]
+    );
+    let errs = with_env(
+        &rotating,
+        &[("MPG_SIGN", ""), ("MPG_SIGN_OLD", "old-s3cr3t")],
+    );
+    assert!(!format!("{errs:?}").contains("s3cr3t"), "{errs:?}");
+    let alone = text.replacen("sign_identity_key_env", "sign_identity_previous_key_env", 1);
+    let errs = with_env(&alone, &[("MPG_SIGN", "x")]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_previous_key_env: needs sign_identity_key_env (the previous key never signs)"]
+    );
+    let bad_name = text.replacen("\"MPG_SIGN\"", "\"A=B\"", 1);
+    let errs = with_env(&bad_name, &[]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.clusters.sign_identity_key_env: \"A=B\" is not an environment variable name"]
+    );
+    let builtin = format!(
+        "{MINIMAL}\n[upstreams.keys]\nbuiltin = \"api-keys\"\nsign_identity_key_env = \"MPG_SIGN\"\n"
+    );
+    let errs = with_env(&builtin, &[("MPG_SIGN", "x")]).unwrap_err();
+    assert_eq!(
+        errs,
+        ["upstreams.keys: sign_identity_key_env apply to targets, not to a builtin service"]
+    );
+}

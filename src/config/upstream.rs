@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::problems::Problems;
 use super::raw::RawUpstream;
+use super::signing::{signing_keys, Env};
 use super::{BuiltinService, HttpUpstreamSettings, UpstreamSettings};
 
 /// Defaults a user would expect (nginx- and Envoy-like).
@@ -24,6 +25,7 @@ pub(super) fn upstream_settings(
     p: &mut Problems,
     path: &str,
     raw: RawUpstream,
+    env: Env<'_>,
 ) -> Option<UpstreamSettings> {
     match (&raw.targets, &raw.builtin) {
         (Some(_), Some(_)) => {
@@ -58,11 +60,18 @@ pub(super) fn upstream_settings(
                 None
             }
         }
-        (Some(_), None) => http_settings(p, path, raw).map(|h| UpstreamSettings::Http(Box::new(h))),
+        (Some(_), None) => {
+            http_settings(p, path, raw, env).map(|h| UpstreamSettings::Http(Box::new(h)))
+        }
     }
 }
 
-fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpUpstreamSettings> {
+fn http_settings(
+    p: &mut Problems,
+    path: &str,
+    raw: RawUpstream,
+    env: Env<'_>,
+) -> Option<HttpUpstreamSettings> {
     let targets = raw.targets.unwrap_or_default();
     if targets.is_empty() {
         p.add(format!("{path}.targets"), "needs at least one target");
@@ -179,6 +188,13 @@ fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpU
         }
         (None, None) => None,
     };
+    let sign_identity = signing_keys(
+        p,
+        path,
+        raw.sign_identity_key_env,
+        raw.sign_identity_previous_key_env,
+        env,
+    );
     Some(HttpUpstreamSettings {
         targets: uris,
         balance: raw.balance.unwrap_or_default(),
@@ -195,5 +211,6 @@ fn http_settings(p: &mut Problems, path: &str, raw: RawUpstream) -> Option<HttpU
         ca_file,
         client_identity,
         http2: raw.http2.unwrap_or(false),
+        sign_identity,
     })
 }

@@ -9,6 +9,7 @@ use super::raw::*;
 use super::roles::{default_roles, roles_settings};
 use super::routes::route_settings;
 use super::server::{admin_settings, server_settings};
+use super::signing::Env;
 use super::store::store_settings;
 use super::*;
 
@@ -25,6 +26,16 @@ const SECTIONS: [&str; 8] = [
 
 /// `tls_files`: whether the server's certificate and key files must exist.
 pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Problem>> {
+    validate_with_env(text, tls_files, &|name| std::env::var_os(name))
+}
+
+/// [`validate`], reading the environment variables the file names (the
+/// upstreams' signing keys) through `env`.
+pub(super) fn validate_with_env(
+    text: &str,
+    tls_files: bool,
+    env: Env<'_>,
+) -> Result<Settings, Vec<Problem>> {
     let mut table: toml::Table = match text.parse() {
         Ok(t) => t,
         Err(e) => {
@@ -86,7 +97,7 @@ pub(super) fn validate(text: &str, tls_files: bool) -> Result<Settings, Vec<Prob
     for (name, value) in raw_upstreams {
         let path = format!("upstreams.{name}");
         if let Some(raw) = p.de::<RawUpstream>(&path, value) {
-            match super::upstream::upstream_settings(&mut p, &path, raw) {
+            match super::upstream::upstream_settings(&mut p, &path, raw, env) {
                 Some(u) => {
                     upstreams.insert(name, u);
                 }

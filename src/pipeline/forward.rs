@@ -84,7 +84,8 @@ impl Pipeline {
                 }
                 None => None,
             };
-            let added = Added {
+            let signature;
+            let mut added = Added {
                 identity,
                 forwarded: ForwardedFor {
                     chain: client.forwarded_for(),
@@ -92,7 +93,16 @@ impl Pipeline {
                     host,
                 },
                 request_id: request_id.as_bytes(),
+                signature: None,
             };
+            // Signed once, over the fields and the path as the transports
+            // send them (a retry sends the same).
+            if let Some(signer) = upstream.signer() {
+                let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+                let unix = u64::try_from(crate::clock::unix_now()).unwrap_or(0);
+                signature = signer.sign(&added, &head.method, path, unix);
+                added.signature = Some(signature.as_bytes());
+            }
             // Whatever form and version the client used, the transports send
             // the URI's path and query (origin form) over their own version.
             let handed_over = entry

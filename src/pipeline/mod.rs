@@ -40,6 +40,8 @@ struct Outcome {
     /// The organization the request names (the log falls back to the
     /// principal's own).
     organization: Option<String>,
+    /// A shadow policy would have refused it (stage 3).
+    shadow_limited: bool,
 }
 
 impl Pipeline {
@@ -68,6 +70,7 @@ impl Pipeline {
                 decision: None,
                 principal: None,
                 organization: None,
+                shadow_limited: false,
             };
             let bytes_in = body.size_hint().exact();
             // Who the client is, once: the connection's source, unless a
@@ -121,6 +124,8 @@ impl Pipeline {
                 upstream = out.route.map(|i| this.routes[i].route.upstream.as_str()),
                 bytes_in,
                 bytes_out = res.body().size_hint().exact(),
+                // Only on the requests a shadow policy would have refused.
+                shadow_limited = out.shadow_limited.then_some(true),
                 "request"
             );
             // The request id moved into the stamp, not cloned: a clone of a
@@ -163,15 +168,16 @@ impl Pipeline {
                 .await?;
             let principal = out.principal.as_ref();
             // 3. Limit before validation, so malformed requests still spend tokens.
-            self.rate_limit(
-                entry,
-                principal,
-                head,
-                path_param.as_deref(),
-                client,
-                &mut out.decision,
-            )
-            .await?;
+            out.shadow_limited = self
+                .rate_limit(
+                    entry,
+                    principal,
+                    head,
+                    path_param.as_deref(),
+                    client,
+                    &mut out.decision,
+                )
+                .await?;
             // 4. Validate the organization the request is for (and the key it names).
             let mut validated = self.validate(entry, head, path_param).await?;
             out.organization = validated.organization.take();

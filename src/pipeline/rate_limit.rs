@@ -1,5 +1,7 @@
 //! Stage 3: the route's rate-limit policy, keyed by credential, organization
-//! or client IP as the policy says, and the decision counted per policy.
+//! or client IP as the policy says, and the decision counted per policy. A
+//! policy in shadow mode decides and counts the same way, but lets through
+//! what it would refuse.
 use http::request;
 use std::borrow::Cow;
 
@@ -12,7 +14,8 @@ use crate::http::rate_limit::Decision;
 use crate::ip::Client;
 
 impl Pipeline {
-    /// Stage 3: the route's policy, keyed as the policy says.
+    /// Stage 3: the route's policy, keyed as the policy says. `Ok(true)`:
+    /// a shadow policy would have refused the request, and let it through.
     pub(super) async fn rate_limit(
         &self,
         entry: &RouteEntry,
@@ -21,9 +24,9 @@ impl Pipeline {
         path_param: Option<&str>,
         client: &Client<'_>,
         decided: &mut Option<Decision>,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<bool, GatewayError> {
         let Some((policy, key_kind)) = entry.policy else {
-            return Ok(());
+            return Ok(false);
         };
         let user_key;
         let key: &str = match (key_kind, principal) {
@@ -67,12 +70,23 @@ impl Pipeline {
                 limited.increment(1)
             }
         }
-        let retry_after = decision.retry_after_secs.unwrap_or(1);
-        *decided = Some(decision);
         if allowed {
-            Ok(())
-        } else {
-            Err(GatewayError::TooManyRequests { retry_after })
+            *decided = Some(decision);
+            return Ok(false);
         }
+        let Some(shadow_refusals) = &entry.shadow_refusals else {
+            let retry_after = decision.retry_after_secs.unwrap_or(1);
+            *decided = Some(decision);
+            return Err(GatewayError::TooManyRequests { retry_after });
+        };
+        // The refusal's headers (Remaining 0, the same Reset), but no
+        // Retry-After: the request goes on, and a Retry-After the upstream
+        // sends passes through as on any request that was let through.
+        shadow_refusals.increment(1);
+        *decided = Some(Decision {
+            retry_after_secs: None,
+            ..decision
+        });
+        Ok(true)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::config::Operation;
 use crate::config::{
-    BuiltinService, OrgSource, PolicyKey, RouteSettings, Settings, UpstreamSettings,
+    BuiltinService, OrgSource, PolicyKey, PolicyMode, RouteSettings, Settings, UpstreamSettings,
 };
 use crate::keys_service::KeysService;
 use crate::metrics::{names, CounterCache};
@@ -48,6 +48,9 @@ pub(crate) struct RouteEntry {
     pub(crate) path_param: Option<String>,
     /// Rate-limit decision counters of this route's policy: (allowed, limited).
     pub(crate) limit_counters: Option<(metrics::Counter, metrics::Counter)>,
+    /// `Some` when the route's policy is in shadow mode: it never refuses,
+    /// and this counts the requests it would have refused.
+    pub(crate) shadow_refusals: Option<metrics::Counter>,
     /// `mpg_requests_total` and the latency histogram of this route.
     pub(crate) metrics: RequestMetrics,
     /// `mpg_upstream_requests_total` of this route's upstream, by outcome.
@@ -166,6 +169,13 @@ impl Pipeline {
                 };
                 (counter("allowed"), counter("limited"))
             });
+            let shadow_refusals = route
+                .rate_limit
+                .map(|p| &settings.rate_limit.policies[p])
+                .filter(|p| p.mode == PolicyMode::Shadow)
+                .map(|p| {
+                    metrics::counter!(names::RATE_LIMIT_SHADOW_REFUSALS, "policy" => p.name.clone())
+                });
             let upstream = route.upstream.clone();
             // Metrics are recorded only with the admin listener on (see
             // `start`); the key service, served in-process, has no upstream time.
@@ -182,6 +192,7 @@ impl Pipeline {
                 path_param,
                 metrics: RequestMetrics::new(label),
                 limit_counters,
+                shadow_refusals,
                 upstream_latency,
                 upstream_outcomes: CounterCache::new(move |outcome| {
                     metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome)

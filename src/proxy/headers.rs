@@ -26,6 +26,8 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// `X-Forwarded-Host`
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Mpg-Signature` (see `signature`)
+pub const X_MPG_SIGNATURE: HeaderName = HeaderName::from_static("x-mpg-signature");
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1 and the usual proxy extras), as parsed
 /// names so removing them costs no parsing per request.
@@ -260,7 +262,8 @@ pub fn sanitize_request(headers: &mut HeaderMap) {
 }
 
 /// What the gateway adds to a forwarded request: the identity it vouches
-/// for, the request id and `X-Forwarded-*`. The HTTP/1.1 client writes these
+/// for, the request id, `X-Forwarded-*` and, for an upstream that asks for
+/// it, `X-Mpg-Signature` over them. The HTTP/1.1 client writes these
 /// lines straight after the request's own headers ([`Added::write_to`]);
 /// HTTP/2 targets get them in the header map ([`Added::add_to`]). Both come
 /// from the one list in [`Added::each`].
@@ -272,21 +275,25 @@ pub struct Added<'a> {
     pub forwarded: ForwardedFor<'a>,
     /// `X-Request-Id`.
     pub request_id: &'a [u8],
+    /// `X-Mpg-Signature`, made from the fields above by
+    /// [`IdentitySigner::sign`](super::signature::IdentitySigner::sign).
+    pub signature: Option<&'a [u8]>,
 }
 
 field!(
-    F_ORGANIZATION_ID,
+    pub(super) F_ORGANIZATION_ID,
     X_MPG_ORGANIZATION_ID,
     b"x-mpg-organization-id: "
 );
-field!(F_USER_ID, X_MPG_USER_ID, b"x-mpg-user-id: ");
-field!(F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
-field!(F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
-field!(F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
-field!(F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
+field!(pub(super) F_USER_ID, X_MPG_USER_ID, b"x-mpg-user-id: ");
+field!(pub(super) F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
+field!(pub(super) F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
+field!(pub(super) F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
+field!(pub(super) F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
 field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
 field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
 field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
+field!(F_SIGNATURE, X_MPG_SIGNATURE, b"x-mpg-signature: ");
 
 /// Whether `value` is a valid header value: visible ASCII, space and tab.
 fn valid_value(value: &[u8]) -> bool {
@@ -304,8 +311,9 @@ fn valid_value(value: &[u8]) -> bool {
 
 impl Added<'_> {
     /// Each field, in the order sent. A value that is not a valid header
-    /// value (visible ASCII, space, tab) is left out, never a panic.
-    fn each(&self, mut field: impl FnMut(&'static Field, &[u8])) {
+    /// value (visible ASCII, space, tab) is left out, never a panic (the
+    /// signature covers the fields as given here, so it agrees).
+    pub(super) fn each(&self, mut field: impl FnMut(&'static Field, &[u8])) {
         let mut put = |f: &'static Field, value: &[u8]| {
             if valid_value(value) {
                 field(f, value);
@@ -332,6 +340,9 @@ impl Added<'_> {
         put(&F_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
         if let Some(host) = self.forwarded.host {
             put(&F_FORWARDED_HOST, host.as_bytes());
+        }
+        if let Some(signature) = self.signature {
+            put(&F_SIGNATURE, signature);
         }
     }
 
@@ -399,6 +410,7 @@ mod tests {
             identity,
             forwarded,
             request_id: request_id.as_bytes(),
+            signature: None,
         }
     }
 

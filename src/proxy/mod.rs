@@ -1,4 +1,4 @@
-//! Forwarding: header hygiene, the upstream client, target balancing and
+//! Forwarding: header hygiene and the identity signature, the upstream client, target balancing and
 //! health, the TLS client, and the streamed bodies.
 mod balance;
 pub(crate) mod client;
@@ -7,6 +7,7 @@ mod forward;
 pub mod headers;
 mod health;
 mod pool;
+pub mod signature;
 mod stream;
 mod target;
 pub mod tls_client;

@@ -17,6 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::balance::Balancer;
 pub use super::error::UpstreamError;
 use super::health::{active_check, Targets};
+use super::signature::IdentitySigner;
 use super::tls_client::{connector, files_digest};
 use super::transport::Transport;
 use crate::config::HttpUpstreamSettings;
@@ -37,6 +38,8 @@ pub struct Upstream {
     pub(super) timeout: Option<Duration>,
     pub(super) retries: u32,
     pub(super) retry_counter: metrics::Counter,
+    /// Signs the identity headers (`sign_identity_key_env`), if asked to.
+    signer: Option<IdentitySigner>,
     /// The active checker and the idle-connection reaper.
     _tasks: Vec<AbortOnDropHandle<()>>,
 }
@@ -83,6 +86,12 @@ impl Upstream {
             cfg.idle_timeout,
         ));
         let connector = connector(cfg).map_err(UpstreamError::Config)?;
+        let signer = match &cfg.sign_identity {
+            Some(keys) => Some(IdentitySigner::new(keys.key()).ok_or_else(|| {
+                UpstreamError::Config("sign_identity_key_env: the key was refused".into())
+            })?),
+            None => None,
+        };
         let transport = Arc::new(if cfg.http2 {
             Transport::Http2(Box::new(
                 Client::builder(TokioExecutor::new())
@@ -136,6 +145,7 @@ impl Upstream {
             request_timeout: cfg.request_timeout,
             timeout: cfg.timeout,
             retries: cfg.retries,
+            signer,
             _tasks: tasks,
         })
     }
@@ -143,6 +153,12 @@ impl Upstream {
     /// The upstream's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// What signs the identity headers sent here, when the upstream asks
+    /// for `X-Mpg-Signature`.
+    pub fn signer(&self) -> Option<&IdentitySigner> {
+        self.signer.as_ref()
     }
 
     /// Whether this upstream is what `cfg` would build: the same settings,
