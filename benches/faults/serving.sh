@@ -23,7 +23,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+LOG_TAG=faults
+. "$HERE/../lib.sh"
 GW="$ROOT/target/release/mpg-gateway" OUTAGE=10 CONNS=10000 WORKERS=0 PHASES=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,38 +33,17 @@ while [ $# -gt 0 ]; do
     --conns) CONNS="$2"; shift ;;
     --workers) WORKERS="$2"; shift ;;
     upstream|drain|memory) PHASES+=("$1") ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "serving.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(upstream drain memory)
 command -v h2load >/dev/null || { echo "serving.sh: needs h2load (apt-get install nghttp2-client)" >&2; exit 1; }
-if [ ! -x "$GW" ]; then
-  (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway)
-fi
+[ -x "$GW" ] || { log "building the gateway (release)"; build_gateway; }
 
-log() { printf '[faults %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() { # PORT: until something listens (10 s at most)
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "serving.sh: nothing listens on port $1" >&2
-  exit 1
-}
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+work_dir mpg-faults-serving
 now_ms() { date +%s%3N; }
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 UP_PORT=$(free_port) GW_PORT=$(free_port)
 start_target() { # -> UP_PID
@@ -91,9 +71,7 @@ for path in /public/ping /slow /fast; do
 done
 start_gateway() { # -> GW_PID; its log in $WORK/gateway.log
   : >"$WORK/gateway.log"
-  "$GW" run --config "$WORK/gateway.toml" 2>>"$WORK/gateway.log" &
-  GW_PID=$!; PIDS+=("$GW_PID")
-  wait_port "$GW_PORT"
+  run_gateway "$WORK/gateway.toml" "$GW_PORT" "$WORK/gateway.log"
 }
 status() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$GW_PORT/public/ping"; }
 RESULTS=()
@@ -144,18 +122,12 @@ phase_drain() {
 # hold_spike ROUND: opens $CONNS idle keep-alive connections, measures, closes them,
 # measures 1, 5 and 15 s later; appends the figures to $SPIKES.
 hold_spike() {
-  local held open after1 after5 after15 hold
-  rm -f "$WORK/hold.in"; mkfifo "$WORK/hold.in"
-  python3 "$ROOT/benches/load/hold_conns.py" 127.0.0.1 "$GW_PORT" "$CONNS" /public/ping none 120 \
-    <"$WORK/hold.in" >"$WORK/hold.out" &
-  hold=$!; PIDS+=("$hold")
-  exec 7>"$WORK/hold.in"
-  for _ in $(seq 600); do grep -q '^ready' "$WORK/hold.out" 2>/dev/null && break; sleep 0.1; done
-  held=$(awk '/^ready/ {print $2}' "$WORK/hold.out"); held=${held:-0}
+  local held open after1 after5 after15
+  hold_open "$GW_PORT" "$CONNS" /public/ping none
+  held=$HELD
   sleep 1
   open=$(rss_kib "$GW_PID")
-  exec 7>&-
-  stop "$hold"
+  hold_close
   sleep 1; after1=$(rss_kib "$GW_PID")
   sleep 4; after5=$(rss_kib "$GW_PID")
   sleep 10; after15=$(rss_kib "$GW_PID")

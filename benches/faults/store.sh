@@ -34,10 +34,11 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+LOG_TAG=faults
+. "$HERE/../lib.sh"
 TOOLS="$HERE/store_tools.py"
 BEFORE=8 AFTER=6 OUTAGE=10 FLOOD=60 CONNS=64 KEYS=4 FLOOD_CONNS=64
-DO_OUTAGE=1 DO_FLOOD=1 GW="" OUT="$HERE/results" KEEP=0 CONTROL=0
+DO_OUTAGE=1 DO_FLOOD=1 GW="" OUT="$HERE/results" KEEP_WORK=0 CONTROL=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) OUTAGE=4 FLOOD=10 ;;
@@ -50,15 +51,14 @@ while [ $# -gt 0 ]; do
     --no-outage) DO_OUTAGE=0 ;;
     --no-flood) DO_FLOOD=0 ;;
     --out) OUT="$2"; shift ;;
-    --keep) KEEP=1 ;;
+    --keep) KEEP_WORK=1 ;;
     --control) CONTROL=1 DO_FLOOD=0 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "store.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ "$OUTAGE" -ge 3 ] || { echo "store.sh: --outage must be at least 3 (seconds)" >&2; exit 2; }
-log() { printf '[faults %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 for tool in h2load nginx python3 psql; do
   command -v "$tool" >/dev/null || { echo "store.sh: needs $tool (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
 done
@@ -81,28 +81,16 @@ PY
 
 if [ -z "$GW" ]; then
   log "building the gateway (release)"
-  (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway >/dev/null 2>&1) || (cd "$ROOT" && cargo build --release --bin mpg-gateway)
+  build_gateway
   GW="$ROOT/target/release/mpg-gateway"
 fi
 
 # ---------------------------------------------------------------- workspace, cleanup
-WORK="$(mktemp -d /tmp/mpg-faults-store.XXXXXX)"
 DB="mpg_faults_$(date +%s)_$$"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
-  if [ "$KEEP" = 1 ]; then log "work directory kept: $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT INT TERM
+on_exit() { psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1; }
+work_dir mpg-faults-store
 mkdir -p "$OUT"
-ulimit -n 65536 2>/dev/null || true
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { # port: until it accepts, at most 20 s
-  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
-  echo "store.sh: nothing listens on 127.0.0.1:$1" >&2; exit 1
-}
+raise_nofile
 now_us() { date +%s%6N; }
 # The gateway alone on core 0, the rest on core 1, when there are two cores.
 PIN_GW=() PIN_REST=() WORKERS=0
@@ -115,24 +103,7 @@ QUIET=(nice -n 19 "${PIN_REST[@]}")
 
 # ---------------------------------------------------------------- upstream, store
 UP_PORT=$(free_port) GW_PORT=$(free_port) ADM_PORT=$(free_port) PROXY_PORT=$(free_port)
-mkdir -p "$WORK/up"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $WORK/up; proxy_temp_path $WORK/up; fastcgi_temp_path $WORK/up;
-  uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
-  server {
-    listen 127.0.0.1:$UP_PORT;
-    location / { default_type application/json; return 200 '{"clusters":[]}'; }
-  }
-}
-EOF
+upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
 "${PIN_REST[@]}" nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
 PIDS+=($!)
 wait_port "$UP_PORT"
@@ -191,22 +162,14 @@ config "$DIRECT_URL" >"$WORK/direct.toml"
 config "$PROXIED_URL" >"$WORK/proxied.toml"
 cli() { "${QUIET[@]}" "$GW" "$@" --config "$WORK/direct.toml"; }
 new_key() { cli keys create --org acme --user alice --name "$1" --scopes clusters:read | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["key"], r["id"])'; }
-cli migrate >/dev/null 2>&1
-cli orgs create --id acme --name Acme >/dev/null
-cli users create --id alice --email alice@example.com >/dev/null
-cli members add --org acme --user alice --role member >/dev/null
+seed_account "$WORK/direct.toml" "${QUIET[@]}"
 LOAD_KEYS=()
 for i in $(seq "$KEYS"); do read -r k _ <<<"$(new_key "load-$i")"; LOAD_KEYS+=("$k"); done
 read -r REVOKED REVOKED_ID <<<"$(new_key revoked-during-outage)"
 read -r UNSEEN _ <<<"$(new_key never-seen)"
 
-# start_gateway CONFIG LOG: runs the gateway until cleanup; sets GW_PID.
-start_gateway() {
-  "${PIN_GW[@]}" "$GW" run --config "$1" 2>"$2" &
-  GW_PID=$!
-  PIDS+=($GW_PID)
-  wait_port "$GW_PORT"
-}
+# start_gateway CONFIG LOG: runs the gateway alone on its core until cleanup; sets GW_PID.
+start_gateway() { run_gateway "$1" "$GW_PORT" "$2" "${PIN_GW[@]}"; }
 stop_gateway() { kill "$GW_PID"; wait "$GW_PID" 2>/dev/null || true; }
 metric_lines() { python3 -c 'import sys,urllib.request as r; print("\n".join(l for l in r.urlopen(sys.argv[1]).read().decode().splitlines() if not l.startswith("#") and any(l.startswith(n) for n in sys.argv[2:])))' "http://127.0.0.1:$ADM_PORT/metrics" "$@"; }
 

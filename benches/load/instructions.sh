@@ -15,7 +15,7 @@
 # (for `callgrind_annotate`) in $OUT (default /tmp/mpg-instructions.out).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+. "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
 for tool in valgrind callgrind_control nginx; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: needs $tool" >&2; exit 1; }
@@ -25,38 +25,16 @@ OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
 # GW=path/to/mpg-gateway counts that binary (another build, or one with
 # debug line tables for callgrind_annotate); else the release build.
 if [ -z "${GW:-}" ]; then
-  (cd "$ROOT" && cargo build --release --bin mpg-gateway >/dev/null 2>&1)
+  build_gateway
   GW="$ROOT/target/release/mpg-gateway"
 fi
 
-WORK="$(mktemp -d /tmp/mpg-instr.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -f "$WORK/up/nginx.pid" ] && kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done
-  echo "instructions.sh: nothing listens on $1" >&2; exit 1
-}
+# The upstream nginx runs as a daemon: it is stopped through its pid file.
+on_exit() { [ ! -f "$WORK/up/nginx.pid" ] || kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null; }
+work_dir mpg-instr
 UP_PORT=$(free_port); GW_PORT=$(free_port)
 
-mkdir -p "$WORK/up"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
-  client_body_temp_path $WORK/up; proxy_temp_path $WORK/up; fastcgi_temp_path $WORK/up;
-  uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
-  server { listen 127.0.0.1:$UP_PORT; location / { default_type application/json; return 200 '{"clusters":[]}'; } }
-}
-EOF
+upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
 wait_port "$UP_PORT"
 
@@ -89,10 +67,7 @@ organization = "query:organization_id"
 upstream = "clusters"
 rate_limit = "bench"
 EOF
-"$GW" migrate --config "$CFG" >/dev/null
-"$GW" orgs create --id acme --name Acme --config "$CFG" >/dev/null
-"$GW" users create --id alice --email alice@example.com --config "$CFG" >/dev/null
-"$GW" members add --org acme --user alice --role member --config "$CFG" >/dev/null
+seed_account "$CFG"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
 URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
@@ -101,7 +76,7 @@ rm -f "$OUT" "$OUT".*
 valgrind --tool=callgrind --callgrind-out-file="$OUT" "$GW" run --config "$CFG" >"$WORK/gw.log" 2>&1 &
 VG=$!
 PIDS+=("$VG")
-wait_port "$GW_PORT"
+wait_port "$GW_PORT" 60 # valgrind starts slowly
 "$OHA" --no-tui -n "$WARM" -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
 callgrind_control -z "$VG" >/dev/null 2>&1
 "$OHA" --no-tui -n "$N" -c 50 ${RATE:+-q "$RATE"} -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1

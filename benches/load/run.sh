@@ -31,7 +31,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+. "$HERE/../lib.sh"
 RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
     --no-pgo) PGO=0 ;;
     --pgo-only) PGO=1 PGO_ONLY=1 ;;
     --share-core0) HOLD_CORE0=0 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -53,8 +53,6 @@ done
 # Full mode measures the profile-guided build, quick mode the plain one, unless told.
 [ -n "$PGO" ] || { [ "$MODE" = full ] && PGO=1 || PGO=0; }
 [ "$PGO_ONLY$PGO" != 10 ] || { echo "run.sh: --pgo-only and --no-pgo contradict each other" >&2; exit 2; }
-
-log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ---------------------------------------------------------------- tools
 need_apt=()
@@ -100,12 +98,6 @@ fi
 ENVOY_VERSION=""
 [ -z "$ENVOY" ] || ENVOY_VERSION="$("$ENVOY" --version | sed -n 's|.*version: [^/]*/\([0-9.]*\)/.*|\1|p')"
 
-# build_gateway [CARGO ARGS...]: a release build of the gateway (RUSTFLAGS from the
-# caller's environment), quiet unless it fails; then again without --locked, to show why.
-build_gateway() {
-  (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway "$@" >/dev/null 2>&1) \
-    || (cd "$ROOT" && cargo build --release --bin mpg-gateway "$@")
-}
 # The profile-guided build's fixed paths: RUSTFLAGS are part of cargo's fingerprint, so
 # the instrumented build is reused from one run to the next; the profile-use flag names
 # the profile by its content, so a new profile rebuilds everything with it and an
@@ -133,26 +125,14 @@ else
 fi
 
 # ---------------------------------------------------------------- workspace, cleanup
-WORK="$(mktemp -d /tmp/mpg-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  # Give every task held off core 0 its CPU set back.
-  [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+# Give every task held off core 0 its CPU set back.
+on_exit() { [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null; }
+work_dir mpg-bench
+raise_nofile
 CLK_TCK="$(getconf CLK_TCK)"
 RAW="$WORK/raw.jsonl"
 : >"$RAW"
 
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { # host port: until it accepts, at most 20 s
-  for _ in $(seq 200); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.1; done
-  echo "run.sh: nothing listens on $1:$2" >&2; exit 1
-}
 # stat_ticks FIELDS PID...: an awk sum of /proc/PID/stat fields (14 utime,
 # 15 stime), over the processes given.
 stat_ticks() {
@@ -182,7 +162,6 @@ d = [(int(b) - int(a)) / int(sys.argv[3]) for a, b in zip(sys.argv[1].split(), s
 print(f'"cpu_s":{d[0]},"sys_s":{d[1]},"core0_s":{d[2]},"core1_s":{d[3]}')
 EOF
 }
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
 UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port); ADM_PORT=$(free_port)
@@ -191,27 +170,10 @@ BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 PATH_Q="/api/v1/clusters?organization_id=acme"
 
 # ---------------------------------------------------------------- upstream (core 1)
-mkdir -p "$WORK/up/logs"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $WORK/up; proxy_temp_path $WORK/up; fastcgi_temp_path $WORK/up;
-  uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
-  server {
-    listen 127.0.0.1:$UP_PORT;
-    location / { default_type application/json; return 200 '$BODY'; }
-  }
-}
-EOF
+upstream_conf "$WORK/up" "$UP_PORT" "$BODY"
 taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
 PIDS+=($!)
-wait_port 127.0.0.1 "$UP_PORT"
+wait_port "$UP_PORT"
 
 # ---------------------------------------------------------------- store and keys
 log "seeding 100 000 keys"
@@ -288,11 +250,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
 cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
 
-CFG="$WORK/gw-plain.toml"
-"$GW" migrate --config "$CFG" >/dev/null
-"$GW" orgs create --id acme --name Acme --config "$CFG" >/dev/null
-"$GW" users create --id alice --email alice@example.com --config "$CFG" >/dev/null
-"$GW" members add --org acme --user alice --role member --config "$CFG" >/dev/null
+seed_account "$WORK/gw-plain.toml"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt" "$WORK/ids100k.txt"
 head -n 1000 "$WORK/keys100k.txt" >"$WORK/keys1k.txt"
 head -n 1000 "$WORK/ids100k.txt" >"$WORK/ids1k.txt" # "SECRET KEY_ID"
@@ -681,13 +639,7 @@ print(int(statistics.median(v)) if v else 0)
 EOF
 }
 
-start_gateway() { # CONFIG PORT [BINARY, default $GW] -> GW_PID
-  taskset -c 0 "${3:-$GW}" run --config "$1" 2>>"$WORK/gateway.log" &
-  GW_PID=$!
-  PIDS+=("$GW_PID")
-  wait_port 127.0.0.1 "$2"
-}
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+start_gateway() { run_gateway "$1" "$2" "$WORK/gateway.log" taskset -c 0; } # CONFIG PORT -> GW_PID
 # same_job NAME PORT: a peer must pass the bench key and refuse an unknown one,
 # or its figures would not be of the same job.
 same_job() {
@@ -758,15 +710,15 @@ start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
 curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null || { echo "run.sh: gateway did not answer 200" >&2; tail "$WORK/gateway.log" >&2; exit 1; }
 taskset -c 0 nginx -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" -g 'daemon off;' 2>/dev/null &
 NGX_PID=$!; PIDS+=("$NGX_PID")
-wait_port 127.0.0.1 "$NGX_PORT"
+wait_port "$NGX_PORT"
 same_job nginx "$NGX_PORT"
 taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" &
 HAP_PID=$!; PIDS+=("$HAP_PID")
-wait_port 127.0.0.1 "$HAP_PORT"
+wait_port "$HAP_PORT"
 same_job HAProxy "$HAP_PORT"
 taskset -c 0 haproxy -db -f "$WORK/relay.cfg" &
 RELAY_PID=$!; PIDS+=("$RELAY_PID")
-wait_port 127.0.0.1 "$RELAY_PORT"
+wait_port "$RELAY_PORT"
 curl -sf -o /dev/null "http://127.0.0.1:$RELAY_PORT$PATH_Q" || { echo "run.sh: the TCP relay did not answer 200" >&2; exit 1; }
 PEERS="nginx, HAProxy"
 if [ -n "$ENVOY" ]; then
@@ -774,7 +726,7 @@ if [ -n "$ENVOY" ]; then
   taskset -c 0 "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --disable-hot-restart -l error \
     --log-path "$WORK/envoy.log" &
   ENVOY_PID=$!; PIDS+=("$ENVOY_PID")
-  wait_port 127.0.0.1 "$ENVOY_PORT"
+  wait_port "$ENVOY_PORT"
   same_job Envoy "$ENVOY_PORT"
   PEERS="nginx, HAProxy, Envoy"
 fi
@@ -853,16 +805,10 @@ log "holding 10 000 idle keep-alive connections (fresh gateway)"
 start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
 curl -sf -H "$AUTH" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null
 RSS_IDLE=$(rss_kib "$GW_PID")
-mkfifo "$WORK/hold.in"
-taskset -c 1 python3 "$HERE/hold_conns.py" 127.0.0.1 "$GW_PORT" 10000 "$PATH_Q" "$KEY" 120 <"$WORK/hold.in" >"$WORK/hold.out" &
-HOLD_PID=$!; PIDS+=("$HOLD_PID")
-exec 7>"$WORK/hold.in"
-for _ in $(seq 600); do grep -q '^ready' "$WORK/hold.out" 2>/dev/null && break; sleep 0.1; done
-HELD=$(awk '/^ready/ {print $2}' "$WORK/hold.out"); HELD=${HELD:-0}
+hold_open "$GW_PORT" 10000 "$PATH_Q" "$KEY" taskset -c 1
 sleep 1
 RSS_10K=$(rss_kib "$GW_PID")
-exec 7>&-
-stop "$HOLD_PID"
+hold_close
 log "  idle RSS ${RSS_IDLE} KiB; ${HELD} connections held: ${RSS_10K} KiB"
 echo "{\"rss_idle_kib\":$RSS_IDLE,\"rss_10k_idle_conns_kib\":$RSS_10K,\"idle_conns_held\":$HELD,\"rss_after_100k_keys_kib\":$RSS_AFTER}" >"$WORK/resources.json"
 stop "$GW_PID"

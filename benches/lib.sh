@@ -1,0 +1,123 @@
+# Shell helpers shared by the bench and fault scripts (benches/load/run.sh,
+# benches/load/instructions.sh, benches/faults/store.sh, benches/faults/serving.sh).
+# Sourced after the script's own `set -euo pipefail`; defines functions and ROOT, runs
+# nothing else. Everything it starts listens on 127.0.0.1.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SCRIPT="${0##*/}"
+LOG_TAG="${LOG_TAG:-bench}"
+
+# The script's header comment (line 2 down to its `set -euo`), for --help.
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; }
+
+log() { printf '[%s %s] %s\n' "$LOG_TAG" "$(date +%H:%M:%S)" "$*" >&2; }
+
+# build_gateway [CARGO ARGS...]: a release build of the gateway (RUSTFLAGS from the
+# caller's environment), quiet unless it fails; then again without --locked, to show why.
+build_gateway() {
+  (cd "$ROOT" && cargo build --release --locked --bin mpg-gateway "$@" >/dev/null 2>&1) \
+    || (cd "$ROOT" && cargo build --release --bin mpg-gateway "$@")
+}
+
+# work_dir NAME: a fresh $WORK (/tmp/NAME.XXXXXX) and an empty $PIDS. On exit, and on
+# INT or TERM, every process in $PIDS is ended and waited for, then the script's own
+# `on_exit` runs if it defines one, then $WORK is removed (kept if KEEP_WORK=1).
+work_dir() {
+  WORK="$(mktemp -d "/tmp/$1.XXXXXX")"
+  PIDS=()
+  trap cleanup EXIT INT TERM
+}
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if declare -F on_exit >/dev/null; then on_exit || true; fi
+  if [ "${KEEP_WORK:-0}" = 1 ]; then log "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+}
+
+# Raises the open-files limit for many connections: to 65536, or as far as allowed.
+raise_nofile() { ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; }
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+
+# wait_port PORT [SECONDS]: until something accepts on 127.0.0.1:PORT (20 s at most,
+# or SECONDS); exits the script if nothing does.
+wait_port() {
+  local _
+  for _ in $(seq $((${2:-20} * 20))); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "$SCRIPT: nothing listens on 127.0.0.1:$1" >&2
+  exit 1
+}
+
+# run_gateway CONFIG PORT LOG [COMMAND PREFIX...]: runs $GW with CONFIG in the
+# background, its log appended to LOG, until stopped or the script exits; returns once it
+# listens on PORT. Sets GW_PID.
+run_gateway() {
+  local config="$1" port="$2" logfile="$3"
+  shift 3
+  "$@" "$GW" run --config "$config" 2>>"$logfile" &
+  GW_PID=$!; PIDS+=("$GW_PID")
+  wait_port "$port"
+}
+
+# stop PID: ends a process and waits for it, whether or not it is still running.
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+# upstream_conf DIR PORT BODY: DIR/nginx.conf for the upstream the suites proxy to, an
+# nginx answering every request on 127.0.0.1:PORT with the JSON BODY, keep-alive, no
+# access log; its pid file, logs and temporary files in DIR.
+upstream_conf() {
+  mkdir -p "$1/logs"
+  cat >"$1/nginx.conf" <<EOF
+worker_processes 1;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 120s;
+  client_body_temp_path $1; proxy_temp_path $1; fastcgi_temp_path $1;
+  uwsgi_temp_path $1; scgi_temp_path $1;
+  server {
+    listen 127.0.0.1:$2;
+    location / { default_type application/json; return 200 '$3'; }
+  }
+}
+EOF
+}
+
+# seed_account CONFIG [COMMAND PREFIX...]: migrates the store CONFIG names and creates
+# organization acme with alice as a member, whom the suites' keys belong to. The prefix
+# (nice, taskset) runs each gateway command; the migration speaks only if it fails.
+seed_account() {
+  local config="$1" out
+  shift
+  out="$("$@" "$GW" migrate --config "$config" 2>&1)" || { echo "$out" >&2; return 1; }
+  "$@" "$GW" orgs create --id acme --name Acme --config "$config" >/dev/null
+  "$@" "$GW" users create --id alice --email alice@example.com --config "$config" >/dev/null
+  "$@" "$GW" members add --org acme --user alice --role member --config "$config" >/dev/null
+}
+
+# hold_open PORT N PATH KEY [COMMAND PREFIX...]: N idle keep-alive connections to the
+# gateway on 127.0.0.1:PORT, each idle after one request for PATH with `Bearer KEY`,
+# opened by benches/load/hold_conns.py and held until hold_close (120 s at most). Sets
+# HOLD_PID, and HELD: how many were answered 200 (waited for 60 s at most).
+hold_open() {
+  local port="$1" n="$2" path="$3" key="$4" _
+  shift 4
+  rm -f "$WORK/hold.in"; mkfifo "$WORK/hold.in"
+  "$@" python3 "$ROOT/benches/load/hold_conns.py" 127.0.0.1 "$port" "$n" "$path" "$key" 120 \
+    <"$WORK/hold.in" >"$WORK/hold.out" &
+  HOLD_PID=$!; PIDS+=("$HOLD_PID")
+  exec 7>"$WORK/hold.in"
+  for _ in $(seq 600); do grep -q '^ready' "$WORK/hold.out" 2>/dev/null && break; sleep 0.1; done
+  HELD=$(awk '/^ready/ {print $2}' "$WORK/hold.out"); HELD=${HELD:-0}
+}
+# hold_close: closes hold_conns.py's stdin, on which it closes every connection and exits.
+hold_close() { exec 7>&-; stop "$HOLD_PID"; }
