@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Duration;
 
 const MINIMAL: &str = r#"
 [server]
