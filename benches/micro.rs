@@ -63,6 +63,7 @@ fn key_record(i: usize) -> ApiKeyRecord {
         expires_at: None,
         revoked_at: None,
         last_used_at: None,
+        replaced_by: None,
     }
 }
 

@@ -259,6 +259,18 @@ pub enum KeysCmd {
         /// Key id.
         id: String,
     },
+    /// Rotate a key: a new key (secret printed once, in field `key`) with the
+    /// same name, scopes and expiry; the old key keeps working for the grace
+    /// period, then is expired. A revoked, expired or already rotated key
+    /// exits 2.
+    Rotate {
+        /// Key id.
+        id: String,
+        /// How long the old key keeps working, e.g. 1h; at most 7d
+        /// (default: it stops at once).
+        #[arg(long)]
+        grace: Option<String>,
+    },
     /// Delete a key.
     Delete {
         /// Key id.

@@ -85,6 +85,10 @@ impl KeysService {
                 self.cache.invalidate(&Change::ApiKey { id });
                 Ok(json_response(StatusCode::OK, &record.to_json(now)))
             }
+            Operation::Rotate => {
+                let key = own_key(&caller, key)?;
+                self.rotate(caller, key, req, now).await
+            }
             Operation::Delete => {
                 let id = own_key(&caller, key)?.id;
                 if !self.store.delete_api_key(&id).await.map_err(store_error)? {
@@ -162,6 +166,38 @@ impl KeysService {
         let (secret, record) = self.store.create_api_key(new).await.map_err(store_error)?;
         let mut body = record.to_json(now);
         body["key"] = Value::String(secret);
+        Ok(json_response(StatusCode::CREATED, &body))
+    }
+
+    /// `POST …/{id}/rotate`: a new key like `key`; `key` stops working after
+    /// `grace_period_seconds` (default 0: at once).
+    async fn rotate(
+        &self,
+        caller: Caller<'_>,
+        key: ApiKeyRecord,
+        req: Request<Body>,
+        now: i64,
+    ) -> Result<Response<Body>, GatewayError> {
+        let limit = self.settings.server.limits.max_body_bytes;
+        let bytes = read_body(req.into_body(), limit).await?;
+        let grace = grace_period(&bytes)?;
+        // The new secret carries the old key's scopes: the caller must be
+        // able to create such a key.
+        let roles = &self.settings.roles;
+        if let Some(missing) = key.scopes.iter().find(|s| !roles.allows(caller.role, s)) {
+            return Err(GatewayError::Forbidden {
+                required_scope: missing.clone(),
+            });
+        }
+        let rotation = self
+            .store
+            .rotate_api_key(&key.id, grace, now)
+            .await
+            .map_err(store_error)?
+            .ok_or(GatewayError::NotFound)?;
+        self.cache.invalidate(&Change::ApiKey { id: key.id });
+        let mut body = rotation.new.to_json(now);
+        body["key"] = Value::String(rotation.secret);
         Ok(json_response(StatusCode::CREATED, &body))
     }
 
@@ -277,6 +313,45 @@ fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     }
 }
 
+/// Longest grace period a rotation accepts: 7 days, in seconds.
+pub const MAX_GRACE_SECONDS: i64 = 7 * 24 * 3600;
+
+/// The rotate body: empty, or a JSON object with an optional
+/// `grace_period_seconds`, a whole number from 0 to [`MAX_GRACE_SECONDS`].
+fn grace_period(bytes: &[u8]) -> Result<i64, GatewayError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(0);
+    }
+    let input: Value = serde_json::from_slice(bytes)
+        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
+    let input = input
+        .as_object()
+        .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
+    if let Some(field) = input.keys().find(|f| *f != "grace_period_seconds") {
+        // Never echo a credential pasted in the wrong place.
+        if looks_like_secret(field.bytes()) {
+            return Err(GatewayError::bad_field("body", "holds an unknown field"));
+        }
+        return Err(GatewayError::bad_field(field.as_str(), "unknown field"));
+    }
+    match input.get("grace_period_seconds") {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .filter(|s| (0..=MAX_GRACE_SECONDS).contains(s))
+            .ok_or_else(|| {
+                GatewayError::bad_field(
+                    "grace_period_seconds",
+                    "must be a whole number of seconds from 0 to 604800 (7 days)",
+                )
+            }),
+        Some(_) => Err(GatewayError::bad_field(
+            "grace_period_seconds",
+            "must be a whole number of seconds from 0 to 604800 (7 days)",
+        )),
+    }
+}
+
 fn parse_future_time(text: &str, now: i64) -> Result<i64, GatewayError> {
     let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
         .map_err(|_| {
@@ -320,6 +395,31 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_period_is_optional_whole_and_at_most_a_week() {
+        assert_eq!(grace_period(b"").ok(), Some(0));
+        assert_eq!(grace_period(b"{}").ok(), Some(0));
+        assert_eq!(
+            grace_period(br#"{"grace_period_seconds": 60}"#).ok(),
+            Some(60)
+        );
+        assert_eq!(
+            grace_period(br#"{"grace_period_seconds": 604800}"#).ok(),
+            Some(604_800)
+        );
+        for bad in [
+            r#"{"grace_period_seconds": 604801}"#,
+            r#"{"grace_period_seconds": -1}"#,
+            r#"{"grace_period_seconds": 1.5}"#,
+            r#"{"grace_period_seconds": "60"}"#,
+            r#"{"grace": 60}"#,
+            "[1]",
+            "{",
+        ] {
+            assert!(grace_period(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn expiry_must_be_rfc3339_and_future() {
@@ -381,7 +481,12 @@ mod tests {
         }));
         // A route whose organization is not the key's own hands over the bare
         // id (no record), or a record of another organization.
-        for op in [Operation::Get, Operation::Revoke, Operation::Delete] {
+        for op in [
+            Operation::Get,
+            Operation::Revoke,
+            Operation::Rotate,
+            Operation::Delete,
+        ] {
             for key in [None, Some(theirs.clone())] {
                 let caller = Caller {
                     principal: &principal,

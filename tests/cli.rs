@@ -493,3 +493,35 @@ fn a_redis_that_refuses_connections_is_logged_as_refused_not_as_a_timeout() {
     assert!(line.to_lowercase().contains("connection refused"), "{line}");
     assert!(!line.contains("timed out"), "{line}");
 }
+
+#[test]
+fn keys_rotate_prints_the_new_key_and_marks_the_old_one() {
+    for pg in [false, true] {
+        let (cfg, _db) = config_on(pg);
+        let path = cfg.write();
+        let s = seed(&path, "acme", "alice", "owner", "clusters:read");
+        let new = cli_ok(&path, &["keys", "rotate", &s.key_id, "--grace", "1h"]);
+        let new_id = new["id"].as_str().unwrap();
+        assert_ne!(new_id, s.key_id);
+        assert!(new["key"].as_str().unwrap().starts_with("mpg_"), "{new}");
+        assert_eq!(new["scopes"], serde_json::json!(["clusters:read"]));
+        assert_eq!(new["status"], "active");
+        assert!(new["replaced_by"].is_null());
+        let old = cli_ok(&path, &["keys", "get", &s.key_id]);
+        assert_eq!(old["replaced_by"], new_id);
+        assert_eq!(old["status"], "active", "within the grace period");
+        assert!(old["expires_at"].is_string(), "{old}");
+        // A key is rotated once; the refusal says why.
+        let (code, _, err) = cli(&path, &["keys", "rotate", &s.key_id]);
+        assert_eq!(code, 2);
+        assert!(err.contains("already rotated"), "{err}");
+        // Without --grace the old key ends at once.
+        cli_ok(&path, &["keys", "rotate", new_id]);
+        assert_eq!(cli_ok(&path, &["keys", "get", new_id])["status"], "expired");
+        for bad in ["8d", "soon"] {
+            let (code, _, err) = cli(&path, &["keys", "rotate", new_id, "--grace", bad]);
+            assert_eq!(code, 2, "{bad}");
+            assert!(err.contains("--grace"), "{bad}: {err}");
+        }
+    }
+}

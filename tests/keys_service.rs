@@ -85,6 +85,9 @@ on_both_stores!(
     pagination_walks_every_key_once,
     validation_names_the_field,
     scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found,
+    rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period,
+    rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key,
+    rotation_validation_names_the_field,
 );
 
 async fn the_whole_lifecycle_works_and_the_secret_is_shown_once(pg: bool) {
@@ -313,6 +316,10 @@ async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_n
             format!("/api/v1/api-keys/{}/revoke", other.key_id),
         ),
         (
+            reqwest::Method::POST,
+            format!("/api/v1/api-keys/{}/rotate", other.key_id),
+        ),
+        (
             reqwest::Method::DELETE,
             format!("/api/v1/api-keys/{}", other.key_id),
         ),
@@ -331,6 +338,215 @@ async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_n
     // The other organization's key was not touched.
     let got = cli_ok(&w.path, &["keys", "get", &other.key_id]);
     assert_eq!(got["status"], "active");
+    assert!(got["replaced_by"].is_null(), "{got}");
+
+    // Rotating mints a secret with the key's scopes: a role that could not
+    // create such a key cannot rotate one either.
+    let (status, body) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{}/rotate", w.seed.key_id),
+        &km.session,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["details"]["required_scope"], "clusters:read");
+}
+
+/// The status and `details.reason` a key gets on the clusters route.
+async fn use_key(w: &World, key: &str) -> (u16, Value) {
+    let res = client()
+        .get(w.gw.url("/api/v1/clusters?organization_id=acme"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    (status, body["details"]["reason"].clone())
+}
+
+async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg: bool) {
+    let w = world(pg).await;
+    let s = &w.seed.session;
+    let (status, old) = call(
+        &w,
+        reqwest::Method::POST,
+        KEYS,
+        s,
+        Some(json!({"name": "ci", "scopes": ["clusters:read"], "expires_at": "2999-01-01T00:00:00Z"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{old}");
+    let old_id = old["id"].as_str().unwrap().to_string();
+    let old_secret = old["key"].as_str().unwrap().to_string();
+    assert!(old["replaced_by"].is_null(), "{old}");
+    assert_eq!(use_key(&w, &old_secret).await.0, 200);
+
+    let rotate = format!("/api/v1/api-keys/{old_id}/rotate");
+    let (status, new) = call(
+        &w,
+        reqwest::Method::POST,
+        &rotate,
+        s,
+        Some(json!({"grace_period_seconds": 2})),
+    )
+    .await;
+    assert_eq!(status, 201, "{new}");
+    let new_id = new["id"].as_str().unwrap().to_string();
+    let new_secret = new["key"].as_str().unwrap().to_string();
+    assert_ne!(new_id, old_id);
+    assert!(new_secret.starts_with("mpg_") && new_secret != old_secret);
+    assert_eq!(new["prefix"], &new_secret[4..12]);
+    for field in ["name", "scopes", "expires_at", "organization_id", "user_id"] {
+        assert_eq!(new[field], old[field], "{field}");
+    }
+    assert_eq!(new["status"], "active");
+    assert!(new["replaced_by"].is_null(), "{new}");
+
+    // Both keys work during the grace period.
+    assert_eq!(use_key(&w, &new_secret).await.0, 200);
+    assert_eq!(use_key(&w, &old_secret).await.0, 200);
+
+    // The old record names its successor and its new expiry; so does the list.
+    let (status, got) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("/api/v1/api-keys/{old_id}"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["replaced_by"], new_id.as_str());
+    assert_ne!(got["expires_at"], old["expires_at"]);
+    assert!(got["expires_at"].is_string(), "{got}");
+    let (_, list) = call(&w, reqwest::Method::GET, KEYS, s, None).await;
+    let listed = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == old_id.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["replaced_by"], new_id.as_str());
+    assert!(!list.to_string().contains(&new_secret[4..]));
+
+    // A key is rotated once: its successor is the one to rotate.
+    let (status, body) = call(&w, reqwest::Method::POST, &rotate, s, None).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains(&new_id),
+        "{body}"
+    );
+
+    // After the grace period the old key is expired; the new one still works.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(6);
+    loop {
+        let (status, reason) = use_key(&w, &old_secret).await;
+        if status == 401 {
+            assert_eq!(reason, "expired");
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old key outlived its grace period"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(use_key(&w, &new_secret).await.0, 200);
+}
+
+async fn rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key(pg: bool) {
+    let w = world(pg).await;
+    let s = &w.seed.session;
+    let (status, new) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{}/rotate", w.seed.key_id),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{new}");
+    assert_eq!(use_key(&w, &w.seed.key).await, (401, json!("expired")));
+    let new_secret = new["key"].as_str().unwrap();
+    assert_eq!(use_key(&w, new_secret).await.0, 200);
+    let (_, old) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("/api/v1/api-keys/{}", w.seed.key_id),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(old["status"], "expired");
+    assert_eq!(old["replaced_by"], new["id"]);
+
+    // An explicit 0 is the same; a revoked key cannot be rotated.
+    let new_id = new["id"].as_str().unwrap();
+    let (status, _) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{new_id}/revoke"),
+        s,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body) = call(
+        &w,
+        reqwest::Method::POST,
+        &format!("/api/v1/api-keys/{new_id}/rotate"),
+        s,
+        Some(json!({"grace_period_seconds": 0})),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("revoked"),
+        "{body}"
+    );
+}
+
+async fn rotation_validation_names_the_field(pg: bool) {
+    let w = world(pg).await;
+    let s = &w.seed.session;
+    let rotate = format!("/api/v1/api-keys/{}/rotate", w.seed.key_id);
+    let cases = [
+        (json!({"grace_period_seconds": -1}), "grace_period_seconds"),
+        (
+            json!({"grace_period_seconds": 604_801}),
+            "grace_period_seconds",
+        ),
+        (json!({"grace_period_seconds": 1.5}), "grace_period_seconds"),
+        (
+            json!({"grace_period_seconds": "60"}),
+            "grace_period_seconds",
+        ),
+        (json!({"grace": 60}), "grace"),
+        (json!([60]), "body"),
+    ];
+    for (body, field) in cases {
+        let (status, res) = call(&w, reqwest::Method::POST, &rotate, s, Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {res}");
+        assert_eq!(res["details"]["field"], field, "{body}: {res}");
+        assert!(res["message"].as_str().unwrap().contains(field), "{res}");
+    }
+    // Nothing was rotated; the largest grace is accepted.
+    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
+    let (status, res) = call(
+        &w,
+        reqwest::Method::POST,
+        &rotate,
+        s,
+        Some(json!({"grace_period_seconds": 604_800})),
+    )
+    .await;
+    assert_eq!(status, 201, "{res}");
+    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
 }
 
 #[tokio::test]

@@ -216,6 +216,20 @@ async fn keys(
             Some(r) => Ok(r.to_json(now)),
             None => Err(Failure::input(format!("no API key with id {id:?}"))),
         },
+        KeysCmd::Rotate { id, grace } => {
+            let grace = match grace {
+                Some(text) => grace_arg(&text)?,
+                None => 0,
+            };
+            match store.rotate_api_key(&id, grace, now).await? {
+                Some(r) => {
+                    let mut v = r.new.to_json(now);
+                    v["key"] = Value::String(r.secret);
+                    Ok(v)
+                }
+                None => Err(Failure::input(format!("no API key with id {id:?}"))),
+            }
+        }
         KeysCmd::Delete { id } => {
             if store.delete_api_key(&id).await? {
                 Ok(json!({ "deleted": id }))
@@ -239,6 +253,18 @@ fn duration_arg(flag: &str, text: &str) -> Result<Duration, Failure> {
         Ok(d) if !d.is_zero() => Ok(d),
         Ok(_) => Err(Failure::input(format!("{flag}: must be longer than zero"))),
         Err(e) => Err(Failure::input(format!("{flag}: {e}"))),
+    }
+}
+
+/// `--grace`: a duration from 0 to 7 days, in whole seconds.
+fn grace_arg(text: &str) -> Result<i64, Failure> {
+    let max = crate::keys_service::MAX_GRACE_SECONDS;
+    match parse_duration(text) {
+        Ok(d) => i64::try_from(d.as_secs())
+            .ok()
+            .filter(|s| *s <= max)
+            .ok_or_else(|| Failure::input("--grace: must be at most 7d".to_string())),
+        Err(e) => Err(Failure::input(format!("--grace: {e}"))),
     }
 }
 

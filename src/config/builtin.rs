@@ -9,7 +9,7 @@ pub enum BuiltinService {
     ApiKeys,
 }
 
-/// The five endpoints of the key service.
+/// The six endpoints of the key service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     /// `POST …/api-keys`
@@ -20,6 +20,8 @@ pub enum Operation {
     Get,
     /// `POST …/api-keys/{id}/revoke`
     Revoke,
+    /// `POST …/api-keys/{id}/rotate`
+    Rotate,
     /// `DELETE …/api-keys/{id}`
     Delete,
 }
@@ -38,6 +40,9 @@ impl Operation {
         }
         if template.ends_with("/api-keys/{id}/revoke") {
             return (m == "POST").then_some(Operation::Revoke);
+        }
+        if template.ends_with("/api-keys/{id}/rotate") {
+            return (m == "POST").then_some(Operation::Rotate);
         }
         if template.ends_with("/api-keys/{id}") {
             return match m {
@@ -73,6 +78,10 @@ mod tests {
         assert_eq!(
             op(Method::POST, "/api/v1/api-keys/{id}/revoke"),
             Some(Operation::Revoke)
+        );
+        assert_eq!(
+            op(Method::POST, "/api/v1/api-keys/{id}/rotate"),
+            Some(Operation::Rotate)
         );
         assert_eq!(op(Method::PUT, "/api/v1/api-keys/{id}"), None);
         assert_eq!(op(Method::GET, "/api/v1/clusters"), None);

@@ -9,11 +9,11 @@ use super::raw::*;
 use super::*;
 
 /// The key service trusts the organization stage 5 authorized: for a key
-/// named by id it must be that key's own (else revoke or delete would reach
+/// named by id it must be that key's own (else revoke, rotate or delete would reach
 /// any organization's key), for the collection the one the request names.
 fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organization: &OrgSource) {
     let fits = match op {
-        Operation::Get | Operation::Revoke | Operation::Delete => {
+        Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
             matches!(organization, OrgSource::Key(name) if name == "id")
         }
         Operation::Create | Operation::List => {
@@ -22,7 +22,7 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
     };
     if !fits {
         let want = match op {
-            Operation::Get | Operation::Revoke | Operation::Delete => {
+            Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
                 "must be \"key:id\" (the organization of the key the path names)"
             }
             Operation::Create | Operation::List => {

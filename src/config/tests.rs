@@ -63,7 +63,7 @@ fn the_shipped_config_is_valid_apart_from_its_tls_files() {
         "self_signed = true",
     );
     let s = Settings::parse(&text).unwrap();
-    assert_eq!(s.routes.len(), 10);
+    assert_eq!(s.routes.len(), 11);
     assert!(matches!(
         s.upstreams["api-keys"],
         UpstreamSettings::Builtin(BuiltinService::ApiKeys)

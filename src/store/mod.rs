@@ -15,6 +15,7 @@ mod sql_connect;
 mod sql_error;
 mod sql_keys;
 mod sql_removal;
+mod sql_rotate;
 mod sql_sessions;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -27,6 +28,7 @@ pub use sql::SqlStore;
 pub use sql_changes::CHANGE_RETENTION;
 pub use sql_keys::NewApiKey;
 pub use sql_removal::Removed;
+pub use sql_rotate::Rotation;
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;
@@ -101,6 +103,8 @@ pub struct ApiKeyRecord {
     pub revoked_at: Option<i64>,
     /// Last recorded use (batched, approximate).
     pub last_used_at: Option<i64>,
+    /// The id of the key this one was rotated into, if it was.
+    pub replaced_by: Option<String>,
 }
 
 /// Whether a key may be used now.
@@ -139,7 +143,7 @@ impl ApiKeyRecord {
 
     /// The JSON the key service shows: id, name, organization_id, user_id,
     /// scopes[], prefix, status, created_at, expires_at, revoked_at,
-    /// last_used_at (RFC 3339 UTC or null).
+    /// last_used_at (RFC 3339 UTC or null), replaced_by (key id or null).
     pub fn to_json(&self, now: i64) -> Value {
         json!({
             "id": self.id,
@@ -153,6 +157,7 @@ impl ApiKeyRecord {
             "expires_at": rfc3339(self.expires_at),
             "revoked_at": rfc3339(self.revoked_at),
             "last_used_at": rfc3339(self.last_used_at),
+            "replaced_by": self.replaced_by,
         })
     }
 }
@@ -270,6 +275,7 @@ mod tests {
             expires_at: Some(100),
             revoked_at: None,
             last_used_at: None,
+            replaced_by: None,
         }
     }
 
@@ -294,7 +300,8 @@ mod tests {
         assert_eq!(j["revoked_at"], Value::Null);
         assert_eq!(j["last_used_at"], Value::Null);
         assert_eq!(j["prefix"], "AbCdEfGh");
-        assert_eq!(j.as_object().map(|o| o.len()), Some(11));
+        assert_eq!(j["replaced_by"], Value::Null);
+        assert_eq!(j.as_object().map(|o| o.len()), Some(12));
     }
 
     #[test]

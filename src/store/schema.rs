@@ -107,6 +107,10 @@ const V2: [&str; 2] = [
     "INSERT INTO changes_horizon (id, pruned_through) VALUES (1, 0)",
 ];
 
+/// Version 3, both dialects: the key that replaced a rotated one (null
+/// until the key is rotated). A rotated key is never rotated again.
+const V3: [&str; 1] = ["ALTER TABLE api_keys ADD COLUMN replaced_by TEXT"];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -118,6 +122,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 2,
         sqlite: &V2,
         postgres: &V2,
+    },
+    Migration {
+        version: 3,
+        sqlite: &V3,
+        postgres: &V3,
     },
 ];
 

@@ -25,11 +25,12 @@ pub struct NewApiKey {
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
-const KEY_COLUMNS: &str = "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
-                           k.created_at, k.expires_at, k.revoked_at, k.last_used_at";
+pub(super) const KEY_COLUMNS: &str =
+    "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
+     k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].
-fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
     let scopes: String = row.try_get("scopes")?;
     Ok(ApiKeyRecord {
         id: row.try_get("id")?,
@@ -42,6 +43,7 @@ fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
         last_used_at: row.try_get("last_used_at")?,
+        replaced_by: row.try_get("replaced_by")?,
     })
 }
 
@@ -69,6 +71,31 @@ fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
     let (at, id) = text.split_once('.').ok_or_else(invalid)?;
     let at = at.parse::<i64>().map_err(|_| invalid())?;
     Ok((at, id.to_owned()))
+}
+
+/// Inserts `record` with the hash of `secret`, inside the caller's transaction.
+pub(super) async fn insert_key(
+    conn: &mut sqlx::AnyConnection,
+    record: &ApiKeyRecord,
+    secret: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, \
+         scopes, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(&record.id)
+    .bind(hash_secret(secret).to_hex())
+    .bind(&record.prefix)
+    .bind(&record.name)
+    .bind(&record.organization_id)
+    .bind(&record.user_id)
+    .bind(record.scopes.join(" "))
+    .bind(record.created_at)
+    .bind(record.expires_at)
+    .execute(&mut *conn)
+    .await
+    .db()?;
+    Ok(())
 }
 
 impl SqlStore {
@@ -100,27 +127,13 @@ impl SqlStore {
             expires_at: new.expires_at,
             revoked_at: None,
             last_used_at: None,
+            replaced_by: None,
         };
         let mut tx = self.begin().await?;
         self.timed(async {
             self.require_org_and_user(&mut tx, &record.organization_id, &record.user_id)
                 .await?;
-            sqlx::query(
-                "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, \
-                 scopes, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(&record.id)
-            .bind(hash_secret(&secret).to_hex())
-            .bind(&record.prefix)
-            .bind(&record.name)
-            .bind(&record.organization_id)
-            .bind(&record.user_id)
-            .bind(record.scopes.join(" "))
-            .bind(record.created_at)
-            .bind(record.expires_at)
-            .execute(&mut *tx)
-            .await
-            .db()
+            insert_key(&mut tx, &record, &secret).await
         })
         .await?;
         self.commit(tx).await?;
@@ -330,6 +343,7 @@ mod tests {
             expires_at: None,
             revoked_at: None,
             last_used_at: None,
+            replaced_by: None,
         };
         let c = encode_cursor(&record);
         assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));

@@ -34,6 +34,7 @@ both_backends!(
     migrate_is_idempotent,
     orgs_users_and_members,
     api_key_lifecycle,
+    rotation_keeps_the_earlier_expiry_and_happens_once,
     list_paginates_in_stable_order,
     auth_lookup_sees_current_role,
     secret_is_never_stored,
@@ -132,6 +133,46 @@ async fn api_key_lifecycle(store: &SqlStore) {
     assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(true));
     assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(false));
     assert_eq!(store.get_api_key(&rec.id).await.ok(), Some(None));
+}
+
+async fn rotation_keeps_the_earlier_expiry_and_happens_once(store: &SqlStore) {
+    seed(store).await;
+    let now = unix_now();
+    let mut short = new_key("short");
+    short.expires_at = Some(now + 10);
+    let Ok((_, rec)) = store.create_api_key(short).await else {
+        panic!("create failed")
+    };
+    // The grace would outlast the key: its own expiry stays.
+    let Ok(Some(r)) = store.rotate_api_key(&rec.id, 3600, now).await else {
+        panic!("rotate failed")
+    };
+    assert_eq!(
+        (r.old.expires_at, r.new.expires_at),
+        (Some(now + 10), Some(now + 10))
+    );
+    assert_eq!(r.new.name, "short");
+    assert_eq!(r.new.scopes, rec.scopes);
+    let stored = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(stored, Some(r.old.clone()));
+    assert!(matches!(
+        store.rotate_api_key(&rec.id, 0, now).await,
+        Err(StoreError::Conflict(m)) if m.contains(&r.new.id)
+    ));
+    // A shorter grace wins over a later expiry.
+    let Ok(Some(r2)) = store.rotate_api_key(&r.new.id, 5, now).await else {
+        panic!("rotate failed")
+    };
+    assert_eq!(r2.old.expires_at, Some(now + 5));
+    assert_eq!(r2.new.expires_at, Some(now + 10));
+    assert_eq!(
+        store
+            .rotate_api_key("key_none", 0, now)
+            .await
+            .ok()
+            .map(|r| r.is_none()),
+        Some(true)
+    );
 }
 
 async fn list_paginates_in_stable_order(store: &SqlStore) {

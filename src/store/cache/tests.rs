@@ -103,6 +103,7 @@ fn key(id: &str, org: &str, user: &str, role: &str) -> ApiKeyAuth {
             expires_at: None,
             revoked_at: None,
             last_used_at: None,
+            replaced_by: None,
         },
         role: Some(role.into()),
     }

@@ -399,3 +399,32 @@ async fn postgres_listener_resubscribes_after_its_connection_is_killed() {
     let _ = admin.close().await;
     store.pool.close().await;
 }
+
+/// A rotation logs a change: a follower drops the cached old record, so
+/// another gateway sees the shortened expiry (here: none, so at once).
+async fn rotation_reaches_a_follower_cache(db: &TestDb) {
+    let (store, cache, secret, id) = cached_key(db).await;
+    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+    assert!(eventually(&cache, &secret, KeyStatus::Active).await);
+    let rotated = store.rotate_api_key(&id, 0, unix_now()).await;
+    let Ok(Some(rotation)) = rotated else {
+        panic!("rotate failed: {rotated:?}")
+    };
+    assert_eq!(
+        rotation.old.replaced_by.as_deref(),
+        Some(rotation.new.id.as_str())
+    );
+    assert!(eventually(&cache, &secret, KeyStatus::Expired).await);
+    assert!(eventually(&cache, &rotation.secret, KeyStatus::Active).await);
+    task.abort();
+}
+
+#[tokio::test]
+async fn sqlite_rotation_reaches_the_cache() {
+    rotation_reaches_a_follower_cache(&TestDb::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_rotation_reaches_the_cache() {
+    rotation_reaches_a_follower_cache(&TestDb::postgres().await).await;
+}

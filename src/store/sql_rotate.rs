@@ -1,0 +1,111 @@
+//! Key rotation in [`SqlStore`]: a new key with the old one's name, owner,
+//! scopes and expiry, and the old key marked `replaced_by` it and set to
+//! expire at the end of the grace period, all in one transaction.
+use super::sql::SqlStore;
+use super::sql_error::Db;
+use super::sql_keys::{insert_key, record_from_row, KEY_COLUMNS};
+use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
+use crate::secret::{generate_api_key, generate_key_id};
+
+/// What a rotation made: the new key's secret (shown once), the new key's
+/// record, and the old key's record as it now stands.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    /// The new key's secret.
+    pub secret: String,
+    /// The new key.
+    pub new: ApiKeyRecord,
+    /// The old key, with `replaced_by` and its shortened `expires_at`.
+    pub old: ApiKeyRecord,
+}
+
+impl SqlStore {
+    /// Rotates key `id` at `now`: the old key keeps working for `grace`
+    /// seconds (never past its own expiry), then is expired. Logs a key
+    /// change so every gateway drops the cached old record. None if there is
+    /// no such key; Conflict if it is revoked, expired or already rotated
+    /// (a key is rotated once, into one successor).
+    pub async fn rotate_api_key(
+        &self,
+        id: &str,
+        grace: i64,
+        now: i64,
+    ) -> Result<Option<Rotation>, StoreError> {
+        let mut tx = self.begin().await?;
+        let rotation = self
+            .timed(async {
+                let old = sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?
+                .as_ref()
+                .map(record_from_row)
+                .transpose()
+                .db()?;
+                let Some(mut old) = old else { return Ok(None) };
+                if let Some(next) = &old.replaced_by {
+                    return Err(StoreError::Conflict(format!(
+                        "the key was already rotated into {next}; rotate that key instead"
+                    )));
+                }
+                match old.status(now) {
+                    KeyStatus::Active => {}
+                    KeyStatus::Revoked => {
+                        return Err(StoreError::Conflict(
+                            "the key is revoked; only an active key can be rotated".into(),
+                        ))
+                    }
+                    KeyStatus::Expired => {
+                        return Err(StoreError::Conflict(
+                            "the key has expired; only an active key can be rotated".into(),
+                        ))
+                    }
+                }
+                let (secret, prefix) = generate_api_key();
+                let new = ApiKeyRecord {
+                    id: generate_key_id(),
+                    name: old.name.clone(),
+                    organization_id: old.organization_id.clone(),
+                    user_id: old.user_id.clone(),
+                    scopes: old.scopes.clone(),
+                    prefix,
+                    created_at: now,
+                    expires_at: old.expires_at,
+                    revoked_at: None,
+                    last_used_at: None,
+                    replaced_by: None,
+                };
+                insert_key(&mut tx, &new, &secret).await?;
+                let ends = now.saturating_add(grace.max(0));
+                let ends = old.expires_at.map_or(ends, |at| at.min(ends));
+                // The guard repeats the checks above: a concurrent rotation or
+                // revoke that committed first makes this one a conflict.
+                let done = sqlx::query(
+                    "UPDATE api_keys SET replaced_by = $2, expires_at = $3 WHERE id = $1 \
+                     AND replaced_by IS NULL AND revoked_at IS NULL",
+                )
+                .bind(id)
+                .bind(&new.id)
+                .bind(ends)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::Conflict(
+                        "the key changed while being rotated; try again".into(),
+                    ));
+                }
+                self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
+                    .await?;
+                old.replaced_by = Some(new.id.clone());
+                old.expires_at = Some(ends);
+                Ok(Some(Rotation { secret, new, old }))
+            })
+            .await?;
+        self.commit(tx).await?;
+        Ok(rotation)
+    }
+}
