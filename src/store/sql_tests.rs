@@ -35,6 +35,7 @@ both_backends!(
     orgs_users_and_members,
     api_key_lifecycle,
     rotation_keeps_the_earlier_expiry_and_happens_once,
+    concurrent_rotations_make_one_successor,
     list_paginates_in_stable_order,
     auth_lookup_sees_current_role,
     secret_is_never_stored,
@@ -172,6 +173,37 @@ async fn rotation_keeps_the_earlier_expiry_and_happens_once(store: &SqlStore) {
             .ok()
             .map(|r| r.is_none()),
         Some(true)
+    );
+}
+
+async fn concurrent_rotations_make_one_successor(store: &SqlStore) {
+    seed(store).await;
+    let Ok((_, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let now = unix_now();
+    let (a, b) = tokio::join!(
+        store.rotate_api_key(&rec.id, 60, now),
+        store.rotate_api_key(&rec.id, 60, now)
+    );
+    let won: Vec<_> = [a, b]
+        .into_iter()
+        .filter_map(|r| r.ok().flatten())
+        .collect();
+    assert_eq!(won.len(), 1, "both or neither rotation won");
+    let (page, _) = store
+        .list_api_keys("acme", 100, None)
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        page.len(),
+        2,
+        "the losing rotation left a key behind: {page:?}"
+    );
+    let stored = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(
+        stored.and_then(|r| r.replaced_by),
+        Some(won[0].new.id.clone())
     );
 }
 
