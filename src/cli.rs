@@ -77,6 +77,9 @@ pub enum Command {
     /// API keys.
     #[command(subcommand)]
     Keys(KeysCmd),
+    /// The audit trail of the key lifecycle.
+    #[command(subcommand)]
+    Audit(AuditCmd),
 }
 
 /// `demo` options. A configuration file named by `--config` (or
@@ -219,6 +222,20 @@ pub enum SessionsCmd {
     Revoke {
         /// Session id (`ses_…`).
         id: String,
+    },
+}
+
+/// `audit …`
+#[derive(Debug, Subcommand)]
+pub enum AuditCmd {
+    /// List an organization's key lifecycle events, newest first.
+    List {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// At most this many events, 1 to 1000 (default: all).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: Option<u32>,
     },
 }
 

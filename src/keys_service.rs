@@ -11,6 +11,11 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+mod input;
+
+pub use input::MAX_GRACE_SECONDS;
+use input::{grace_period, paging, parse_future_time};
+
 use crate::auth::Principal;
 use crate::clock::unix_now;
 use crate::config::Operation;
@@ -21,14 +26,10 @@ use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
 use crate::store::sql::SqlStore;
 use crate::store::NewApiKey;
-use crate::store::{ApiKeyRecord, Change, StoreError};
+use crate::store::{Actor, ApiKeyRecord, Change, StoreError};
 
 /// Longest key name accepted.
 const MAX_NAME_CHARS: usize = 100;
-/// Page size when `limit` is not given, and the largest accepted.
-const DEFAULT_LIMIT: u32 = 20;
-const MAX_LIMIT: u32 = 100;
-
 /// Who is calling, as established by the pipeline.
 pub struct Caller<'a> {
     /// The authenticated session (or key).
@@ -37,6 +38,21 @@ pub struct Caller<'a> {
     pub organization: &'a str,
     /// The caller's current role there.
     pub role: &'a str,
+    /// The request's id (`X-Request-Id`), for the audit trail.
+    pub request_id: &'a str,
+    /// The client's IP address, for the audit trail.
+    pub client: &'a str,
+}
+
+impl Caller<'_> {
+    /// The audit trail's actor: the calling user, this request, this client.
+    fn actor(&self) -> Actor {
+        Actor {
+            user_id: Some(self.principal.user_id().to_owned()),
+            request_id: Some(self.request_id.to_owned()),
+            client: Some(self.client.to_owned()),
+        }
+    }
 }
 
 /// The key service: the store, the cache to invalidate, and the settings.
@@ -70,15 +86,17 @@ impl KeysService {
         match op {
             Operation::Create => self.create(caller, req, now).await,
             Operation::List => self.list(caller, req.uri().query(), now).await,
+            Operation::AuditList => self.audit_list(caller, req.uri().query()).await,
             Operation::Get => {
                 let key = own_key(&caller, key)?;
                 Ok(json_response(StatusCode::OK, &key.to_json(now)))
             }
             Operation::Revoke => {
+                let actor = caller.actor();
                 let id = own_key(&caller, key)?.id;
                 let record = self
                     .store
-                    .revoke_api_key(&id, now)
+                    .revoke_api_key_by(&id, now, &actor)
                     .await
                     .map_err(store_error)?;
                 let record = record.ok_or(GatewayError::NotFound)?;
@@ -90,8 +108,10 @@ impl KeysService {
                 self.rotate(caller, key, req, now).await
             }
             Operation::Delete => {
+                let actor = caller.actor();
                 let id = own_key(&caller, key)?.id;
-                if !self.store.delete_api_key(&id).await.map_err(store_error)? {
+                let deleted = self.store.delete_api_key_by(&id, &actor).await;
+                if !deleted.map_err(store_error)? {
                     return Err(GatewayError::NotFound);
                 }
                 self.cache.invalidate(&Change::ApiKey { id });
@@ -163,7 +183,8 @@ impl KeysService {
             scopes,
             expires_at,
         };
-        let (secret, record) = self.store.create_api_key(new).await.map_err(store_error)?;
+        let created = self.store.create_api_key_by(new, &caller.actor()).await;
+        let (secret, record) = created.map_err(store_error)?;
         let mut body = record.to_json(now);
         body["key"] = Value::String(secret);
         Ok(json_response(StatusCode::CREATED, &body))
@@ -191,7 +212,7 @@ impl KeysService {
         }
         let rotation = self
             .store
-            .rotate_api_key(&key.id, grace, now)
+            .rotate_api_key_by(&key.id, grace, now, &caller.actor())
             .await
             .map_err(store_error)?
             .ok_or(GatewayError::NotFound)?;
@@ -245,41 +266,47 @@ impl KeysService {
         query: Option<&str>,
         now: i64,
     ) -> Result<Response<Body>, GatewayError> {
-        let query = crate::routes::Query::parse(query).map_err(|_| GatewayError::BadRequest {
-            message: "malformed query string".into(),
-            field: None,
-        })?;
-        let limit = match query.get("limit") {
-            None => DEFAULT_LIMIT,
-            Some(v) => match v.parse::<u32>() {
-                Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-                _ => {
-                    return Err(GatewayError::bad_field(
-                        "limit",
-                        "must be a whole number from 1 to 100",
-                    ))
-                }
-            },
-        };
-        let cursor = query.get("cursor").filter(|c| !c.is_empty());
-        let (records, next) = match self
+        let (limit, cursor) = paging(query)?;
+        let listed = self
             .store
-            .list_api_keys(caller.organization, limit, cursor)
-            .await
-        {
-            Err(StoreError::Invalid(_)) => {
-                return Err(GatewayError::bad_field(
-                    "cursor",
-                    "is not a cursor this service issued",
-                ))
-            }
-            other => other.map_err(store_error)?,
-        };
+            .list_api_keys(caller.organization, limit, cursor.as_deref())
+            .await;
+        let (records, next) = listed.map_err(page_error)?;
         let data: Vec<Value> = records.iter().map(|r| r.to_json(now)).collect();
         Ok(json_response(
             StatusCode::OK,
             &json!({ "data": data, "next_cursor": next }),
         ))
+    }
+
+    /// `GET …/audit-events`: the organization's key lifecycle events, newest
+    /// first, paged as the key list is.
+    async fn audit_list(
+        &self,
+        caller: Caller<'_>,
+        query: Option<&str>,
+    ) -> Result<Response<Body>, GatewayError> {
+        let (limit, cursor) = paging(query)?;
+        let listed = self
+            .store
+            .list_audit_events(caller.organization, limit, cursor.as_deref())
+            .await;
+        let (events, next) = listed.map_err(page_error)?;
+        let data: Vec<Value> = events.iter().map(|e| e.to_json()).collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({ "data": data, "next_cursor": next }),
+        ))
+    }
+}
+
+/// A store error of a list: a cursor it did not issue is the caller's 400.
+fn page_error(e: StoreError) -> GatewayError {
+    match e {
+        StoreError::Invalid(_) => {
+            GatewayError::bad_field("cursor", "is not a cursor this service issued")
+        }
+        other => store_error(other),
     }
 }
 
@@ -311,63 +338,6 @@ fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
             None => return false,
         }
     }
-}
-
-/// Longest grace period a rotation accepts: 7 days, in seconds.
-pub const MAX_GRACE_SECONDS: i64 = 7 * 24 * 3600;
-
-/// The rotate body: empty, or a JSON object with an optional
-/// `grace_period_seconds`, a whole number from 0 to [`MAX_GRACE_SECONDS`].
-fn grace_period(bytes: &[u8]) -> Result<i64, GatewayError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(0);
-    }
-    let input: Value = serde_json::from_slice(bytes)
-        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
-    let input = input
-        .as_object()
-        .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
-    if let Some(field) = input.keys().find(|f| *f != "grace_period_seconds") {
-        // Never echo a credential pasted in the wrong place.
-        if looks_like_secret(field.bytes()) {
-            return Err(GatewayError::bad_field("body", "holds an unknown field"));
-        }
-        return Err(GatewayError::bad_field(field.as_str(), "unknown field"));
-    }
-    match input.get("grace_period_seconds") {
-        None | Some(Value::Null) => Ok(0),
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .filter(|s| (0..=MAX_GRACE_SECONDS).contains(s))
-            .ok_or_else(|| {
-                GatewayError::bad_field(
-                    "grace_period_seconds",
-                    "must be a whole number of seconds from 0 to 604800 (7 days)",
-                )
-            }),
-        Some(_) => Err(GatewayError::bad_field(
-            "grace_period_seconds",
-            "must be a whole number of seconds from 0 to 604800 (7 days)",
-        )),
-    }
-}
-
-fn parse_future_time(text: &str, now: i64) -> Result<i64, GatewayError> {
-    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|_| {
-            GatewayError::bad_field(
-                "expires_at",
-                "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00Z",
-            )
-        })?;
-    let t = t.unix_timestamp();
-    if t <= now {
-        return Err(GatewayError::bad_field(
-            "expires_at",
-            "must be in the future",
-        ));
-    }
-    Ok(t)
 }
 
 fn store_error(e: StoreError) -> GatewayError {
@@ -492,6 +462,8 @@ mod tests {
                     principal: &principal,
                     organization: "acme",
                     role: "owner",
+                    request_id: "r",
+                    client: "127.0.0.1",
                 };
                 let req = Request::new(body::empty());
                 let res = service.handle(op, caller, key, req).await;

@@ -88,6 +88,7 @@ on_both_stores!(
     rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period,
     rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key,
     rotation_validation_names_the_field,
+    the_key_lifecycle_is_audited_newest_first_without_secrets,
 );
 
 async fn the_whole_lifecycle_works_and_the_secret_is_shown_once(pg: bool) {
@@ -571,4 +572,174 @@ async fn a_credential_pasted_into_the_body_is_never_echoed_in_the_error() {
         );
         assert!(res["details"]["field"].is_string(), "{res}");
     }
+}
+
+/// `call` with an `X-Request-Id`.
+async fn call_as(
+    w: &World,
+    method: reqwest::Method,
+    target: &str,
+    request_id: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = client()
+        .request(method, w.gw.url(target))
+        .bearer_auth(&w.seed.session)
+        .header("x-request-id", request_id);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+const AUDIT: &str = "/api/v1/audit-events?organization_id=acme";
+
+async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
+    use reqwest::Method;
+    let w = world(pg).await;
+    let (status, created) = call_as(
+        &w,
+        Method::POST,
+        KEYS,
+        "req-create",
+        Some(json!({"name": "ci", "scopes": ["clusters:read"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let mut secrets = vec![created["key"].as_str().unwrap().to_string()];
+    let (status, rotated) = call_as(
+        &w,
+        Method::POST,
+        &format!("/api/v1/api-keys/{id}/rotate"),
+        "req-rotate",
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{rotated}");
+    let new_id = rotated["id"].as_str().unwrap().to_string();
+    secrets.push(rotated["key"].as_str().unwrap().to_string());
+    let (status, _) = call_as(
+        &w,
+        Method::POST,
+        &format!("/api/v1/api-keys/{new_id}/revoke"),
+        "req-revoke",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = call_as(
+        &w,
+        Method::DELETE,
+        &format!("/api/v1/api-keys/{new_id}"),
+        "req-delete",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+
+    let (status, body) = call_as(&w, Method::GET, AUDIT, "req-list", None).await;
+    assert_eq!(status, 200, "{body}");
+    let events = body["data"].as_array().unwrap();
+    // The four API events, newest first, then the seed's key made by the CLI.
+    assert_eq!(events.len(), 5, "{body}");
+    assert_eq!(body["next_cursor"], Value::Null);
+    let expected = [
+        ("api_key.deleted", &new_id, "req-delete"),
+        ("api_key.revoked", &new_id, "req-revoke"),
+        ("api_key.rotated", &id, "req-rotate"),
+        ("api_key.created", &id, "req-create"),
+    ];
+    for (event, (action, key, request_id)) in events.iter().zip(expected) {
+        assert_eq!(event["action"], action, "{event}");
+        assert_eq!(event["key_id"], key.as_str(), "{event}");
+        assert_eq!(event["organization_id"], "acme");
+        assert_eq!(event["actor"], "alice");
+        assert_eq!(event["request_id"], request_id);
+        assert_eq!(event["client"], "127.0.0.1");
+        assert!(event["id"].as_str().is_some_and(|i| !i.is_empty()));
+        assert!(
+            event["at"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{event}"
+        );
+        assert_eq!(event.as_object().map(|o| o.len()), Some(8), "{event}");
+    }
+    assert_eq!(events[4]["action"], "api_key.created");
+    assert_eq!(events[4]["key_id"], w.seed.key_id.as_str());
+    assert_eq!(events[4]["actor"], "cli");
+    assert_eq!(events[4]["request_id"], Value::Null);
+    assert_eq!(events[4]["client"], Value::Null);
+    let text = body.to_string();
+    secrets.push(w.seed.key.clone());
+    for secret in &secrets {
+        assert!(
+            !text.contains(secret.as_str()) && !text.contains(&secret[4..12]),
+            "{text}"
+        );
+    }
+    assert!(!text.contains("mpg_") && !text.contains("hash"), "{text}");
+
+    // Two at a time: the cursor walks every event once, in order.
+    let mut seen = Vec::new();
+    let mut target = format!("{AUDIT}&limit=2");
+    loop {
+        let (status, page) = call_as(&w, Method::GET, &target, "req-page", None).await;
+        assert_eq!(status, 200, "{page}");
+        let data = page["data"].as_array().unwrap();
+        assert!(data.len() <= 2);
+        seen.extend(data.iter().map(|e| e["id"].clone()));
+        match page["next_cursor"].as_str() {
+            Some(c) => target = format!("{AUDIT}&limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    let all: Vec<Value> = events.iter().map(|e| e["id"].clone()).collect();
+    assert_eq!(seen, all);
+    let (status, body) = call_as(
+        &w,
+        Method::GET,
+        &format!("{AUDIT}&cursor=nonsense"),
+        "r",
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Another organization's trail is not found, as its keys are.
+    let other = seed(&w.path, "globex", "gus", "owner", "clusters:read");
+    let (status, body) = call_as(
+        &w,
+        Method::GET,
+        "/api/v1/audit-events?organization_id=globex",
+        "r",
+        None,
+    )
+    .await;
+    let (key_status, _) = call_as(
+        &w,
+        Method::GET,
+        "/api/v1/api-keys?organization_id=globex",
+        "r",
+        None,
+    )
+    .await;
+    assert_eq!(status, key_status, "{body}");
+    assert_eq!(status, 404, "{body}");
+
+    // The CLI's revoke is the CLI's: no user, request or client.
+    cli_ok(&w.path, &["keys", "revoke", &other.key_id]);
+    let listed = cli_ok(
+        &w.path,
+        &["audit", "list", "--org", "globex", "--limit", "1"],
+    );
+    let data = listed["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{listed}");
+    assert_eq!(data[0]["action"], "api_key.revoked");
+    assert_eq!(data[0]["key_id"], other.key_id.as_str());
+    assert_eq!(data[0]["actor"], "cli");
+    assert_eq!(data[0]["request_id"], Value::Null);
+    assert_eq!(data[0]["client"], Value::Null);
 }

@@ -9,6 +9,7 @@ use crate::pipeline::Pipeline;
 use crate::ratelimit::{OnBackendError, Quota, RateLimiter, RedisTarget};
 use crate::store::cache::{CacheConfig, CachedKeyStore};
 use crate::store::invalidation::spawn_invalidation;
+use crate::store::spawn_audit_pruning;
 use crate::store::sql::SqlStore;
 use crate::store::usage::UsageRecorder;
 use crate::store::StoreConfig;
@@ -34,6 +35,7 @@ pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
         },
     );
     spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL);
+    spawn_audit_pruning(store.clone(), s.audit_retention);
     let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
     let limiter = Arc::new(build_limiter(&settings).await?);
     Ok(Pipeline::assemble(

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 
-use super::{Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd};
+use super::{AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd};
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
@@ -48,10 +48,31 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         Command::Members(cmd) => members(settings, &store, cmd).await,
         Command::Sessions(cmd) => sessions(&store, cmd, now).await,
         Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
+        Command::Audit(AuditCmd::List { org, limit }) => audit_list(&store, &org, limit).await,
         Command::Run | Command::CheckConfig | Command::Demo(_) => {
             Err(Failure::input("not an admin command"))
         }
     }
+}
+
+/// `audit list`: the newest `limit` events (all if none), newest first.
+async fn audit_list(store: &SqlStore, org: &str, limit: Option<u32>) -> Result<Value, Failure> {
+    let mut left = limit.map_or(usize::MAX, |n| n as usize);
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    while left > 0 {
+        let page_size = u32::try_from(left.min(100)).unwrap_or(100);
+        let (page, next) = store
+            .list_audit_events(org, page_size, cursor.as_deref())
+            .await?;
+        left -= page.len();
+        all.extend(page.iter().map(|e| e.to_json()));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    Ok(json!({ "data": all }))
 }
 
 async fn members(settings: &Settings, store: &SqlStore, cmd: MembersCmd) -> Result<Value, Failure> {

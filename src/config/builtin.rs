@@ -9,7 +9,7 @@ pub enum BuiltinService {
     ApiKeys,
 }
 
-/// The six endpoints of the key service.
+/// The seven endpoints of the key service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     /// `POST …/api-keys`
@@ -24,6 +24,8 @@ pub enum Operation {
     Rotate,
     /// `DELETE …/api-keys/{id}`
     Delete,
+    /// `GET …/audit-events`
+    AuditList,
 }
 
 impl Operation {
@@ -37,6 +39,9 @@ impl Operation {
                 "GET" => Some(Operation::List),
                 _ => None,
             };
+        }
+        if template.ends_with("/audit-events") {
+            return (m == "GET").then_some(Operation::AuditList);
         }
         if template.ends_with("/api-keys/{id}/revoke") {
             return (m == "POST").then_some(Operation::Revoke);
@@ -83,6 +88,11 @@ mod tests {
             op(Method::POST, "/api/v1/api-keys/{id}/rotate"),
             Some(Operation::Rotate)
         );
+        assert_eq!(
+            op(Method::GET, "/api/v1/audit-events"),
+            Some(Operation::AuditList)
+        );
+        assert_eq!(op(Method::POST, "/api/v1/audit-events"), None);
         assert_eq!(op(Method::PUT, "/api/v1/api-keys/{id}"), None);
         assert_eq!(op(Method::GET, "/api/v1/clusters"), None);
     }

@@ -147,6 +147,8 @@ pub(crate) struct RawStore {
     pub(crate) stale_if_error: Duration,
     #[serde(with = "serde_str")]
     pub(crate) query_timeout: Duration,
+    #[serde(with = "serde_str")]
+    pub(crate) audit_retention: Duration,
 }
 
 impl Default for RawStore {
@@ -161,6 +163,7 @@ impl Default for RawStore {
             negative_cache_capacity: 100_000,
             stale_if_error: secs(60),
             query_timeout: secs(2),
+            audit_retention: secs(90 * 24 * 60 * 60),
         }
     }
 }

@@ -16,7 +16,7 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
         Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
             matches!(organization, OrgSource::Key(name) if name == "id")
         }
-        Operation::Create | Operation::List => {
+        Operation::Create | Operation::List | Operation::AuditList => {
             matches!(organization, OrgSource::Query(_) | OrgSource::Path(_))
         }
     };
@@ -25,7 +25,7 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
             Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
                 "must be \"key:id\" (the organization of the key the path names)"
             }
-            Operation::Create | Operation::List => {
+            Operation::Create | Operation::List | Operation::AuditList => {
                 "must name the organization the request is for (\"query:NAME\" or \"path:NAME\")"
             }
         };

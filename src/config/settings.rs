@@ -133,6 +133,8 @@ pub struct StoreSettings {
     pub stale_if_error: Duration,
     /// Every store query gives up after this.
     pub query_timeout: Duration,
+    /// Key lifecycle audit events are deleted once older than this.
+    pub audit_retention: Duration,
 }
 
 /// `[rate_limit]`

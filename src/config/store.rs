@@ -90,6 +90,7 @@ pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
     p.positive("store.cache_ttl", raw.cache_ttl);
     p.positive("store.negative_cache_ttl", raw.negative_cache_ttl);
     p.positive("store.query_timeout", raw.query_timeout);
+    p.positive("store.audit_retention", raw.audit_retention);
     if raw.cache_capacity == 0 {
         p.add("store.cache_capacity", "must be greater than zero");
     }
@@ -105,5 +106,6 @@ pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
         negative_cache_capacity: raw.negative_cache_capacity,
         stale_if_error: raw.stale_if_error,
         query_timeout: raw.query_timeout,
+        audit_retention: raw.audit_retention,
     }
 }

@@ -63,7 +63,7 @@ fn the_shipped_config_is_valid_apart_from_its_tls_files() {
         "self_signed = true",
     );
     let s = Settings::parse(&text).unwrap();
-    assert_eq!(s.routes.len(), 11);
+    assert_eq!(s.routes.len(), 12);
     assert!(matches!(
         s.upstreams["api-keys"],
         UpstreamSettings::Builtin(BuiltinService::ApiKeys)
@@ -947,4 +947,21 @@ fn the_identity_signing_key_comes_from_the_named_variable() {
         errs,
         ["upstreams.keys: sign_identity_key_env apply to targets, not to a builtin service"]
     );
+}
+
+#[test]
+fn audit_retention_defaults_to_90_days_and_must_be_positive() {
+    let s = Settings::parse(MINIMAL).unwrap();
+    assert_eq!(s.store.audit_retention, Duration::from_secs(90 * 24 * 3600));
+    let s = Settings::parse(&format!("{MINIMAL}\n[store]\naudit_retention = \"30d\"\n")).unwrap();
+    assert_eq!(s.store.audit_retention, Duration::from_secs(30 * 24 * 3600));
+    for bad in ["0s", "soon"] {
+        let errs = problems(&format!(
+            "{MINIMAL}\n[store]\naudit_retention = \"{bad}\"\n"
+        ));
+        assert!(
+            errs.iter().any(|e| e.contains("store.audit_retention")),
+            "{bad}: {errs:?}"
+        );
+    }
 }

@@ -42,6 +42,8 @@ impl Pipeline {
                         principal: grant.principal,
                         organization: grant.organization,
                         role: grant.role,
+                        request_id: request_id.as_str(),
+                        client: client.addr().as_str(),
                     };
                     // The key service takes the head: nothing reads it after.
                     let head = std::mem::replace(head, Request::new(()).into_parts().0);

@@ -111,6 +111,24 @@ const V2: [&str; 2] = [
 /// until the key is rotated). A rotated key is never rotated again.
 const V3: [&str; 1] = ["ALTER TABLE api_keys ADD COLUMN replaced_by TEXT"];
 
+/// Version 4, SQLite: the audit trail of the key lifecycle. `seq` orders
+/// events (newest first) and pages them; `key_id` is kept after the key is
+/// deleted, so it is no foreign key.
+const V4_SQLITE: [&str; 2] = [
+    "CREATE TABLE audit_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
+     action TEXT NOT NULL, key_id TEXT NOT NULL, organization_id TEXT NOT NULL, \
+     actor TEXT NOT NULL, request_id TEXT, client TEXT, at BIGINT NOT NULL)",
+    "CREATE INDEX audit_events_org ON audit_events (organization_id, seq)",
+];
+
+/// Version 4, PostgreSQL: as [`V4_SQLITE`].
+const V4_POSTGRES: [&str; 2] = [
+    "CREATE TABLE audit_events (seq BIGSERIAL PRIMARY KEY, \
+     action TEXT NOT NULL, key_id TEXT NOT NULL, organization_id TEXT NOT NULL, \
+     actor TEXT NOT NULL, request_id TEXT, client TEXT, at BIGINT NOT NULL)",
+    "CREATE INDEX audit_events_org ON audit_events (organization_id, seq)",
+];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -127,6 +145,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 3,
         sqlite: &V3,
         postgres: &V3,
+    },
+    Migration {
+        version: 4,
+        sqlite: &V4_SQLITE,
+        postgres: &V4_POSTGRES,
     },
 ];
 

@@ -1,6 +1,7 @@
 //! The API key half of [`SqlStore`]: create, list (keyset pagination with an
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
 use super::sql::SqlStore;
+use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
 use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
 use crate::clock::unix_now;
@@ -99,11 +100,21 @@ pub(super) async fn insert_key(
 }
 
 impl SqlStore {
-    /// Creates a key; returns the secret (shown once; only its SHA-256 is
-    /// stored) and the record. NotFound if the organization or user is missing.
+    /// [`Self::create_api_key_by`] the command line.
     pub async fn create_api_key(
         &self,
         new: NewApiKey,
+    ) -> Result<(String, ApiKeyRecord), StoreError> {
+        self.create_api_key_by(new, &Actor::cli()).await
+    }
+
+    /// Creates a key and records `api_key.created` by `actor`; returns the
+    /// secret (shown once; only its SHA-256 is stored) and the record.
+    /// NotFound if the organization or user is missing.
+    pub async fn create_api_key_by(
+        &self,
+        new: NewApiKey,
+        actor: &Actor,
     ) -> Result<(String, ApiKeyRecord), StoreError> {
         if new.name.is_empty() {
             return Err(StoreError::Invalid("name".into()));
@@ -133,7 +144,9 @@ impl SqlStore {
         self.timed(async {
             self.require_org_and_user(&mut tx, &record.organization_id, &record.user_id)
                 .await?;
-            insert_key(&mut tx, &record, &secret).await
+            insert_key(&mut tx, &record, &secret).await?;
+            let org = &record.organization_id;
+            record_event(&mut tx, "api_key.created", &record.id, org, actor).await
         })
         .await?;
         self.commit(tx).await?;
@@ -205,12 +218,23 @@ impl SqlStore {
         .await
     }
 
-    /// Revokes a key at `now`; idempotent (keeps the first `revoked_at`).
-    /// Logs a key change the first time. None if there is no such key.
+    /// [`Self::revoke_api_key_by`] the command line.
     pub async fn revoke_api_key(
         &self,
         id: &str,
         now: i64,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        self.revoke_api_key_by(id, now, &Actor::cli()).await
+    }
+
+    /// Revokes a key at `now`; idempotent (keeps the first `revoked_at`).
+    /// Logs a key change and records `api_key.revoked` by `actor` the first
+    /// time. None if there is no such key.
+    pub async fn revoke_api_key_by(
+        &self,
+        id: &str,
+        now: i64,
+        actor: &Actor,
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
         let mut tx = self.begin().await?;
         let record = self
@@ -223,11 +247,7 @@ impl SqlStore {
                 .execute(&mut *tx)
                 .await
                 .db()?;
-                if done.rows_affected() > 0 {
-                    self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
-                        .await?;
-                }
-                sqlx::query(&format!(
+                let record = sqlx::query(&format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
                 ))
                 .bind(id)
@@ -237,18 +257,38 @@ impl SqlStore {
                 .as_ref()
                 .map(record_from_row)
                 .transpose()
-                .db()
+                .db()?;
+                if let (true, Some(r)) = (done.rows_affected() > 0, &record) {
+                    self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
+                        .await?;
+                    let org = &r.organization_id;
+                    record_event(&mut tx, "api_key.revoked", id, org, actor).await?;
+                }
+                Ok(record)
             })
             .await?;
         self.commit(tx).await?;
         Ok(record)
     }
 
-    /// Deletes a key; logs a key change. False if there was none.
+    /// [`Self::delete_api_key_by`] the command line.
     pub async fn delete_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        self.delete_api_key_by(id, &Actor::cli()).await
+    }
+
+    /// Deletes a key; logs a key change and records `api_key.deleted` by
+    /// `actor`. False if there was none.
+    pub async fn delete_api_key_by(&self, id: &str, actor: &Actor) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         let deleted = self
             .timed(async {
+                let org: Option<String> =
+                    sqlx::query_scalar("SELECT organization_id FROM api_keys WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .db()?;
+                let Some(org) = org else { return Ok(false) };
                 let done = sqlx::query("DELETE FROM api_keys WHERE id = $1")
                     .bind(id)
                     .execute(&mut *tx)
@@ -257,6 +297,7 @@ impl SqlStore {
                 if done.rows_affected() > 0 {
                     self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                         .await?;
+                    record_event(&mut tx, "api_key.deleted", id, &org, actor).await?;
                 }
                 Ok(done.rows_affected() > 0)
             })

@@ -2,6 +2,7 @@
 //! scopes and expiry, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
 use super::sql::SqlStore;
+use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
 use super::sql_keys::{insert_key, record_from_row, KEY_COLUMNS};
 use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
@@ -30,6 +31,18 @@ impl SqlStore {
         id: &str,
         grace: i64,
         now: i64,
+    ) -> Result<Option<Rotation>, StoreError> {
+        self.rotate_api_key_by(id, grace, now, &Actor::cli()).await
+    }
+
+    /// [`Self::rotate_api_key`], recording `api_key.rotated` (on the old
+    /// key) by `actor` in the same transaction.
+    pub async fn rotate_api_key_by(
+        &self,
+        id: &str,
+        grace: i64,
+        now: i64,
+        actor: &Actor,
     ) -> Result<Option<Rotation>, StoreError> {
         let mut tx = self.begin().await?;
         let rotation = self
@@ -100,6 +113,8 @@ impl SqlStore {
                 }
                 self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                     .await?;
+                let org = &old.organization_id;
+                record_event(&mut tx, "api_key.rotated", id, org, actor).await?;
                 old.replaced_by = Some(new.id.clone());
                 old.expires_at = Some(ends);
                 Ok(Some(Rotation { secret, new, old }))

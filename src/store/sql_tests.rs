@@ -44,6 +44,7 @@ both_backends!(
     usage_stamps_never_go_backwards,
     prune_deletes_only_records_past_retention,
     prune_works_off_a_backlog_in_batches,
+    audit_events_past_retention_are_pruned,
 );
 
 async fn seed(store: &SqlStore) {
@@ -665,4 +666,41 @@ fn sqlite_path_and_change_parsing() {
         }
     );
     assert_eq!(parse_change("weird", String::new()), Change::All);
+}
+
+/// Pruning the audit trail deletes the events older than the cut-off only.
+async fn audit_events_past_retention_are_pruned(store: &SqlStore) {
+    seed(store).await;
+    let Ok((_, rec)) = store.create_api_key(new_key("audited")).await else {
+        panic!("create failed")
+    };
+    let now = crate::clock::unix_now();
+    let old = now - 100 * 24 * 3600;
+    sqlx::query(
+        "INSERT INTO audit_events (action, key_id, organization_id, actor, at) \
+         VALUES ('api_key.revoked', 'key_old', 'acme', 'cli', $1)",
+    )
+    .bind(old)
+    .execute(&store.pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let listed = store.list_audit_events("acme", 10, None).await;
+    let Ok((events, None)) = listed else {
+        panic!("list failed: {listed:?}")
+    };
+    assert_eq!(events.len(), 2);
+    let pruned = store.prune_audit_events(now - 90 * 24 * 3600).await;
+    assert_eq!(pruned.ok(), Some(1));
+    let listed = store.list_audit_events("acme", 10, None).await;
+    let Ok((events, None)) = listed else {
+        panic!("list failed: {listed:?}")
+    };
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].action, "api_key.created");
+    assert_eq!(events[0].key_id, rec.id);
+    assert_eq!(events[0].actor, "cli");
+    assert!(store
+        .list_audit_events("acme", 10, Some("x"))
+        .await
+        .is_err());
 }

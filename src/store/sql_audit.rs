@@ -1,0 +1,206 @@
+//! The audit trail of the key lifecycle in [`SqlStore`]: one event per
+//! create, rotate, revoke and delete, written in the transaction of the
+//! change itself; listed newest first; pruned past a retention period.
+//! An event names the key, never its secret or hash.
+use serde_json::{json, Value};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use std::time::Duration;
+
+use super::sql::SqlStore;
+use super::sql_error::Db;
+use super::{rfc3339, StoreError};
+use crate::clock::unix_now;
+
+/// Who made a change: a user through the HTTP API (with the request's id and
+/// client address), or the command line (all three absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Actor {
+    /// The calling user; `None` for the command line.
+    pub user_id: Option<String>,
+    /// The request's `X-Request-Id`.
+    pub request_id: Option<String>,
+    /// The client's IP address.
+    pub client: Option<String>,
+}
+
+impl Actor {
+    /// The command line.
+    pub fn cli() -> Self {
+        Actor::default()
+    }
+
+    /// What the event's `actor` shows: the user id, or `cli`.
+    fn name(&self) -> &str {
+        self.user_id.as_deref().unwrap_or("cli")
+    }
+}
+
+/// One recorded lifecycle event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    /// `evt_` and the event's sequence number.
+    pub id: String,
+    /// `api_key.created`, `api_key.rotated`, `api_key.revoked` or `api_key.deleted`.
+    pub action: String,
+    /// The key acted on.
+    pub key_id: String,
+    /// The key's organization.
+    pub organization_id: String,
+    /// A user id, or `cli`.
+    pub actor: String,
+    /// The request's `X-Request-Id` (none from the command line).
+    pub request_id: Option<String>,
+    /// The client's IP address (none from the command line).
+    pub client: Option<String>,
+    /// When, in unix seconds.
+    pub at: i64,
+}
+
+impl AuditEvent {
+    /// The JSON the API and the CLI show.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "action": self.action,
+            "key_id": self.key_id,
+            "organization_id": self.organization_id,
+            "actor": self.actor,
+            "request_id": self.request_id,
+            "client": self.client,
+            "at": rfc3339(Some(self.at)),
+        })
+    }
+}
+
+/// Writes one event inside the caller's transaction.
+pub(super) async fn record_event(
+    conn: &mut sqlx::AnyConnection,
+    action: &str,
+    key_id: &str,
+    organization_id: &str,
+    actor: &Actor,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO audit_events (action, key_id, organization_id, actor, request_id, \
+         client, at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(action)
+    .bind(key_id)
+    .bind(organization_id)
+    .bind(actor.name())
+    .bind(actor.request_id.as_deref())
+    .bind(actor.client.as_deref())
+    .bind(unix_now())
+    .execute(&mut *conn)
+    .await
+    .db()?;
+    Ok(())
+}
+
+fn event_from_row(row: &AnyRow) -> Result<AuditEvent, sqlx::Error> {
+    let seq: i64 = row.try_get("seq")?;
+    Ok(AuditEvent {
+        id: format!("evt_{seq}"),
+        action: row.try_get("action")?,
+        key_id: row.try_get("key_id")?,
+        organization_id: row.try_get("organization_id")?,
+        actor: row.try_get("actor")?,
+        request_id: row.try_get("request_id")?,
+        client: row.try_get("client")?,
+        at: row.try_get("at")?,
+    })
+}
+
+impl SqlStore {
+    /// One page of `org`'s events, newest first, and the cursor of the next
+    /// page if there is one. The cursor is the last event's sequence number;
+    /// a bad one is Invalid.
+    pub async fn list_audit_events(
+        &self,
+        org: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<(Vec<AuditEvent>, Option<String>), StoreError> {
+        if limit == 0 {
+            return Err(StoreError::Invalid("limit".into()));
+        }
+        let before = match cursor {
+            Some(c) => c
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| StoreError::Invalid("cursor".into()))?,
+            None => i64::MAX,
+        };
+        let mut conn = self.conn().await?;
+        let mut page = self
+            .timed(async {
+                sqlx::query(
+                    "SELECT seq, action, key_id, organization_id, actor, request_id, client, at \
+                     FROM audit_events WHERE organization_id = $1 AND seq < $2 \
+                     ORDER BY seq DESC LIMIT $3",
+                )
+                .bind(org)
+                .bind(before)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&mut *conn)
+                .await
+                .db()?
+                .iter()
+                .map(event_from_row)
+                .collect::<Result<Vec<_>, _>>()
+                .db()
+            })
+            .await?;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last()
+                .map(|e| e.id.trim_start_matches("evt_").to_owned())
+        } else {
+            None
+        };
+        Ok((page, next))
+    }
+
+    /// Deletes events recorded before `before` (unix seconds); returns how many.
+    pub async fn prune_audit_events(&self, before: i64) -> Result<u64, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let done = sqlx::query("DELETE FROM audit_events WHERE at < $1")
+                .bind(before)
+                .execute(&mut *conn)
+                .await
+                .db()?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+}
+
+/// How often the audit trail is pruned.
+const AUDIT_PRUNE_EVERY: Duration = Duration::from_secs(60 * 60);
+
+/// Deletes events older than `retention` every hour, starting at once.
+/// Errors are logged and retried on the next run.
+pub fn spawn_audit_pruning(store: SqlStore, retention: Duration) -> tokio::task::JoinHandle<()> {
+    let retention = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(AUDIT_PRUNE_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match store
+                .prune_audit_events(unix_now().saturating_sub(retention))
+                .await
+            {
+                Ok(0) => {}
+                Ok(events) => tracing::debug!(events, "audit trail pruned"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning the audit trail failed; retrying later")
+                }
+            }
+        }
+    })
+}
