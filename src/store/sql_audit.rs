@@ -204,3 +204,42 @@ pub fn spawn_audit_pruning(store: SqlStore, retention: Duration) -> tokio::task:
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::store::testing::TestDb;
+    use std::time::Duration;
+
+    /// The task prunes at once on start: an event past retention is gone
+    /// without waiting for the first hour.
+    #[tokio::test]
+    async fn the_pruning_task_deletes_old_events_at_start() {
+        let db = TestDb::sqlite();
+        let store = db.store().await;
+        let old = crate::clock::unix_now() - 3600;
+        for (key, at) in [("key_old", old), ("key_new", old + 3590)] {
+            let insert = sqlx::query(
+                "INSERT INTO audit_events (action, key_id, organization_id, actor, at) \
+                 VALUES ('api_key.deleted', $1, 'acme', 'cli', $2)",
+            )
+            .bind(key)
+            .bind(at)
+            .execute(&store.pool)
+            .await;
+            assert!(insert.is_ok(), "{insert:?}");
+        }
+        let task = super::spawn_audit_pruning(store.clone(), Duration::from_secs(60));
+        let mut left = Vec::new();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Ok((events, _)) = store.list_audit_events("acme", 10, None).await {
+                left = events.into_iter().map(|e| e.key_id).collect();
+                if left.len() == 1 {
+                    break;
+                }
+            }
+        }
+        task.abort();
+        assert_eq!(left, ["key_new"]);
+    }
+}
