@@ -25,7 +25,8 @@ impl SqlStore {
     /// seconds (never past its own expiry), then is expired. Logs a key
     /// change so every gateway drops the cached old record. None if there is
     /// no such key; Conflict if it is revoked, expired or already rotated
-    /// (a key is rotated once, into one successor).
+    /// (a key is rotated once, into one successor). Audited as the command
+    /// line; the API uses [`Self::rotate_api_key_by`].
     pub async fn rotate_api_key(
         &self,
         id: &str,
