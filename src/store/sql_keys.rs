@@ -26,12 +26,12 @@ pub struct NewApiKey {
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
-pub(super) const KEY_COLUMNS: &str =
+const KEY_COLUMNS: &str =
     "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
      k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].
-pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
     let scopes: String = row.try_get("scopes")?;
     Ok(ApiKeyRecord {
         id: row.try_get("id")?,
@@ -46,6 +46,23 @@ pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error>
         last_used_at: row.try_get("last_used_at")?,
         replaced_by: row.try_get("replaced_by")?,
     })
+}
+
+/// The key with this id, read on `conn` (a pooled connection or a
+/// transaction's).
+pub(super) async fn key_by_id(
+    conn: &mut sqlx::AnyConnection,
+    id: &str,
+) -> Result<Option<ApiKeyRecord>, sqlx::Error> {
+    sqlx::query(&format!(
+        "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(record_from_row)
+    .transpose()
 }
 
 /// The opaque cursor for "after this record": hex of `created_at.id`.
@@ -202,20 +219,8 @@ impl SqlStore {
     /// The key with this id, if any.
     pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
         let mut conn = self.conn().await?;
-        self.timed(async {
-            sqlx::query(&format!(
-                "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(&mut *conn)
+        self.timed(async { key_by_id(&mut conn, id).await.db() })
             .await
-            .db()?
-            .as_ref()
-            .map(record_from_row)
-            .transpose()
-            .db()
-        })
-        .await
     }
 
     /// [`Self::revoke_api_key_by`] the command line.
@@ -247,17 +252,7 @@ impl SqlStore {
                 .execute(&mut *tx)
                 .await
                 .db()?;
-                let record = sqlx::query(&format!(
-                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
-                ))
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .db()?
-                .as_ref()
-                .map(record_from_row)
-                .transpose()
-                .db()?;
+                let record = key_by_id(&mut tx, id).await.db()?;
                 if let (true, Some(r)) = (done.rows_affected() > 0, &record) {
                     self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                         .await?;

@@ -4,7 +4,7 @@
 use super::sql::SqlStore;
 use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
-use super::sql_keys::{insert_key, record_from_row, KEY_COLUMNS};
+use super::sql_keys::{insert_key, key_by_id};
 use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
 use crate::secret::{generate_api_key, generate_key_id};
 
@@ -48,17 +48,7 @@ impl SqlStore {
         let mut tx = self.begin().await?;
         let rotation = self
             .timed(async {
-                let old = sqlx::query(&format!(
-                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
-                ))
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .db()?
-                .as_ref()
-                .map(record_from_row)
-                .transpose()
-                .db()?;
+                let old = key_by_id(&mut tx, id).await.db()?;
                 let Some(mut old) = old else { return Ok(None) };
                 if let Some(next) = &old.replaced_by {
                     return Err(StoreError::Conflict(format!(
