@@ -133,6 +133,32 @@ pub enum OrgsCmd {
         /// Organization id.
         id: String,
     },
+    /// Give the organization its own quota for one policy: its requests get
+    /// `--requests` per `--per` instead of the policy's (replacing an earlier
+    /// override). Running gateways apply it within `cache_ttl`.
+    SetLimit {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// A policy name from [rate_limit.policies].
+        #[arg(long)]
+        policy: String,
+        /// Bucket capacity (X-RateLimit-Limit), at least 1.
+        #[arg(long)]
+        requests: u64,
+        /// Time to refill the whole bucket, e.g. 1m.
+        #[arg(long)]
+        per: String,
+    },
+    /// Remove the organization's own quota for a policy (back to the policy's).
+    UnsetLimit {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+        /// A policy name from [rate_limit.policies].
+        #[arg(long)]
+        policy: String,
+    },
 }
 
 /// `users …`
@@ -259,6 +285,10 @@ pub enum KeysCmd {
         /// Lifetime, e.g. 30d (default: no expiry).
         #[arg(long)]
         expires_in: Option<String>,
+        /// The key's own limit, REQUESTS/DURATION such as 100/1m, used
+        /// instead of the quota of policies keyed by credential.
+        #[arg(long)]
+        rate_limit: Option<String>,
     },
     /// List an organization's keys.
     List {
@@ -277,7 +307,7 @@ pub enum KeysCmd {
         id: String,
     },
     /// Rotate a key: a new key (secret printed once, in field `key`) with the
-    /// same name, scopes and expiry; the old key keeps working for the grace
+    /// same name, scopes, expiry and rate limit; the old key keeps working for the grace
     /// period, then is expired. A revoked, expired or already rotated key
     /// exits 2.
     Rotate {

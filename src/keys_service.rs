@@ -14,7 +14,7 @@ use std::sync::Arc;
 mod input;
 
 pub use input::MAX_GRACE_SECONDS;
-use input::{grace_period, paging, parse_future_time};
+use input::{grace_period, paging, parse_future_time, rate_limit};
 
 use crate::auth::Principal;
 use crate::clock::unix_now;
@@ -136,7 +136,10 @@ impl KeysService {
             .as_object()
             .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
         for field in input.keys() {
-            if !matches!(field.as_str(), "name" | "scopes" | "expires_at") {
+            if !matches!(
+                field.as_str(),
+                "name" | "scopes" | "expires_at" | "rate_limit"
+            ) {
                 // Never echo a credential pasted in the wrong place.
                 if looks_like_secret(field.bytes()) {
                     return Err(GatewayError::bad_field("body", "holds an unknown field"));
@@ -169,6 +172,7 @@ impl KeysService {
                 ))
             }
         };
+        let rate_limit = rate_limit(input.get("rate_limit"))?;
         // A key can never carry more than its creator's role grants.
         let roles = &self.settings.roles;
         if let Some(missing) = scopes.iter().find(|s| !roles.allows(caller.role, s)) {
@@ -182,6 +186,7 @@ impl KeysService {
             name,
             scopes,
             expires_at,
+            rate_limit,
         };
         let created = self.store.create_api_key_by(new, &caller.actor()).await;
         let (secret, record) = created.map_err(store_error)?;
@@ -392,6 +397,43 @@ mod tests {
     }
 
     #[test]
+    fn rate_limit_is_optional_and_names_the_bad_field() {
+        let parse = |text: &str| rate_limit(Some(&serde_json::from_str(text).unwrap()));
+        assert_eq!(rate_limit(None).ok(), Some(None));
+        assert_eq!(parse("null").ok(), Some(None));
+        let ok = parse(r#"{"requests": 10, "per": "1m"}"#).unwrap().unwrap();
+        assert_eq!(ok.to_json(), json!({"requests": 10, "per": "1m"}));
+        for (bad, field) in [
+            ("5", "rate_limit"),
+            (r#"{"per": "1m"}"#, "rate_limit.requests"),
+            (r#"{"requests": 0, "per": "1m"}"#, "rate_limit.requests"),
+            (r#"{"requests": -1, "per": "1m"}"#, "rate_limit.requests"),
+            (r#"{"requests": 1.5, "per": "1m"}"#, "rate_limit.requests"),
+            (r#"{"requests": "10", "per": "1m"}"#, "rate_limit.requests"),
+            (
+                r#"{"requests": 2000000000, "per": "1m"}"#,
+                "rate_limit.requests",
+            ),
+            (r#"{"requests": 10}"#, "rate_limit.per"),
+            (r#"{"requests": 10, "per": 60}"#, "rate_limit.per"),
+            (r#"{"requests": 10, "per": "1 minute"}"#, "rate_limit.per"),
+            (r#"{"requests": 10, "per": "0s"}"#, "rate_limit.per"),
+            (r#"{"requests": 10, "per": "31d"}"#, "rate_limit.per"),
+            (
+                r#"{"requests": 10, "per": "1m", "burst": 3}"#,
+                "rate_limit.burst",
+            ),
+        ] {
+            match parse(bad) {
+                Err(GatewayError::BadRequest { field: Some(f), .. }) => {
+                    assert_eq!(f, field, "{bad}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn expiry_must_be_rfc3339_and_future() {
         assert!(parse_future_time("2999-01-01T00:00:00Z", 0).is_ok());
         assert!(parse_future_time("2000-01-01T00:00:00Z", 2_000_000_000).is_err());
@@ -420,6 +462,7 @@ mod tests {
             name: "theirs".into(),
             scopes: vec!["clusters:read".into()],
             expires_at: None,
+            rate_limit: None,
         };
         let Ok((_, theirs)) = store.create_api_key(new).await else {
             panic!("create failed")
@@ -448,6 +491,7 @@ mod tests {
                 expires_at: i64::MAX,
             },
             memberships: vec![("acme".into(), "owner".into())],
+            org_limits: vec![],
         }));
         // A route whose organization is not the key's own hands over the bare
         // id (no record), or a record of another organization.

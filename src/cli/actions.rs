@@ -8,7 +8,9 @@ use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
 use crate::store::sql::SqlStore;
-use crate::store::{NewApiKey, SessionRecord};
+use crate::store::{LimitSpec, NewApiKey, SessionRecord};
+
+mod limits;
 
 /// Runs an admin command (everything but run, check-config and demo).
 pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
@@ -31,6 +33,15 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
             })),
             None => Err(Failure::input(format!("no organization with id {id:?}"))),
         },
+        Command::Orgs(OrgsCmd::SetLimit {
+            org,
+            policy,
+            requests,
+            per,
+        }) => limits::set(settings, &store, &org, &policy, requests, &per).await,
+        Command::Orgs(OrgsCmd::UnsetLimit { org, policy }) => {
+            limits::unset(settings, &store, &org, &policy).await
+        }
         Command::Users(UsersCmd::Create { id, email }) => {
             non_empty("--id", &id)?;
             Ok(store.create_user(&id, email.as_deref()).await?)
@@ -169,6 +180,7 @@ async fn keys(
             name,
             scopes,
             expires_in,
+            rate_limit,
         } => {
             non_empty("--name", &name)?;
             if name.chars().count() > 100 {
@@ -204,12 +216,19 @@ async fn keys(
                 )?),
                 None => None,
             };
+            let rate_limit = match rate_limit {
+                Some(text) => Some(LimitSpec::parse_slash(&text).map_err(|p| {
+                    Failure::input(format!("--rate-limit: {} {}", p.field, p.reason))
+                })?),
+                None => None,
+            };
             let new = NewApiKey {
                 organization_id: org,
                 user_id: user,
                 name,
                 scopes,
                 expires_at,
+                rate_limit,
             };
             let (secret, record) = store.create_api_key(new).await?;
             let mut v = record.to_json(now);

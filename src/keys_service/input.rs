@@ -1,10 +1,11 @@
 //! The key service's request inputs that need nothing of the service: the
-//! paging query of its lists, the rotate body's grace period, and a key's
-//! expiry time.
+//! paging query of its lists, the rotate body's grace period, a key's
+//! expiry time and its own rate limit.
 use serde_json::Value;
 
 use crate::error::GatewayError;
 use crate::secret::looks_like_secret;
+use crate::store::LimitSpec;
 
 /// Page size when `limit` is not given, and the largest accepted.
 const DEFAULT_LIMIT: u32 = 20;
@@ -90,4 +91,58 @@ pub(super) fn parse_future_time(text: &str, now: i64) -> Result<i64, GatewayErro
         ));
     }
     Ok(t)
+}
+
+/// The create body's `rate_limit`: absent or null (the policies' quotas), or
+/// `{"requests": N, "per": "1m"}`; a problem names `rate_limit.requests` or
+/// `rate_limit.per`.
+pub(super) fn rate_limit(value: Option<&Value>) -> Result<Option<LimitSpec>, GatewayError> {
+    let fields = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => {
+            return Err(GatewayError::bad_field(
+                "rate_limit",
+                "must be an object such as {\"requests\": 100, \"per\": \"1m\"}, or null",
+            ))
+        }
+    };
+    if let Some(field) = fields
+        .keys()
+        .find(|f| !matches!(f.as_str(), "requests" | "per"))
+    {
+        if looks_like_secret(field.bytes()) {
+            return Err(GatewayError::bad_field(
+                "rate_limit",
+                "holds an unknown field",
+            ));
+        }
+        return Err(GatewayError::bad_field(
+            format!("rate_limit.{field}"),
+            "unknown field",
+        ));
+    }
+    let requests = match fields.get("requests") {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        Some(_) => u64::MAX,
+        None => {
+            return Err(GatewayError::bad_field(
+                "rate_limit.requests",
+                "is required",
+            ))
+        }
+    };
+    let per = match fields.get("per") {
+        Some(Value::String(per)) => per.as_str(),
+        Some(_) => {
+            return Err(GatewayError::bad_field(
+                "rate_limit.per",
+                "must be a duration string such as \"1m\"",
+            ))
+        }
+        None => return Err(GatewayError::bad_field("rate_limit.per", "is required")),
+    };
+    LimitSpec::parse(requests, per)
+        .map(Some)
+        .map_err(|p| GatewayError::bad_field(format!("rate_limit.{}", p.field), &p.reason))
 }

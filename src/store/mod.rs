@@ -6,6 +6,7 @@
 //! usage ([`UsageRecorder`]).
 pub mod cache;
 pub mod invalidation;
+mod limits;
 mod outage;
 mod schema;
 pub mod sql;
@@ -15,6 +16,7 @@ mod sql_changes;
 mod sql_connect;
 mod sql_error;
 mod sql_keys;
+mod sql_limits;
 mod sql_removal;
 mod sql_rotate;
 mod sql_sessions;
@@ -24,6 +26,7 @@ pub mod usage;
 
 pub use cache::{CacheConfig, CachedKeyStore};
 pub use invalidation::spawn_invalidation;
+pub use limits::{org_limit, LimitProblem, LimitSpec, OrgLimit, MAX_LIMIT_PER, MAX_LIMIT_REQUESTS};
 pub use outage::unavailable;
 pub use sql::SqlStore;
 pub use sql_audit::{spawn_audit_pruning, Actor, AuditEvent};
@@ -107,6 +110,9 @@ pub struct ApiKeyRecord {
     pub last_used_at: Option<i64>,
     /// The id of the key this one was rotated into, if it was.
     pub replaced_by: Option<String>,
+    /// The key's own rate limit, used instead of the quota of policies keyed
+    /// by credential; `None`: the policies' quotas.
+    pub rate_limit: Option<LimitSpec>,
 }
 
 /// Whether a key may be used now.
@@ -145,7 +151,8 @@ impl ApiKeyRecord {
 
     /// The JSON the key service shows: id, name, organization_id, user_id,
     /// scopes[], prefix, status, created_at, expires_at, revoked_at,
-    /// last_used_at (RFC 3339 UTC or null), replaced_by (key id or null).
+    /// last_used_at (RFC 3339 UTC or null), replaced_by (key id or null),
+    /// rate_limit (`{"requests", "per"}` or null).
     pub fn to_json(&self, now: i64) -> Value {
         json!({
             "id": self.id,
@@ -160,6 +167,7 @@ impl ApiKeyRecord {
             "revoked_at": rfc3339(self.revoked_at),
             "last_used_at": rfc3339(self.last_used_at),
             "replaced_by": self.replaced_by,
+            "rate_limit": self.rate_limit.as_ref().map(LimitSpec::to_json),
         })
     }
 }
@@ -201,6 +209,8 @@ pub struct ApiKeyAuth {
     pub key: ApiKeyRecord,
     /// The user's current role in the key's organization (None: no member).
     pub role: Option<String>,
+    /// The key's organization's overrides of policy quotas (usually none).
+    pub org_limits: Vec<OrgLimit>,
 }
 
 /// What authentication needs about a session (cached).
@@ -210,6 +220,8 @@ pub struct SessionAuth {
     pub session: SessionRecord,
     /// Every (organization, role) of the session's user.
     pub memberships: Vec<(String, String)>,
+    /// The overrides of policy quotas of those organizations (usually none).
+    pub org_limits: Vec<OrgLimit>,
 }
 
 impl SessionAuth {
@@ -278,6 +290,7 @@ mod tests {
             revoked_at: None,
             last_used_at: None,
             replaced_by: None,
+            rate_limit: None,
         }
     }
 
@@ -303,7 +316,14 @@ mod tests {
         assert_eq!(j["last_used_at"], Value::Null);
         assert_eq!(j["prefix"], "AbCdEfGh");
         assert_eq!(j["replaced_by"], Value::Null);
-        assert_eq!(j.as_object().map(|o| o.len()), Some(12));
+        assert_eq!(j["rate_limit"], Value::Null);
+        assert_eq!(j.as_object().map(|o| o.len()), Some(13));
+        let mut limited = record();
+        limited.rate_limit = LimitSpec::parse(10, "1m").ok();
+        assert_eq!(
+            limited.to_json(10)["rate_limit"],
+            json!({"requests": 10, "per": "1m"})
+        );
     }
 
     #[test]
@@ -316,6 +336,7 @@ mod tests {
                 expires_at: 10,
             },
             memberships: vec![("acme".into(), "admin".into())],
+            org_limits: vec![],
         };
         assert_eq!(s.role_in("acme"), Some("admin"));
         assert_eq!(s.role_in("other"), None);

@@ -129,6 +129,18 @@ const V4_POSTGRES: [&str; 2] = [
     "CREATE INDEX audit_events_org ON audit_events (organization_id, seq)",
 ];
 
+/// Version 5, both dialects: a key's own rate limit (both columns null: the
+/// policies' quotas) and organizations' overrides of policy quotas, keyed by
+/// policy name (an override of a policy no longer configured is unused).
+const V5: [&str; 3] = [
+    "ALTER TABLE api_keys ADD COLUMN rate_limit_requests BIGINT",
+    "ALTER TABLE api_keys ADD COLUMN rate_limit_per_ms BIGINT",
+    "CREATE TABLE org_rate_limits (\
+     organization_id TEXT NOT NULL REFERENCES organizations(id) ON DELETE CASCADE, \
+     policy TEXT NOT NULL, requests BIGINT NOT NULL, per_ms BIGINT NOT NULL, \
+     PRIMARY KEY (organization_id, policy))",
+];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -150,6 +162,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 4,
         sqlite: &V4_SQLITE,
         postgres: &V4_POSTGRES,
+    },
+    Migration {
+        version: 5,
+        sqlite: &V5,
+        postgres: &V5,
     },
 ];
 

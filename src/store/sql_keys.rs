@@ -3,7 +3,8 @@
 use super::sql::SqlStore;
 use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
-use super::{ApiKeyAuth, ApiKeyRecord, Change, StoreError};
+use super::sql_limits::org_limits_of;
+use super::{ApiKeyAuth, ApiKeyRecord, Change, LimitSpec, StoreError};
 use crate::clock::unix_now;
 use crate::secret::hex;
 use crate::secret::{generate_api_key, generate_key_id, hash_secret, SecretHash};
@@ -23,11 +24,14 @@ pub struct NewApiKey {
     pub scopes: Vec<String>,
     /// Optional expiry, unix seconds.
     pub expires_at: Option<i64>,
+    /// The key's own rate limit, if any.
+    pub rate_limit: Option<LimitSpec>,
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
 const KEY_COLUMNS: &str = "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
-     k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by";
+     k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by, \
+     k.rate_limit_requests, k.rate_limit_per_ms";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].
 fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
@@ -44,6 +48,10 @@ fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
         revoked_at: row.try_get("revoked_at")?,
         last_used_at: row.try_get("last_used_at")?,
         replaced_by: row.try_get("replaced_by")?,
+        rate_limit: LimitSpec::from_columns(
+            row.try_get("rate_limit_requests")?,
+            row.try_get("rate_limit_per_ms")?,
+        ),
     })
 }
 
@@ -98,7 +106,8 @@ pub(super) async fn insert_key(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, \
-         scopes, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         scopes, created_at, expires_at, rate_limit_requests, rate_limit_per_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(&record.id)
     .bind(hash_secret(secret).to_hex())
@@ -109,6 +118,8 @@ pub(super) async fn insert_key(
     .bind(record.scopes.join(" "))
     .bind(record.created_at)
     .bind(record.expires_at)
+    .bind(record.rate_limit.map(|l| i64::from(l.requests.get())))
+    .bind(record.rate_limit.as_ref().map(LimitSpec::per_millis))
     .execute(&mut *conn)
     .await
     .db()?;
@@ -155,6 +166,7 @@ impl SqlStore {
             revoked_at: None,
             last_used_at: None,
             replaced_by: None,
+            rate_limit: new.rate_limit,
         };
         let mut tx = self.begin().await?;
         self.timed(async {
@@ -335,7 +347,8 @@ impl SqlStore {
         self.commit(tx).await
     }
 
-    /// The auth lookup: the key with this hash and its user's current role.
+    /// The auth lookup: the key with this hash, its user's current role and
+    /// its organization's overrides of policy quotas.
     pub(super) async fn find_api_key_by_hash(
         &self,
         hash: &SecretHash,
@@ -352,9 +365,14 @@ impl SqlStore {
             .await
             .db()?;
             let Some(row) = row else { return Ok(None) };
+            let key = record_from_row(&row).db()?;
+            let org_limits = org_limits_of(&mut conn, std::slice::from_ref(&key.organization_id))
+                .await
+                .db()?;
             Ok(Some(ApiKeyAuth {
-                key: record_from_row(&row).db()?,
+                key,
                 role: row.try_get("role").db()?,
+                org_limits,
             }))
         })
         .await
@@ -379,6 +397,7 @@ mod tests {
             revoked_at: None,
             last_used_at: None,
             replaced_by: None,
+            rate_limit: None,
         };
         let c = encode_cursor(&record);
         assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));

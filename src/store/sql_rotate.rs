@@ -1,5 +1,5 @@
 //! Key rotation in [`SqlStore`]: a new key with the old one's name, owner,
-//! scopes and expiry, and the old key marked `replaced_by` it and set to
+//! scopes, expiry and rate limit, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
 use super::sql::SqlStore;
 use super::sql_audit::{record_event, Actor};
@@ -81,6 +81,7 @@ impl SqlStore {
                     revoked_at: None,
                     last_used_at: None,
                     replaced_by: None,
+                    rate_limit: old.rate_limit,
                 };
                 insert_key(&mut tx, &new, &secret).await?;
                 let ends = now.saturating_add(grace.max(0));

@@ -3,6 +3,7 @@
 //! cached session) and the session lookup authentication reads through.
 use super::sql::SqlStore;
 use super::sql_error::Db;
+use super::sql_limits::org_limits_of;
 use super::{Change, SessionAuth, SessionRecord, StoreError};
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
@@ -140,11 +141,14 @@ impl SqlStore {
             .db()?
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .collect::<Result<Vec<(String, String)>, sqlx::Error>>()
             .db()?;
+            let orgs: Vec<String> = memberships.iter().map(|(org, _)| org.clone()).collect();
+            let org_limits = org_limits_of(&mut conn, &orgs).await.db()?;
             Ok(Some(SessionAuth {
                 session,
                 memberships,
+                org_limits,
             }))
         })
         .await

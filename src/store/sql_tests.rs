@@ -60,6 +60,7 @@ fn new_key(name: &str) -> NewApiKey {
         name: name.into(),
         scopes: vec!["clusters:read".into(), "clusters:write".into()],
         expires_at: None,
+        rate_limit: None,
     }
 }
 

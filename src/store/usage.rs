@@ -145,6 +145,7 @@ mod tests {
             name: "ci".into(),
             scopes: vec![],
             expires_at: None,
+            rate_limit: None,
         };
         let Ok((_, rec)) = store.create_api_key(new).await else {
             panic!("create failed")

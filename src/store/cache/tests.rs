@@ -104,8 +104,10 @@ fn key(id: &str, org: &str, user: &str, role: &str) -> ApiKeyAuth {
             revoked_at: None,
             last_used_at: None,
             replaced_by: None,
+            rate_limit: None,
         },
         role: Some(role.into()),
+        org_limits: vec![],
     }
 }
 
@@ -118,6 +120,7 @@ fn session(id: &str, user: &str) -> SessionAuth {
             expires_at: i64::MAX,
         },
         memberships: vec![("acme".into(), "admin".into())],
+        org_limits: vec![],
     }
 }
 
