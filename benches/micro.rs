@@ -64,6 +64,7 @@ fn key_record(i: usize) -> ApiKeyRecord {
         revoked_at: None,
         last_used_at: None,
         replaced_by: None,
+        rate_limit: None,
     }
 }
 
@@ -80,6 +81,7 @@ fn warm_cache(rt: &tokio::runtime::Runtime, n: usize) -> (CachedKeyStore, Vec<St
             ApiKeyAuth {
                 key: key_record(i),
                 role: Some("member".into()),
+                org_limits: vec![],
             },
         );
         secrets.push(secret);
@@ -94,6 +96,7 @@ fn warm_cache(rt: &tokio::runtime::Runtime, n: usize) -> (CachedKeyStore, Vec<St
                 expires_at: i64::MAX,
             },
             memberships: vec![("acme".into(), "owner".into())],
+            org_limits: vec![],
         },
     );
     let cache = CachedKeyStore::new(

@@ -1,7 +1,10 @@
 //! Stage 3: the route's rate-limit policy, keyed by credential, organization
 //! or client IP as the policy says, and the decision counted per policy. A
 //! policy in shadow mode decides and counts the same way, but lets through
-//! what it would refuse.
+//! what it would refuse. A key with a limit of its own spends its own bucket
+//! instead of policies keyed by credential, and an organization's override
+//! of a policy replaces that policy's quota for its requests; both come with
+//! the cached principal, so a request without them looks nothing up.
 use http::request;
 use std::borrow::Cow;
 
@@ -12,6 +15,20 @@ use crate::config::PolicyKey;
 use crate::error::GatewayError;
 use crate::http::rate_limit::Decision;
 use crate::ip::Client;
+use crate::ratelimit::{PolicyId, Quota};
+use crate::store::{org_limit, LimitSpec};
+
+/// A quota the request brings instead of its policy's.
+enum OwnQuota<'p> {
+    /// The key's own limit: its bucket, keyed by this key id.
+    Key(&'p str, Quota),
+    /// The organization's override: the policy's bucket, this quota.
+    Organization(Quota),
+}
+
+fn quota(limit: &LimitSpec) -> Quota {
+    Quota::new(limit.requests, limit.per)
+}
 
 impl Pipeline {
     /// Stage 3: the route's policy, keyed as the policy says. `Ok(true)`:
@@ -61,7 +78,18 @@ impl Pipeline {
             // The client's address; an IPv6 client's /64.
             _ => client.addr().limit_key(),
         };
-        let decision = self.limiter.check(policy, key).await;
+        let own =
+            principal.and_then(|p| self.own_quota(p, policy, key_kind, entry, head, path_param));
+        let decision = match own {
+            None => self.limiter.check(policy, key).await,
+            Some(OwnQuota::Key(id, quota)) => {
+                let own_policy = self.limiter.own_limit_policy();
+                self.limiter.check_with(own_policy, id, &quota).await
+            }
+            Some(OwnQuota::Organization(quota)) => {
+                self.limiter.check_with(policy, key, &quota).await
+            }
+        };
         let allowed = decision.allowed;
         if let Some((ok, limited)) = &entry.limit_counters {
             if allowed {
@@ -88,5 +116,50 @@ impl Pipeline {
             ..decision
         });
         Ok(true)
+    }
+}
+
+impl Pipeline {
+    /// The key's own limit when `policy` is keyed by credential, else the
+    /// override of `policy` by the organization the request acts for (a
+    /// key's own; for a session, the one it names where the user is a
+    /// member). `None` at once for a principal without either.
+    fn own_quota<'p>(
+        &self,
+        principal: &'p Principal,
+        policy: PolicyId,
+        key_kind: PolicyKey,
+        entry: &RouteEntry,
+        head: &request::Parts,
+        path_param: Option<&str>,
+    ) -> Option<OwnQuota<'p>> {
+        let name = || {
+            self.settings
+                .rate_limit
+                .policies
+                .get(policy.0)
+                .map(|p| p.name.as_str())
+        };
+        match principal {
+            Principal::ApiKey(k) => {
+                if let (PolicyKey::Credential, Some(own)) = (key_kind, &k.key.rate_limit) {
+                    return Some(OwnQuota::Key(&k.key.id, quota(own)));
+                }
+                if k.org_limits.is_empty() {
+                    return None;
+                }
+                let limit = org_limit(&k.org_limits, &k.key.organization_id, name()?)?;
+                Some(OwnQuota::Organization(quota(limit)))
+            }
+            Principal::Session(s) => {
+                if s.org_limits.is_empty() {
+                    return None;
+                }
+                let org = requested_org_hint(entry, head, path_param)
+                    .filter(|org| s.role_in(org).is_some())?;
+                let limit = org_limit(&s.org_limits, &org, name()?)?;
+                Some(OwnQuota::Organization(quota(limit)))
+            }
+        }
     }
 }

@@ -12,6 +12,11 @@
 //! ones and keyed by client IP; while Redis is down it always falls back to in-process
 //! counting (a per-instance brute-force guard beats none, and refusing everyone is stage 3's
 //! call, not this guard's).
+//!
+//! A request may also bring its own quota ([`RateLimiter::check_with`]): an organization's
+//! override of a policy (its buckets live among the policy's), or a key's own limit, whose
+//! buckets live under one more registered policy ([`RateLimiter::own_limit_policy`]), so a
+//! key has one bucket whichever route it calls.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,7 +40,7 @@ const PROBE_INTERVAL_NANOS: u64 = 1_000_000_000;
 /// guard of its authentication stage.
 #[derive(Debug)]
 pub struct RateLimiter {
-    /// Configured policies, then the auth-failure policy.
+    /// Configured policies, then the auth-failure policy, then the keys' own.
     gcras: Vec<Gcra>,
     auth_policy: PolicyId,
     /// The backend for `local`; the fallback for `redis`.
@@ -151,7 +156,24 @@ impl RateLimiter {
         if policy.0 >= self.auth_policy.0 {
             return gcra::unknown_policy_decision(self.now());
         }
-        self.decide(policy, key, Op::Check, false).await
+        self.decide(policy, key, Op::Check, false, None).await
+    }
+
+    /// [`Self::check`] with `quota` instead of the policy's own: its capacity is the
+    /// decision's limit. `policy` is a configured one or [`Self::own_limit_policy`].
+    pub async fn check_with(&self, policy: PolicyId, key: &str, quota: &Quota) -> Decision {
+        if policy == self.auth_policy || policy.0 >= self.gcras.len() {
+            return gcra::unknown_policy_decision(self.now());
+        }
+        let gcra = Gcra::new(quota);
+        self.decide(policy, key, Op::Check, false, Some(&gcra))
+            .await
+    }
+
+    /// The policy under which keys with a limit of their own keep their buckets, keyed by
+    /// key id, for [`Self::check_with`].
+    pub fn own_limit_policy(&self) -> PolicyId {
+        PolicyId(self.auth_policy.0 + 1)
     }
 
     /// `Some(refusal)` when `client_ip` (the client's rate-limit key: its
@@ -160,14 +182,14 @@ impl RateLimiter {
     /// does not consume anything.
     pub async fn auth_failures_exceeded(&self, client_ip: &str) -> Option<Decision> {
         let decision = self
-            .decide(self.auth_policy, client_ip, Op::Peek, true)
+            .decide(self.auth_policy, client_ip, Op::Peek, true, None)
             .await;
         (!decision.allowed).then_some(decision)
     }
 
     /// Counts one authentication failure (a 401) against `client_ip`.
     pub async fn record_auth_failure(&self, client_ip: &str) {
-        self.decide(self.auth_policy, client_ip, Op::Consume, true)
+        self.decide(self.auth_policy, client_ip, Op::Consume, true, None)
             .await;
     }
 
@@ -197,16 +219,24 @@ impl RateLimiter {
         self.local.clock().now_nanos()
     }
 
-    async fn decide(&self, policy: PolicyId, key: &str, op: Op, auth_guard: bool) -> Decision {
+    /// `op` on `key` under `policy`, with `quota`'s parameters if given, else the policy's.
+    async fn decide(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        auth_guard: bool,
+        quota: Option<&Gcra>,
+    ) -> Decision {
         let Some(remote) = &self.remote else {
-            return self.local_op(policy, key, op);
+            return self.local_op(policy, key, op, quota);
         };
         let now = self.now();
         if remote.may_try(now) {
             // Boxed: the Redis round trip's state is kilobytes, and inline it
             // would make every decision's future (local ones too) that large
             // to move on each request.
-            match Box::pin(remote.run(policy, key, op)).await {
+            match Box::pin(remote.run(policy, key, op, quota)).await {
                 Ok(decision) => {
                     remote.mark_up(now);
                     return decision;
@@ -214,17 +244,20 @@ impl RateLimiter {
                 Err(err) => remote.mark_down(now, &err),
             }
         }
-        let Some(gcra) = self.gcras.get(policy.0) else {
+        let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)) else {
             return gcra::unknown_policy_decision(now);
         };
         match (remote.on_error, auth_guard) {
-            (OnBackendError::Local, _) | (_, true) => self.local_op(policy, key, op),
+            (OnBackendError::Local, _) | (_, true) => self.local_op(policy, key, op, quota),
             (OnBackendError::Deny, false) => gcra.deny_decision(now),
             (OnBackendError::Allow, false) => gcra.allow_decision(now),
         }
     }
 
-    fn local_op(&self, policy: PolicyId, key: &str, op: Op) -> Decision {
+    fn local_op(&self, policy: PolicyId, key: &str, op: Op, quota: Option<&Gcra>) -> Decision {
+        if let Some(gcra) = quota {
+            return self.local.run_with(policy, key, op, gcra);
+        }
         match op {
             Op::Check => self.local.check(policy, key),
             Op::Peek => self.local.peek(policy, key),
@@ -233,9 +266,11 @@ impl RateLimiter {
     }
 }
 
-/// Appends the auth-failure quota to the policies; its index is the returned id.
+/// Appends the auth-failure quota to the policies (its index is the returned id), then a
+/// slot for the keys' own buckets, whose quota always comes with the request.
 fn with_auth_policy(mut policies: Vec<Quota>, auth_failures: Quota) -> (Vec<Quota>, PolicyId) {
     let id = PolicyId(policies.len());
+    policies.push(auth_failures);
     policies.push(auth_failures);
     (policies, id)
 }
@@ -267,7 +302,13 @@ impl Remote {
         Ok(Arc::new(limiter))
     }
 
-    async fn run(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, LimiterError> {
+    async fn run(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        quota: Option<&Gcra>,
+    ) -> Result<Decision, LimiterError> {
         let limiter = match self.limiter.load_full() {
             Some(limiter) => limiter,
             None => {
@@ -277,10 +318,12 @@ impl Remote {
             }
         };
         let started = std::time::Instant::now();
-        let decision = match op {
-            Op::Check => limiter.check(policy, key).await,
-            Op::Peek => limiter.peek(policy, key).await,
-            Op::Consume => limiter.consume(policy, key).await,
+        let decision = match (op, quota) {
+            (Op::Check, Some(gcra)) => limiter.check_with(policy, key, gcra).await,
+            (_, Some(_)) => Err(LimiterError::UnknownPolicy(policy.0)),
+            (Op::Check, None) => limiter.check(policy, key).await,
+            (Op::Peek, None) => limiter.peek(policy, key).await,
+            (Op::Consume, None) => limiter.consume(policy, key).await,
         };
         self.latency.record(started.elapsed().as_secs_f64());
         decision
@@ -394,6 +437,68 @@ mod tests {
         // The guard's index is not a policy the pipeline may use.
         assert!(!l.check(PolicyId(1), "k").await.allowed);
         assert_eq!(l.backend_errors(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_quota_of_its_own_replaces_the_policys() {
+        let l = RateLimiter::local_with_clock(vec![quota(100, 60)], quota(3, 60), clock());
+        // An organization's override: the policy's buckets, the override's capacity.
+        let d = l.check_with(P, "acme", &quota(2, 60)).await;
+        assert_eq!((d.limit, d.remaining), (2, 1));
+        assert_eq!(l.check_with(P, "acme", &quota(2, 60)).await.remaining, 0);
+        let refused = l.check_with(P, "acme", &quota(2, 60)).await;
+        assert!(!refused.allowed);
+        assert_eq!(refused.retry_after_secs, Some(30));
+        assert_eq!(l.check(P, "other").await.limit, 100);
+        // A key's own bucket: one more policy, refused to plain checks.
+        let own = l.own_limit_policy();
+        assert_ne!(own, P);
+        assert_eq!(l.check_with(own, "key_1", &quota(1, 60)).await.limit, 1);
+        assert!(!l.check_with(own, "key_1", &quota(1, 60)).await.allowed);
+        assert!(l.check_with(own, "key_2", &quota(1, 60)).await.allowed);
+        assert!(!l.check(own, "key_3").await.allowed);
+        // Neither the auth guard nor an unknown index takes a quota.
+        assert!(!l.check_with(PolicyId(1), IP, &quota(9, 60)).await.allowed);
+        assert_eq!(l.check_with(PolicyId(9), "k", &quota(9, 60)).await.limit, 0);
+    }
+
+    #[tokio::test]
+    async fn redis_counts_a_quota_of_its_own_across_instances() {
+        let prefix = random_prefix();
+        let url = redis_url();
+        let make = || {
+            RateLimiter::redis(
+                target(&url),
+                &prefix,
+                vec![quota(100, 60)],
+                quota(2, 60),
+                OnBackendError::Deny,
+                Duration::from_secs(2),
+            )
+        };
+        let a = make().await.unwrap();
+        let b = make().await.unwrap();
+        let own = a.own_limit_policy();
+        let q = quota(2, 60);
+        let d = a.check_with(own, "key_1", &q).await;
+        assert_eq!((d.allowed, d.limit, d.remaining), (true, 2, 1));
+        assert_eq!(b.check_with(own, "key_1", &q).await.remaining, 0);
+        assert!(!a.check_with(own, "key_1", &q).await.allowed);
+        assert_eq!(b.check_with(P, "acme", &quota(3, 60)).await.limit, 3);
+        assert_eq!(a.check(P, "globex").await.remaining, 99);
+        assert_eq!(a.backend_errors() + b.backend_errors(), 0);
+        cleanup(&prefix).await;
+    }
+
+    #[tokio::test]
+    async fn a_quota_of_its_own_shapes_the_fallback_too() {
+        let deny = unreachable(OnBackendError::Deny, clock()).await;
+        let d = deny.check_with(P, "acme", &quota(7, 60)).await;
+        assert_eq!((d.allowed, d.limit), (false, 7));
+        let local = unreachable(OnBackendError::Local, clock()).await;
+        let own = local.own_limit_policy();
+        assert_eq!(local.check_with(own, "key_1", &quota(1, 60)).await.limit, 1);
+        assert!(!local.check_with(own, "key_1", &quota(1, 60)).await.allowed);
     }
 
     #[tokio::test]

@@ -77,19 +77,26 @@ impl LocalLimiter {
     /// Takes one token for `key` under `policy` if there is one; a refusal costs nothing.
     /// Never allocates when the key is already tracked.
     pub fn check(&self, policy: PolicyId, key: &str) -> Decision {
-        self.run(policy, key, Op::Check)
+        self.run(policy, key, Op::Check, None)
+    }
+
+    /// [`Self::check`] (or another `op`) against `gcra` instead of the
+    /// policy's own parameters: a per-key or per-organization quota, whose
+    /// buckets live among the policy's.
+    pub(crate) fn run_with(&self, policy: PolicyId, key: &str, op: Op, gcra: &Gcra) -> Decision {
+        self.run(policy, key, op, Some(gcra))
     }
 
     /// Whether `key` would be allowed now, without taking anything.
     pub fn peek(&self, policy: PolicyId, key: &str) -> Decision {
-        self.run(policy, key, Op::Peek)
+        self.run(policy, key, Op::Peek, None)
     }
 
     /// Records one unit of cost for `key` even if no whole token is left (draining the
     /// bucket to empty, never beyond): for events that already happened, such as
     /// authentication failures. The Decision says whether a whole token was there.
     pub fn consume(&self, policy: PolicyId, key: &str) -> Decision {
-        self.run(policy, key, Op::Consume)
+        self.run(policy, key, Op::Consume, None)
     }
 
     /// Number of keys currently tracked under `policy` (for metrics and tests).
@@ -104,23 +111,24 @@ impl LocalLimiter {
         &self.clock
     }
 
-    fn run(&self, policy: PolicyId, key: &str, op: Op) -> Decision {
+    fn run(&self, policy: PolicyId, key: &str, op: Op, quota: Option<&Gcra>) -> Decision {
         let now = self.clock.now_nanos();
         let Some(state) = self.policies.get(policy.0) else {
             return gcra::unknown_policy_decision(now);
         };
+        let gcra = quota.unwrap_or(&state.gcra);
         let index = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
         let mut shard = lock(&state.shards[index]);
         let outcome = match shard.tats.get_mut(key) {
             Some(tat) => {
-                let outcome = state.gcra.apply(op, state.gcra.debt(*tat, now));
+                let outcome = gcra.apply(op, gcra.debt(*tat, now));
                 if outcome.debt_after != outcome.debt_before {
                     *tat = now.saturating_add(outcome.debt_after);
                 }
                 outcome
             }
             None => {
-                let outcome = state.gcra.apply(op, 0);
+                let outcome = gcra.apply(op, 0);
                 if outcome.debt_after > 0 {
                     shard.insert(key, now.saturating_add(outcome.debt_after), now, state);
                 }
@@ -128,7 +136,7 @@ impl LocalLimiter {
             }
         };
         drop(shard);
-        state.gcra.decision(now, &outcome)
+        gcra.decision(now, &outcome)
     }
 }
 

@@ -117,6 +117,17 @@ impl RedisLimiter {
         self.run(policy, key, Op::Consume).await
     }
 
+    /// [`Self::check`] against `gcra` instead of the policy's parameters (a
+    /// per-key or per-organization quota; its buckets live among the policy's).
+    pub(crate) async fn check_with(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        gcra: &Gcra,
+    ) -> Result<Decision, LimiterError> {
+        self.run_with(policy, key, Op::Check, gcra).await
+    }
+
     /// The Redis key holding `key`'s bucket under `policy`.
     fn redis_key(&self, policy: PolicyId, key: &str) -> String {
         format!("{}rl:{}:{}", self.prefix, policy.0, key)
@@ -127,6 +138,19 @@ impl RedisLimiter {
             .policies
             .get(policy.0)
             .ok_or(LimiterError::UnknownPolicy(policy.0))?;
+        self.run_with(policy, key, op, gcra).await
+    }
+
+    async fn run_with(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        gcra: &Gcra,
+    ) -> Result<Decision, LimiterError> {
+        if policy.0 >= self.policies.len() {
+            return Err(LimiterError::UnknownPolicy(policy.0));
+        }
         let mut conn = self.conn.clone();
         let mut invocation = self.script.key(self.redis_key(policy, key));
         invocation

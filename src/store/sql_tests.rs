@@ -45,6 +45,8 @@ both_backends!(
     prune_deletes_only_records_past_retention,
     prune_works_off_a_backlog_in_batches,
     audit_events_past_retention_are_pruned,
+    a_keys_own_limit_is_stored_shown_and_rotated,
+    org_limits_travel_with_keys_and_sessions,
 );
 
 async fn seed(store: &SqlStore) {
@@ -704,4 +706,118 @@ async fn audit_events_past_retention_are_pruned(store: &SqlStore) {
         .list_audit_events("acme", 10, Some("x"))
         .await
         .is_err());
+}
+
+async fn a_keys_own_limit_is_stored_shown_and_rotated(store: &SqlStore) {
+    seed(store).await;
+    let limit = crate::store::LimitSpec::parse(7, "90s").ok();
+    let mut new = new_key("limited");
+    new.rate_limit = limit;
+    let Ok((secret, rec)) = store.create_api_key(new).await else {
+        panic!("create failed")
+    };
+    assert_eq!(rec.rate_limit, limit);
+    let got = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(got.as_ref().and_then(|r| r.rate_limit), limit);
+    assert_eq!(
+        got.map(|r| r.to_json(0)["rate_limit"].clone()),
+        Some(json!({"requests": 7, "per": "90s"}))
+    );
+    let found = store
+        .find_api_key(&hash_secret(&secret))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(found.and_then(|a| a.key.rate_limit), limit);
+    let (page, _) = store
+        .list_api_keys("acme", 10, None)
+        .await
+        .unwrap_or_default();
+    assert_eq!(page.first().and_then(|r| r.rate_limit), limit);
+    let rotation = store.rotate_api_key(&rec.id, 0, unix_now()).await;
+    let Ok(Some(rotation)) = rotation else {
+        panic!("rotate failed")
+    };
+    assert_eq!(rotation.new.rate_limit, limit);
+    let rotated = store.get_api_key(&rotation.new.id).await.ok().flatten();
+    assert_eq!(rotated.and_then(|r| r.rate_limit), limit);
+    // A key without one shows null.
+    let Ok((_, plain)) = store.create_api_key(new_key("plain")).await else {
+        panic!("create failed")
+    };
+    assert_eq!(plain.to_json(0)["rate_limit"], serde_json::Value::Null);
+}
+
+async fn org_limits_travel_with_keys_and_sessions(store: &SqlStore) {
+    use crate::store::LimitSpec;
+    seed(store).await;
+    store.create_organization("globex", None).await.ok();
+    store.set_member("globex", "alice", "viewer").await.ok();
+    let ten = LimitSpec::parse(10, "1m").unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(matches!(
+        store.set_org_limit("ghost", "default", ten).await,
+        Err(StoreError::NotFound(m)) if m == "organization ghost"
+    ));
+    let Ok((secret, _)) = store.create_api_key(new_key("k")).await else {
+        panic!("create failed")
+    };
+    let Ok((token, _)) = store
+        .create_session("alice", Duration::from_secs(600))
+        .await
+    else {
+        panic!("session failed")
+    };
+    let key_limits = || async {
+        let found = store.find_api_key(&hash_secret(&secret)).await;
+        found
+            .ok()
+            .flatten()
+            .map(|a| a.org_limits)
+            .unwrap_or_default()
+    };
+    assert!(key_limits().await.is_empty());
+    assert!(store.set_org_limit("acme", "default", ten).await.is_ok());
+    let twenty = LimitSpec::parse(20, "1s").unwrap_or_else(|e| panic!("{e:?}"));
+    let set = store.set_org_limit("acme", "default", twenty).await;
+    assert_eq!(
+        set.ok().map(|l| l.to_json()),
+        Some(json!({
+            "organization_id": "acme", "policy": "default", "requests": 20, "per": "1s"
+        }))
+    );
+    assert!(store.set_org_limit("globex", "burst", ten).await.is_ok());
+    let limits = key_limits().await;
+    assert_eq!(limits.len(), 1, "only the key's organization: {limits:?}");
+    assert_eq!(
+        crate::store::org_limit(&limits, "acme", "default"),
+        Some(&twenty)
+    );
+    let session = store
+        .find_session(&hash_secret(&token))
+        .await
+        .ok()
+        .flatten();
+    let session_limits = session.map(|s| s.org_limits).unwrap_or_default();
+    assert_eq!(session_limits.len(), 2, "every member organization's");
+    assert_eq!(
+        crate::store::org_limit(&session_limits, "globex", "burst"),
+        Some(&ten)
+    );
+    assert_eq!(
+        store.list_org_limits("acme").await.map(|l| l.len()).ok(),
+        Some(1)
+    );
+    let removed = store.unset_org_limit("acme", "default").await;
+    assert_eq!(removed.ok().flatten().map(|l| l.limit), Some(twenty));
+    assert_eq!(
+        store.unset_org_limit("acme", "default").await.ok(),
+        Some(None)
+    );
+    assert!(key_limits().await.is_empty());
+    // Deleting the organization takes its overrides with it.
+    assert!(store.delete_organization("globex").await.is_ok());
+    assert_eq!(
+        store.list_org_limits("globex").await.map(|l| l.len()).ok(),
+        Some(0)
+    );
 }

@@ -69,6 +69,7 @@ async fn cached_key(db: &TestDb) -> (SqlStore, CachedKeyStore, String, String) {
         name: "ci".into(),
         scopes: vec!["clusters:read".into()],
         expires_at: None,
+        rate_limit: None,
     };
     let Ok((secret, rec)) = store.create_api_key(new).await else {
         panic!("create failed")
@@ -319,6 +320,7 @@ async fn postgres_revocation_arrives_by_notify() {
             name: "b".into(),
             scopes: vec![],
             expires_at: None,
+            rate_limit: None,
         })
         .await
     else {

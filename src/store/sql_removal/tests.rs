@@ -38,6 +38,7 @@ async fn world(store: &SqlStore) -> (String, String, String, String, String) {
         name: "k".into(),
         scopes: vec!["clusters:read".into()],
         expires_at: None,
+        rate_limit: None,
     };
     let mut ids = Vec::new();
     for (org, user) in [("acme", "alice"), ("globex", "alice"), ("acme", "bob")] {
