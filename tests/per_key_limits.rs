@@ -122,7 +122,8 @@ async fn own_limit_counts_alone(gw: &Gateway, path: &Path, other_key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_own_limit_is_its_bucket_and_its_header() {
     let up = MockUpstream::start().await;
-    let path = config(&up).write();
+    let cfg = config(&up);
+    let path = cfg.write();
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let gw = Gateway::start(&path);
     own_limit_counts_alone(&gw, &path, &seed.key).await;
@@ -148,7 +149,8 @@ async fn a_keys_own_limit_is_shared_through_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_creates_shows_and_rotates_a_keys_own_limit() {
     let up = MockUpstream::start().await;
-    let path = config(&up).write();
+    let cfg = config(&up);
+    let path = cfg.write();
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let gw = Gateway::start(&path);
     let post = |body: Value| {
@@ -379,7 +381,8 @@ async fn org_override(pg: bool) {
 #[tokio::test]
 async fn limit_commands_refuse_bad_input_naming_it() {
     let up = MockUpstream::start().await;
-    let path = config(&up).write();
+    let cfg = config(&up);
+    let path = cfg.write();
     seed(&path, "acme", "alice", "owner", "clusters:read");
     let set = |policy: &'static str, requests: &'static str, per: &'static str| {
         vec![
