@@ -48,7 +48,7 @@ impl LimitSpec {
             field: "per",
             reason: "must be a duration such as \"1m\", from 1ms to 30d".into(),
         };
-        if per.is_zero() || per > MAX_LIMIT_PER || per.subsec_nanos() % 1_000_000 != 0 {
+        if per.is_zero() || per > MAX_LIMIT_PER || !per.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(per_problem());
         }
         Ok(Self { requests, per })
