@@ -198,15 +198,28 @@ impl RateLimiter {
     }
 
     async fn decide(&self, policy: PolicyId, key: &str, op: Op, auth_guard: bool) -> Decision {
+        match self.gcras.get(policy.0) {
+            Some(gcra) => self.decide_with(policy, key, *gcra, op, auth_guard).await,
+            None => gcra::unknown_policy_decision(self.now()),
+        }
+    }
+
+    /// [`Self::decide`] with the bucket's parameters given: a request's own quota (or the
+    /// policy's) reaches Redis and the deny/allow fallbacks as `gcra`.
+    async fn decide_with(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        gcra: Gcra,
+        op: Op,
+        auth_guard: bool,
+    ) -> Decision {
         let Some(remote) = &self.remote else {
             return self.local_op(policy, key, op);
         };
         let now = self.now();
         if remote.may_try(now) {
-            // Boxed: the Redis round trip's state is kilobytes, and inline it
-            // would make every decision's future (local ones too) that large
-            // to move on each request.
-            match Box::pin(remote.run(policy, key, op)).await {
+            match remote.run(policy, key, gcra, op).await {
                 Ok(decision) => {
                     remote.mark_up(now);
                     return decision;
@@ -214,9 +227,6 @@ impl RateLimiter {
                 Err(err) => remote.mark_down(now, &err),
             }
         }
-        let Some(gcra) = self.gcras.get(policy.0) else {
-            return gcra::unknown_policy_decision(now);
-        };
         match (remote.on_error, auth_guard) {
             (OnBackendError::Local, _) | (_, true) => self.local_op(policy, key, op),
             (OnBackendError::Deny, false) => gcra.deny_decision(now),
@@ -267,21 +277,25 @@ impl Remote {
         Ok(Arc::new(limiter))
     }
 
-    async fn run(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, LimiterError> {
+    async fn run(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        gcra: Gcra,
+        op: Op,
+    ) -> Result<Decision, LimiterError> {
         let limiter = match self.limiter.load_full() {
             Some(limiter) => limiter,
             None => {
-                let limiter = self.connect().await?;
+                // Boxed: a connect's state is kilobytes, and inline it would make every
+                // decision's future that large to move on each request.
+                let limiter = Box::pin(self.connect()).await?;
                 self.limiter.store(Some(limiter.clone()));
                 limiter
             }
         };
         let started = std::time::Instant::now();
-        let decision = match op {
-            Op::Check => limiter.check(policy, key).await,
-            Op::Peek => limiter.peek(policy, key).await,
-            Op::Consume => limiter.consume(policy, key).await,
-        };
+        let decision = limiter.decide(policy, key, gcra, op).await;
         self.latency.record(started.elapsed().as_secs_f64());
         decision
     }
