@@ -123,6 +123,12 @@ impl RedisLimiter {
         Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
     }
 
+    /// Script calls made so far (one per batch on a single server).
+    #[cfg(test)]
+    fn calls(&self) -> u64 {
+        self.batcher.calls()
+    }
+
     /// The burst tolerance of `policy` in ns (tests check key TTLs against it).
     #[cfg(test)]
     fn burst(&self, policy: PolicyId) -> Option<u64> {

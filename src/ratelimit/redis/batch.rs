@@ -111,6 +111,9 @@ pub(super) struct Pending {
 #[derive(Clone)]
 pub(super) struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
+    /// Script calls made (tests check that decisions share them).
+    #[cfg(test)]
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Batcher {
@@ -126,9 +129,23 @@ impl Batcher {
             hash,
             cluster,
             timeout,
+            #[cfg(test)]
+            calls: Default::default(),
         };
+        #[cfg(test)]
+        let calls = task.calls.clone();
         tokio::spawn(task.run(rx));
-        Self { queue }
+        Self {
+            queue,
+            #[cfg(test)]
+            calls,
+        }
+    }
+
+    /// Script calls made so far.
+    #[cfg(test)]
+    pub(super) fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queues `pending`; `false` if the task is gone (its runtime shut down).
@@ -143,6 +160,8 @@ struct Task {
     hash: String,
     cluster: bool,
     timeout: Duration,
+    #[cfg(test)]
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Task {
@@ -154,6 +173,9 @@ impl Task {
             if batch.is_empty() {
                 continue;
             }
+            #[cfg(test)]
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
                 self.send_by_slot(&mut batch).await;
             } else {
