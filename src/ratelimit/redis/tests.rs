@@ -354,3 +354,44 @@ async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within
     frozen.send_replace(false);
     cleanup(&prefix).await;
 }
+
+#[tokio::test]
+async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence() {
+    // A per-request quota can differ from the last one used on the bucket: each decision
+    // clamps the debt to its own burst, and a peek leaves the stored debt as it was.
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(1, 60)]).await;
+    let small = Gcra::new(&quota(2, 2)); // T 1 s, burst 2 s
+    let large = Gcra::new(&quota(10, 20)); // T 2 s, burst 20 s
+    let asked = [
+        (small, Op::Check),
+        (small, Op::Check),
+        (large, Op::Check),
+        (small, Op::Peek),
+        (large, Op::Check),
+        (small, Op::Consume),
+        (large, Op::Peek),
+    ];
+    let decisions = futures_util::future::join_all(
+        asked
+            .iter()
+            .map(|&(gcra, op)| redis.decide(P, "k", gcra, op)),
+    )
+    .await;
+    let mut debt = 0;
+    for ((gcra, op), got) in asked.into_iter().zip(decisions) {
+        let got = got.unwrap();
+        let outcome = gcra.apply(op, debt);
+        let want = gcra.decision(0, &outcome);
+        assert_eq!(
+            (got.allowed, got.limit, got.remaining, got.retry_after_secs),
+            (want.allowed, want.limit, want.remaining, want.retry_after_secs),
+            "{op:?} under {gcra:?}"
+        );
+        // What the stored tat gives the next decision: unchanged by a refusal or a peek.
+        if outcome.debt_after != outcome.debt_before {
+            debt = outcome.debt_after;
+        }
+    }
+    cleanup(&prefix).await;
+}
