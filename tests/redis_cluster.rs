@@ -87,7 +87,8 @@ async fn buckets_spread_over_the_cluster_and_two_instances_hold_one_limit() {
 async fn concurrent_decisions_over_many_slots_are_each_exact() {
     let cluster = RedisCluster::start(3);
     let up = MockUpstream::start().await;
-    let path = config(&up, &cluster.url()).write();
+    let cfg = config(&up, &cluster.url());
+    let path = cfg.write();
     let gws = std::sync::Arc::new([Gateway::start(&path), Gateway::start(&path)]);
     let mut clients = Vec::new();
     for last in 60..90u8 {
