@@ -289,7 +289,12 @@ fn parse(value: Value, n: usize) -> RedisResult<Vec<Answer>> {
         .saturating_add(int(&items[1])?.saturating_mul(1_000));
     items[2..]
         .iter()
-        .map(|debt| Ok(Answer { now, debt: int(debt)? }))
+        .map(|debt| {
+            Ok(Answer {
+                now,
+                debt: int(debt)?,
+            })
+        })
         .collect()
 }
 

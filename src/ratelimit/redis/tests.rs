@@ -219,7 +219,11 @@ async fn one_batch_of_mixed_keys_policies_and_ops_decides_as_in_sequence() {
         }
     }))
     .await;
-    assert_eq!(redis.calls() - before, 1, "one script call for the whole batch");
+    assert_eq!(
+        redis.calls() - before,
+        1,
+        "one script call for the whole batch"
+    );
     for ((policy, key, op), r) in asked.into_iter().zip(decisions) {
         let l = match op {
             Op::Check => local.check(policy, key),
@@ -284,7 +288,10 @@ async fn a_decision_given_up_before_its_batch_takes_nothing() {
     let prefix = random_prefix();
     let redis = connect(&prefix, vec![quota(5, 60)]).await;
     let mut abandoned = Box::pin(redis.check(P, "k"));
-    assert!((&mut abandoned).now_or_never().is_none(), "queued, not answered");
+    assert!(
+        (&mut abandoned).now_or_never().is_none(),
+        "queued, not answered"
+    );
     drop(abandoned);
     assert_eq!(redis.check(P, "k").await.unwrap().remaining, 4);
     cleanup(&prefix).await;
@@ -296,7 +303,10 @@ async fn freezable_relay() -> (String, tokio::sync::watch::Sender<bool>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let real = redis_url();
-    let real = real.trim_start_matches("redis://").trim_end_matches('/').to_string();
+    let real = real
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
     let (frozen_tx, frozen_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         while let Ok((inbound, _)) = listener.accept().await {
@@ -310,7 +320,9 @@ async fn freezable_relay() -> (String, tokio::sync::watch::Sender<bool>) {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 * 1024];
                 loop {
-                    let Ok(n) = out_read.read(&mut buf).await else { return };
+                    let Ok(n) = out_read.read(&mut buf).await else {
+                        return;
+                    };
                     if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
                         return;
                     }
@@ -385,7 +397,12 @@ async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence()
         let want = gcra.decision(0, &outcome);
         assert_eq!(
             (got.allowed, got.limit, got.remaining, got.retry_after_secs),
-            (want.allowed, want.limit, want.remaining, want.retry_after_secs),
+            (
+                want.allowed,
+                want.limit,
+                want.remaining,
+                want.retry_after_secs
+            ),
             "{op:?} under {gcra:?}"
         );
         // What the stored tat gives the next decision: unchanged by a refusal or a peek.
