@@ -205,7 +205,8 @@ impl RateLimiter {
     }
 
     /// [`Self::decide`] with the bucket's parameters given: a request's own quota (or the
-    /// policy's) reaches Redis and the deny/allow fallbacks as `gcra`.
+    /// policy's) reaches Redis and the deny/allow fallbacks as `gcra`. The in-process
+    /// limiter (backend or fallback) counts with the policy's own parameters.
     async fn decide_with(
         &self,
         policy: PolicyId,
