@@ -12,7 +12,9 @@
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1. Several binaries (a baseline and a change) are
-# measured in turn in every round. Prints one line per run and a summary per binary.
+# measured in turn in every round. Prints one line per run and binary: req/s with each
+# backend and their ratio, the gateway's CPU time per request (µs) with each, Redis's CPU
+# time per request (µs) and requests per script call.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -107,23 +109,28 @@ redis_calls() {
   rcli INFO commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {c += $3} END {print c + 0}'
 }
 
-# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL" for one wrk run.
+# The gateway's CPU ticks (user + sys).
+gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+CLK_TCK=$(getconf CLK_TCK)
+
+# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ"
+# for one wrk run.
 saturate() {
-  local cpu0 cpu1 calls0 calls1 out rps reqs
+  local cpu0 cpu1 calls0 calls1 t0 t1 out rps reqs
   GW="$1"
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
   curl -sf -o /dev/null -H "$AUTH" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
-  cpu0=$(redis_cpu); calls0=$(redis_calls)
+  cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks)
   out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$AUTH" "$URL")
-  cpu1=$(redis_cpu); calls1=$(redis_calls)
+  cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks)
   stop "$GW_PID"
   grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   python3 -c "
 c = $calls1 - $calls0
-print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f}')"
+print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f}')"
 }
 
 # paced BIN BACKEND RATE: "P50_US P99_US" at RATE req/s offered (paced per connection).
@@ -146,14 +153,15 @@ EOF
 log "gateway on core 0, wrk/h2load + nginx + Redis on core 1; $RUNS x ${DURATION}s, $CONNS connections"
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then
-  printf '%-4s %-40s %10s %10s %7s %16s %14s\n' run binary local_rps redis_rps ratio redis_us_per_req reqs_per_call
+  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s\n' run binary local_rps redis_rps ratio \
+    gw_us_loc gw_us_red redis_us reqs/call
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lrps _ _ < <(saturate "$bin" local)
-      read -r rrps rus per_call < <(saturate "$bin" redis)
+      read -r lrps _ _ lgw < <(saturate "$bin" local)
+      read -r rrps rus per_call rgw < <(saturate "$bin" redis)
       LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} $lrps"
-      printf '%-4s %-40s %10.0f %10.0f %7.3f %16s %14s\n' "$r" "${bin: -40}" "$lrps" "$rrps" \
-        "$(python3 -c "print($rrps / $lrps)")" "$rus" "$per_call"
+      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s\n' "$r" "${bin: -28}" "$lrps" "$rrps" \
+        "$(python3 -c "print($rrps / $lrps)")" "$lgw" "$rgw" "$rus" "$per_call"
     done
   done
 fi
