@@ -160,7 +160,7 @@ if [ "$SATURATION" = 1 ]; then
       read -r lrps _ _ lgw < <(saturate "$bin" local)
       read -r rrps rus per_call rgw < <(saturate "$bin" redis)
       LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} $lrps"
-      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s\n' "$r" "${bin: -28}" "$lrps" "$rrps" \
+      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s\n' "$r" "$(basename "$bin")" "$lrps" "$rrps" \
         "$(python3 -c "print($rrps / $lrps)")" "$lgw" "$rgw" "$rus" "$per_call"
     done
   done
@@ -177,6 +177,6 @@ if [ "$PACED" = 1 ]; then
     rate=$(python3 -c "print(int(float($peak) / 2))")
     read -r lp50 lp99 < <(paced "$bin" local "$rate")
     read -r rp50 rp99 < <(paced "$bin" redis "$rate")
-    printf '%-40s %8s %10s %10s %10s %10s\n' "${bin: -40}" "$rate" "$lp50" "$lp99" "$rp50" "$rp99"
+    printf '%-40s %8s %10s %10s %10s %10s\n' "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99"
   done
 fi
