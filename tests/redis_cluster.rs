@@ -81,6 +81,47 @@ async fn buckets_spread_over_the_cluster_and_two_instances_hold_one_limit() {
     }
 }
 
+/// Decisions for many buckets at once share a batch in each gateway, split by slot: every
+/// client, all of its requests sent together to both instances, still gets exactly three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_over_many_slots_are_each_exact() {
+    let cluster = RedisCluster::start(3);
+    let up = MockUpstream::start().await;
+    let cfg = config(&up, &cluster.url());
+    let path = cfg.write();
+    let gws = std::sync::Arc::new([Gateway::start(&path), Gateway::start(&path)]);
+    let mut clients = Vec::new();
+    for last in 60..90u8 {
+        let gws = gws.clone();
+        clients.push(tokio::spawn(async move {
+            let client = client_from(last);
+            let sent = (0..6).map(|i| {
+                client
+                    .get(gws[(usize::from(last) + i) % 2].url("/public/ping"))
+                    .send()
+            });
+            let mut ok = 0;
+            for res in futures_util::future::join_all(sent).await {
+                let status = res.unwrap().status().as_u16();
+                assert!(status == 200 || status == 429, "{status}");
+                ok += usize::from(status == 200);
+            }
+            (last, ok)
+        }));
+    }
+    for client in clients {
+        let (last, ok) = client.await.unwrap();
+        assert_eq!(ok, 3, "client 127.0.0.{last}");
+    }
+    for &port in &cluster.ports {
+        assert!(!cluster.keys_on(port, "mpg:rl:").is_empty(), "node {port}");
+    }
+    for gw in gws.iter() {
+        let log = gw.log_text();
+        assert!(!log.contains("rate-limit backend redis"), "{log}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_speaking_tls_is_reached_with_its_ca_file() {
     let cluster = RedisCluster::start_tls(3);

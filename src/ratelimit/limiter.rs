@@ -232,11 +232,11 @@ impl RateLimiter {
             return self.local_op(policy, key, op, quota);
         };
         let now = self.now();
+        let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
+            return gcra::unknown_policy_decision(now);
+        };
         if remote.may_try(now) {
-            // Boxed: the Redis round trip's state is kilobytes, and inline it
-            // would make every decision's future (local ones too) that large
-            // to move on each request.
-            match Box::pin(remote.run(policy, key, op, quota)).await {
+            match remote.run(policy, key, gcra, op).await {
                 Ok(decision) => {
                     remote.mark_up(now);
                     return decision;
@@ -244,9 +244,6 @@ impl RateLimiter {
                 Err(err) => remote.mark_down(now, &err),
             }
         }
-        let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)) else {
-            return gcra::unknown_policy_decision(now);
-        };
         match (remote.on_error, auth_guard) {
             (OnBackendError::Local, _) | (_, true) => self.local_op(policy, key, op, quota),
             (OnBackendError::Deny, false) => gcra.deny_decision(now),
@@ -306,25 +303,21 @@ impl Remote {
         &self,
         policy: PolicyId,
         key: &str,
+        gcra: Gcra,
         op: Op,
-        quota: Option<&Gcra>,
     ) -> Result<Decision, LimiterError> {
         let limiter = match self.limiter.load_full() {
             Some(limiter) => limiter,
             None => {
-                let limiter = self.connect().await?;
+                // Boxed: a connect's state is kilobytes, and inline it would make every
+                // decision's future that large to move on each request.
+                let limiter = Box::pin(self.connect()).await?;
                 self.limiter.store(Some(limiter.clone()));
                 limiter
             }
         };
         let started = std::time::Instant::now();
-        let decision = match (op, quota) {
-            (Op::Check, Some(gcra)) => limiter.check_with(policy, key, gcra).await,
-            (_, Some(_)) => Err(LimiterError::UnknownPolicy(policy.0)),
-            (Op::Check, None) => limiter.check(policy, key).await,
-            (Op::Peek, None) => limiter.peek(policy, key).await,
-            (Op::Consume, None) => limiter.consume(policy, key).await,
-        };
+        let decision = limiter.decide(policy, key, gcra, op).await;
         self.latency.record(started.elapsed().as_secs_f64());
         decision
     }

@@ -24,6 +24,7 @@ pub use self::redis_target::RedisTarget;
 pub use crate::http::rate_limit::Decision;
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One rate-limit policy: a bucket of `capacity` requests that refills completely in `period`.
@@ -47,26 +48,30 @@ impl Quota {
     }
 }
 
-/// Why a shared (Redis) limiter could not answer.
-#[derive(Debug, thiserror::Error)]
+/// Why a shared (Redis) limiter could not answer. Cheap to clone: every decision of a
+/// failed batch gets the same error.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
     /// The backend refused, failed or sent something unexpected.
     #[error("rate-limit backend unavailable: {0}")]
-    Unavailable(#[source] ::redis::RedisError),
+    Unavailable(#[source] Arc<::redis::RedisError>),
     /// The backend did not answer within the configured timeout.
     #[error("rate-limit backend timed out")]
     Timeout,
+    /// The task sending decisions to the backend has stopped (its runtime is shutting down).
+    #[error("rate-limit backend connection stopped")]
+    Stopped,
     /// A [`PolicyId`] that was never registered (a programming error; treated as refusal).
     #[error("unknown rate-limit policy index {0}")]
     UnknownPolicy(usize),
     /// The Redis url or CA file cannot be used ([`RedisTarget::new`]).
     #[error("invalid Redis settings: {0}")]
-    Config(#[source] ::redis::RedisError),
+    Config(#[source] Arc<::redis::RedisError>),
 }
 
 impl From<::redis::RedisError> for LimiterError {
     fn from(err: ::redis::RedisError) -> Self {
-        Self::Unavailable(err)
+        Self::Unavailable(Arc::new(err))
     }
 }
 

@@ -1,75 +1,42 @@
-//! The shared limiter: GCRA in Redis, one Lua script per decision, so that
-//! several instances count into one bucket.
+//! The shared limiter: GCRA in Redis, computed by a Lua script, so that several instances
+//! count into one bucket.
 //!
 //! The script reads the time with `redis.call('TIME')`, so the gateways' clocks never
-//! matter, and updates the key atomically. Lua numbers are doubles, exact only below 2^53,
+//! matter, and updates its keys atomically. Lua numbers are doubles, exact only below 2^53,
 //! and Unix nanoseconds are past that; so the stored `tat` is the decimal string of its
 //! Unix nanoseconds, split into seconds and nanoseconds when read, and the script only ever
-//! computes the key's *debt* (`tat - now`, at most the burst tolerance, below 2^53 by
+//! computes a key's *debt* (`tat - now`, at most the burst tolerance, below 2^53 by
 //! construction). It returns Redis's `now` and the debt before the op, and the Decision is
 //! computed in Rust by `gcra.rs`, the same code the local limiter runs.
 //!
-//! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
-//! bucket is full again, so idle keys vanish by themselves. Every call runs under the
-//! configured timeout on a reconnecting, multiplexed connection (`redis_target.rs`); `Script`
-//! sends EVALSHA and reloads the script after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`).
+//! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
+//! applied in the order they were asked; each caller still waits at most the configured
+//! timeout for its own answer. Calls go over one reconnecting, multiplexed connection
+//! (`redis_target.rs`) as EVALSHA, and the script is loaded again after NOSCRIPT (a Redis
+//! restart or `SCRIPT FLUSH`).
 //!
-//! A script call names its one key, so a Redis Cluster runs it on the node owning that key's
-//! slot; buckets spread over the slots. SCRIPT LOAD goes to every node, and a primary
-//! that lacks the script (a failover, a new node) answers NOSCRIPT and gets it again.
+//! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
+//! bucket is full again, so idle keys vanish by themselves. On a Redis Cluster a call holds
+//! the keys of one slot, so it runs on the node owning that slot; buckets spread over the
+//! slots. SCRIPT LOAD goes to every node, and a primary that lacks the script (a failover,
+//! a new node) answers NOSCRIPT and gets it again.
+
+mod batch;
 
 use std::time::Duration;
 
 use ::redis::Script;
+use tokio::sync::oneshot;
 
+use self::batch::{Batcher, Pending};
 use super::gcra::{Gcra, Op};
-use super::redis_target::{RedisConn, RedisTarget};
+use super::redis_target::RedisTarget;
 use super::{Decision, LimiterError, PolicyId, Quota};
-
-/// ARGV: 1 = emission interval T (ns), 2 = burst c*T (ns), 3 = op (0 check, 1 peek,
-/// 2 consume). Returns { now seconds, now microseconds, debt before the op (ns) }.
-const SCRIPT: &str = r#"
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now_s = tonumber(t[1])
-local now_ns = tonumber(t[2]) * 1000
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local op = ARGV[3]
-local debt = 0
-local stored = redis.call('GET', KEYS[1])
-if stored then
-  local tat_s = tonumber(string.sub(stored, 1, -10))
-  local tat_ns = tonumber(string.sub(stored, -9))
-  if tat_s and tat_ns then
-    debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
-  end
-  if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
-end
-local needed = debt + interval
-local after = debt
-if op == '0' then
-  if needed <= burst then after = needed end
-elseif op == '2' then
-  if needed <= burst then after = needed else after = burst end
-end
-if after ~= debt and after > 0 then
-  local total = now_ns + after
-  local carry = math.floor(total / 1000000000)
-  local rem = total - carry * 1000000000
-  if rem < 0 then carry = carry - 1; rem = rem + 1000000000
-  elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
-  local tat = string.format('%d%09d', now_s + carry, rem)
-  redis.call('SET', KEYS[1], tat, 'PX', math.ceil(after / 1000000))
-end
-return { t[1], t[2], debt }
-"#;
 
 /// GCRA limiter whose state lives in Redis, shared by every gateway instance.
 #[derive(Clone)]
 pub struct RedisLimiter {
-    conn: RedisConn,
-    script: Script,
+    batcher: Batcher,
     prefix: Box<str>,
     policies: Vec<Gcra>,
     timeout: Duration,
@@ -84,7 +51,7 @@ impl RedisLimiter {
         policies: Vec<Quota>,
         timeout: Duration,
     ) -> Result<Self, LimiterError> {
-        let script = Script::new(SCRIPT);
+        let script = Script::new(batch::SCRIPT);
         let conn = tokio::time::timeout(timeout, async {
             let mut conn = target.connect(timeout).await?;
             script.prepare_invoke().load_async(&mut conn).await?;
@@ -92,9 +59,9 @@ impl RedisLimiter {
         })
         .await
         .map_err(|_| LimiterError::Timeout)??;
+        let cluster = conn.is_cluster();
         Ok(Self {
-            conn,
-            script,
+            batcher: Batcher::spawn(conn, script.get_hash().to_owned(), cluster, timeout),
             prefix: prefix.into(),
             policies: policies.iter().map(Gcra::new).collect(),
             timeout,
@@ -117,17 +84,6 @@ impl RedisLimiter {
         self.run(policy, key, Op::Consume).await
     }
 
-    /// [`Self::check`] against `gcra` instead of the policy's parameters (a
-    /// per-key or per-organization quota; its buckets live among the policy's).
-    pub(crate) async fn check_with(
-        &self,
-        policy: PolicyId,
-        key: &str,
-        gcra: &Gcra,
-    ) -> Result<Decision, LimiterError> {
-        self.run_with(policy, key, Op::Check, gcra).await
-    }
-
     /// The Redis key holding `key`'s bucket under `policy`.
     fn redis_key(&self, policy: PolicyId, key: &str) -> String {
         format!("{}rl:{}:{}", self.prefix, policy.0, key)
@@ -138,33 +94,39 @@ impl RedisLimiter {
             .policies
             .get(policy.0)
             .ok_or(LimiterError::UnknownPolicy(policy.0))?;
-        self.run_with(policy, key, op, gcra).await
+        self.decide(policy, key, *gcra, op).await
     }
 
-    async fn run_with(
+    /// Applies `op` to `key`'s bucket under `policy` with the parameters `gcra` (the
+    /// policy's own, or a quota given for this request), in the next batch.
+    pub(crate) async fn decide(
         &self,
         policy: PolicyId,
         key: &str,
+        gcra: Gcra,
         op: Op,
-        gcra: &Gcra,
     ) -> Result<Decision, LimiterError> {
-        if policy.0 >= self.policies.len() {
-            return Err(LimiterError::UnknownPolicy(policy.0));
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            key: self.redis_key(policy, key),
+            gcra,
+            op,
+            reply,
+        };
+        if !self.batcher.send(pending) {
+            return Err(LimiterError::Stopped);
         }
-        let mut conn = self.conn.clone();
-        let mut invocation = self.script.key(self.redis_key(policy, key));
-        invocation
-            .arg(gcra.interval())
-            .arg(gcra.burst())
-            .arg(op.code());
-        let (secs, micros, debt): (u64, u64, u64) =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn))
-                .await
-                .map_err(|_| LimiterError::Timeout)??;
-        let now = secs
-            .saturating_mul(1_000_000_000)
-            .saturating_add(micros.saturating_mul(1_000));
-        Ok(gcra.decision(now, &gcra.apply(op, debt)))
+        let answer = tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| LimiterError::Timeout)?
+            .map_err(|_| LimiterError::Stopped)??;
+        Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
+    }
+
+    /// Script calls made so far (one per batch on a single server).
+    #[cfg(test)]
+    fn calls(&self) -> u64 {
+        self.batcher.calls()
     }
 
     /// The burst tolerance of `policy` in ns (tests check key TTLs against it).

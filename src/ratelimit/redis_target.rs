@@ -45,7 +45,7 @@ impl RedisTarget {
     /// trusted then). A malformed url, a CA file with a non-TLS url or an
     /// unreadable CA file is an error; nothing is connected yet.
     pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Self, LimiterError> {
-        Self::parse(url, ca_file).map_err(LimiterError::Config)
+        Self::parse(url, ca_file).map_err(|err| LimiterError::Config(err.into()))
     }
 
     fn parse(url: &str, ca_file: Option<&Path>) -> RedisResult<Self> {
@@ -200,6 +200,13 @@ fn no_tls_for_ca() -> RedisError {
 pub(super) enum RedisConn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    /// Whether this is a cluster connection (a script's keys must then share a slot).
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
 }
 
 impl ConnectionLike for RedisConn {

@@ -165,3 +165,250 @@ async fn unreachable_redis_fails_within_the_timeout() {
     assert!(result.is_err());
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+// === batching ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_decisions_on_one_key_admit_exactly_capacity_in_few_calls() {
+    let prefix = random_prefix();
+    // Two instances on one bucket, each with its own connection and batches.
+    let a = connect(&prefix, vec![quota(100, 3600)]).await;
+    let b = connect(&prefix, vec![quota(100, 3600)]).await;
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let redis = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            redis.check(P, "hot").await.unwrap().allowed
+        }));
+    }
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += usize::from(task.await.unwrap());
+    }
+    assert_eq!(allowed, 100);
+    let calls = a.calls() + b.calls();
+    assert!(calls < 400, "{calls} script calls for 400 decisions");
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn one_batch_of_mixed_keys_policies_and_ops_decides_as_in_sequence() {
+    let prefix = random_prefix();
+    let quotas = vec![quota(3, 60), quota(5, 10), quota(2, 3600)];
+    let redis = connect(&prefix, quotas.clone()).await;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    let local = LocalLimiter::with_clock(quotas, clock);
+    let mut asked = Vec::new();
+    for i in 0..60usize {
+        let policy = PolicyId(i % 3);
+        let key = ["a", "b", "c", "d"][i % 4];
+        let op = [Op::Check, Op::Check, Op::Peek, Op::Check, Op::Consume][i % 5];
+        asked.push((policy, key, op));
+    }
+    // Polled together, the decisions are queued in this order before the task runs.
+    let before = redis.calls();
+    let decisions = futures_util::future::join_all(asked.iter().map(|&(policy, key, op)| {
+        let redis = &redis;
+        async move {
+            match op {
+                Op::Check => redis.check(policy, key).await,
+                Op::Peek => redis.peek(policy, key).await,
+                Op::Consume => redis.consume(policy, key).await,
+            }
+            .unwrap()
+        }
+    }))
+    .await;
+    assert_eq!(
+        redis.calls() - before,
+        1,
+        "one script call for the whole batch"
+    );
+    for ((policy, key, op), r) in asked.into_iter().zip(decisions) {
+        let l = match op {
+            Op::Check => local.check(policy, key),
+            Op::Peek => local.peek(policy, key),
+            Op::Consume => local.consume(policy, key),
+        };
+        assert_eq!(
+            (r.allowed, r.limit, r.remaining, r.retry_after_secs),
+            (l.allowed, l.limit, l.remaining, l.retry_after_secs),
+            "{policy:?} {key} {op:?}"
+        );
+    }
+    // Peeks at fresh keys in a batch write nothing.
+    let client = Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: Vec<_> = futures_util::future::join_all((0..5).map(|_| redis.peek(P, "fresh"))).await;
+    let exists: bool = conn.exists(format!("{prefix}rl:0:fresh")).await.unwrap();
+    assert!(!exists);
+    cleanup(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flushes_amid_batches_neither_fail_nor_double_count() {
+    let prefix = random_prefix();
+    let a = connect(&prefix, vec![quota(150, 3600)]).await;
+    let b = connect(&prefix, vec![quota(150, 3600)]).await;
+    let flusher = tokio::spawn(async {
+        let client = Client::open(redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for _ in 0..40 {
+            let _: () = ::redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let redis = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..2 {
+                allowed += usize::from(redis.check(P, "hot").await.unwrap().allowed);
+            }
+            allowed
+        }));
+    }
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += task.await.unwrap();
+    }
+    flusher.await.unwrap();
+    assert_eq!(allowed, 150);
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn a_decision_given_up_before_its_batch_takes_nothing() {
+    use futures_util::FutureExt;
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(5, 60)]).await;
+    let mut abandoned = Box::pin(redis.check(P, "k"));
+    assert!(
+        (&mut abandoned).now_or_never().is_none(),
+        "queued, not answered"
+    );
+    drop(abandoned);
+    assert_eq!(redis.check(P, "k").await.unwrap().remaining, 4);
+    cleanup(&prefix).await;
+}
+
+/// A relay to Redis whose answers can be held back (`true`: Redis seems to hang).
+async fn freezable_relay() -> (String, tokio::sync::watch::Sender<bool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let real = redis_url();
+    let real = real
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
+    let (frozen_tx, frozen_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let Ok(outbound) = tokio::net::TcpStream::connect(&real).await else {
+                return;
+            };
+            let (mut in_read, mut in_write) = inbound.into_split();
+            let (mut out_read, mut out_write) = outbound.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut in_read, &mut out_write).await });
+            let mut frozen = frozen_rx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    let Ok(n) = out_read.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
+                        return;
+                    }
+                    if in_write.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("redis://{addr}"), frozen_tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within_the_timeout() {
+    let (url, frozen) = freezable_relay().await;
+    let prefix = random_prefix();
+    let timeout = Duration::from_millis(200);
+    let target = RedisTarget::new(&url, None).unwrap();
+    let redis = RedisLimiter::connect(&target, &prefix, vec![quota(1000, 60)], timeout)
+        .await
+        .unwrap();
+    assert!(redis.check(P, "k").await.unwrap().allowed);
+    frozen.send_replace(true);
+    let mut tasks = Vec::new();
+    for i in 0..40u64 {
+        let redis = redis.clone();
+        tasks.push(tokio::spawn(async move {
+            // Half are queued while the first batch hangs.
+            tokio::time::sleep(Duration::from_millis(if i < 20 { 0 } else { 100 })).await;
+            let started = std::time::Instant::now();
+            let result = redis.check(P, "k").await;
+            (result, started.elapsed())
+        }));
+    }
+    for task in tasks {
+        let (result, took) = task.await.unwrap();
+        assert!(result.is_err(), "{result:?}");
+        assert!(took < timeout + Duration::from_millis(150), "{took:?}");
+    }
+    frozen.send_replace(false);
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence() {
+    // A per-request quota can differ from the last one used on the bucket: each decision
+    // clamps the debt to its own burst, and a peek leaves the stored debt as it was.
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(1, 60)]).await;
+    let small = Gcra::new(&quota(2, 2)); // T 1 s, burst 2 s
+    let large = Gcra::new(&quota(10, 20)); // T 2 s, burst 20 s
+    let asked = [
+        (small, Op::Check),
+        (small, Op::Check),
+        (large, Op::Check),
+        (small, Op::Peek),
+        (large, Op::Check),
+        (small, Op::Consume),
+        (large, Op::Peek),
+    ];
+    let decisions = futures_util::future::join_all(
+        asked
+            .iter()
+            .map(|&(gcra, op)| redis.decide(P, "k", gcra, op)),
+    )
+    .await;
+    let mut debt = 0;
+    for ((gcra, op), got) in asked.into_iter().zip(decisions) {
+        let got = got.unwrap();
+        let outcome = gcra.apply(op, debt);
+        let want = gcra.decision(0, &outcome);
+        assert_eq!(
+            (got.allowed, got.limit, got.remaining, got.retry_after_secs),
+            (
+                want.allowed,
+                want.limit,
+                want.remaining,
+                want.retry_after_secs
+            ),
+            "{op:?} under {gcra:?}"
+        );
+        // What the stored tat gives the next decision: unchanged by a refusal or a peek.
+        if outcome.debt_after != outcome.debt_before {
+            debt = outcome.debt_after;
+        }
+    }
+    cleanup(&prefix).await;
+}

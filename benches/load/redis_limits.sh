@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Redis-backed limits against the local limiter: the same gateway binary, the same job as
+# the load suite's saturation scenario (one API key, a rate-limit policy that never fires,
+# a small JSON from an nginx upstream), once with `[rate_limit] backend = "local"` and once
+# with `backend = "redis"`, measured back to back in each round so the machine's noise
+# hits both alike. Also Redis's own CPU time and script calls per request (from INFO, on
+# a Redis of its own: stable where req/s is not), and the latency at a fixed offered load.
+#
+#   benches/load/redis_limits.sh [GATEWAY_BINARY...]   # default target/release/mpg-gateway
+#   options: --runs N (3) --duration S (10) --conns C (50) --paced (add p50/p99 at half of
+#            the local peak, h2load --h1 --rps) --no-saturation
+#
+# Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
+# upstream nginx and Redis on core 1. Several binaries (a baseline and a change) are
+# measured in turn in every round. Prints one line per run and binary: req/s with each
+# backend and their ratio, the gateway's CPU time per request (µs) with each, Redis's CPU
+# time per request (µs) and requests per script call.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+LOG_TAG=redis-limits
+. "$HERE/../lib.sh"
+RUNS=3 DURATION=10 CONNS=50 PACED=0 SATURATION=1 BINS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS="$2"; shift ;;
+    --duration) DURATION="$2"; shift ;;
+    --conns) CONNS="$2"; shift ;;
+    --paced) PACED=1 ;;
+    --no-saturation) SATURATION=0 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "$SCRIPT: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) BINS+=("$(realpath "$1")") ;;
+  esac
+  shift
+done
+[ ${#BINS[@]} -gt 0 ] || BINS=("$ROOT/target/release/mpg-gateway")
+for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$SCRIPT: no gateway binary at $b" >&2; exit 2; }; done
+for tool in wrk h2load nginx redis-server redis-cli taskset; do
+  command -v "$tool" >/dev/null || { echo "$SCRIPT: $tool is needed" >&2; exit 2; }
+done
+
+work_dir redis-limits
+raise_nofile
+UP_PORT=$(free_port); GW_PORT=$(free_port); REDIS_PORT=$(free_port)
+PATH_Q="/api/v1/clusters?organization_id=acme"
+URL="http://127.0.0.1:$GW_PORT$PATH_Q"
+
+upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
+taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
+PIDS+=($!)
+taskset -c 1 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$WORK" --logfile "$WORK/redis.log" &
+PIDS+=($!)
+wait_port "$UP_PORT"
+wait_port "$REDIS_PORT"
+rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+
+for backend in local redis; do
+  cat >"$WORK/gw-$backend.toml" <<EOF
+[server]
+listen = "127.0.0.1:$GW_PORT"
+workers = 1
+insecure_http = true
+
+[admin]
+enabled = false
+
+[log]
+level = "warn"
+
+[store]
+kind = "sqlite"
+path = "$WORK/gateway.db"
+cache_ttl = "10m"
+
+[rate_limit]
+backend = "$backend"
+redis_url = "redis://127.0.0.1:$REDIS_PORT"
+
+# Large enough never to fire: the figures are the cost of deciding.
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$UP_PORT"]
+
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+done
+# The local config names no Redis url.
+sed -i '/^redis_url = /d' "$WORK/gw-local.toml"
+GW="${BINS[0]}"
+seed_account "$WORK/gw-local.toml"
+python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
+AUTH="Authorization: Bearer $(cat "$WORK/key.txt")"
+
+# Redis's CPU seconds (user + sys) and its script calls so far.
+redis_cpu() { rcli INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+redis_calls() {
+  rcli INFO commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {c += $3} END {print c + 0}'
+}
+
+# The gateway's CPU ticks (user + sys).
+gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+CLK_TCK=$(getconf CLK_TCK)
+
+# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ"
+# for one wrk run.
+saturate() {
+  local cpu0 cpu1 calls0 calls1 t0 t1 out rps reqs
+  GW="$1"
+  run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
+  curl -sf -o /dev/null -H "$AUTH" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
+  cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks)
+  out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$AUTH" "$URL")
+  cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks)
+  stop "$GW_PID"
+  grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  python3 -c "
+c = $calls1 - $calls0
+print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f}')"
+}
+
+# paced BIN BACKEND RATE: "P50_US P99_US" at RATE req/s offered (paced per connection).
+paced() {
+  GW="$1"
+  run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
+  rm -f "$WORK/paced.log"
+  taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
+    -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
+    { cat "$WORK/paced.out" >&2; exit 1; }
+  stop "$GW_PID"
+  python3 - "$WORK/paced.log" <<'EOF'
+import sys
+ok = sorted(int(l.split("\t")[2]) for l in open(sys.argv[1]) if l.strip() and l.split("\t")[1] == "200")
+print(ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))])
+EOF
+}
+
+log "gateway on core 0, wrk/h2load + nginx + Redis on core 1; $RUNS x ${DURATION}s, $CONNS connections"
+declare -A LOCAL_RPS
+if [ "$SATURATION" = 1 ]; then
+  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s\n' run binary local_rps redis_rps ratio \
+    gw_us_loc gw_us_red redis_us reqs/call
+  for r in $(seq "$RUNS"); do
+    for bin in "${BINS[@]}"; do
+      read -r lrps _ _ lgw < <(saturate "$bin" local)
+      read -r rrps rus per_call rgw < <(saturate "$bin" redis)
+      LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} $lrps"
+      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s\n' "$r" "$(basename "$bin")" "$lrps" "$rrps" \
+        "$(python3 -c "print($rrps / $lrps)")" "$lgw" "$rgw" "$rus" "$per_call"
+    done
+  done
+fi
+
+if [ "$PACED" = 1 ]; then
+  printf '%-40s %8s %10s %10s %10s %10s\n' binary rate local_p50 local_p99 redis_p50 redis_p99
+  for bin in "${BINS[@]}"; do
+    if [ -n "${LOCAL_RPS[$bin]:-}" ]; then
+      peak=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '${LOCAL_RPS[$bin]}'.split()])))")
+    else
+      read -r peak _ _ < <(saturate "$bin" local)
+    fi
+    rate=$(python3 -c "print(int(float($peak) / 2))")
+    read -r lp50 lp99 < <(paced "$bin" local "$rate")
+    read -r rp50 rp99 < <(paced "$bin" redis "$rate")
+    printf '%-40s %8s %10s %10s %10s %10s\n' "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99"
+  done
+fi

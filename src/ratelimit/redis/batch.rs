@@ -1,0 +1,323 @@
+//! Batching of Redis decisions: the decisions waiting at the same moment go to Redis in
+//! one script call, so that a round trip and a script run serve many requests.
+//!
+//! Callers queue a [`Pending`] decision (its Redis key, its GCRA parameters and its op) and
+//! wait on a oneshot for the answer. One task per connection drains the queue: it sends
+//! whatever has accumulated at once (no waiting for more), and the decisions that arrive
+//! while that call is in flight go in the next one. The script applies the decisions in
+//! queue order with the same arithmetic as one call per decision, reading and writing each
+//! key once per call, and returns Redis's time and each decision's debt.
+//!
+//! A Redis Cluster runs a script only on keys of one slot, so there a batch is split by
+//! slot and the calls for the slots run concurrently.
+
+use std::time::Duration;
+
+use ::redis::{cluster_routing::get_slot, Cmd, ErrorKind, RedisError, RedisResult, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::gcra::{Gcra, Op};
+use super::super::redis_target::RedisConn;
+use super::super::LimiterError;
+
+/// Most decisions in one script call: a script blocks Redis while it runs, so a call is
+/// kept to tens of microseconds there; the rest of a longer queue goes in the next call.
+const MAX_BATCH: usize = 256;
+
+/// KEYS: the buckets, one per decision (repeats allowed). ARGV: three per key, in order:
+/// emission interval T (ns), burst c*T (ns), op (0 check, 1 peek, 2 consume).
+/// Returns { now seconds, now microseconds, then each decision's debt before its op (ns) }.
+///
+/// Each key is read once, its debt kept in `debts` as a re-read would give it (`tat - now`,
+/// unclamped), and written once at the end if it changed (`written`, in `order`): the same
+/// result as one call per decision in this order, with one TIME per call and one GET and
+/// SET per key instead of per decision.
+pub(super) const SCRIPT: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_s = tonumber(t[1])
+local now_ns = tonumber(t[2]) * 1000
+local out = { now_s, tonumber(t[2]) }
+local debts = {}
+local written = {}
+local order = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local j = i * 3 - 3
+  local interval = tonumber(ARGV[j + 1])
+  local burst = tonumber(ARGV[j + 2])
+  local op = ARGV[j + 3]
+  local debt = debts[key]
+  if debt == nil then
+    debt = 0
+    local stored = redis.call('GET', key)
+    if stored then
+      local tat_s = tonumber(string.sub(stored, 1, -10))
+      local tat_ns = tonumber(string.sub(stored, -9))
+      if tat_s and tat_ns then
+        debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
+      end
+    end
+    debts[key] = debt
+  end
+  if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
+  local needed = debt + interval
+  local after = debt
+  if op == '0' then
+    if needed <= burst then after = needed end
+  elseif op == '2' then
+    if needed <= burst then after = needed else after = burst end
+  end
+  if after ~= debt and after > 0 then
+    if written[key] == nil then order[#order + 1] = key end
+    written[key] = after
+    debts[key] = after
+  end
+  out[i + 2] = debt
+end
+for _, key in ipairs(order) do
+  local after = written[key]
+  local total = now_ns + after
+  local carry = math.floor(total / 1000000000)
+  local rem = total - carry * 1000000000
+  if rem < 0 then carry = carry - 1; rem = rem + 1000000000
+  elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
+  local tat = string.format('%d%09d', now_s + carry, rem)
+  redis.call('SET', key, tat, 'PX', math.ceil(after / 1000000))
+end
+return out
+"#;
+
+/// Redis's answer to one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Answer {
+    /// Redis's time at the call, Unix ns.
+    pub(super) now: u64,
+    /// The key's debt before the op (ns).
+    pub(super) debt: u64,
+}
+
+/// One decision waiting for its batch.
+pub(super) struct Pending {
+    /// The full Redis key of the bucket.
+    pub(super) key: String,
+    /// The bucket's parameters (a per-request quota travels here too).
+    pub(super) gcra: Gcra,
+    pub(super) op: Op,
+    pub(super) reply: oneshot::Sender<Result<Answer, LimiterError>>,
+}
+
+/// The queue into the batching task; the task ends when the last clone is dropped.
+#[derive(Clone)]
+pub(super) struct Batcher {
+    queue: mpsc::UnboundedSender<Pending>,
+    /// Script calls made (tests check that decisions share them).
+    #[cfg(test)]
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Batcher {
+    /// Spawns the task that sends the queued decisions over `conn`; each call gives up
+    /// after `timeout` (each caller waits at most as long on its own).
+    ///
+    /// Unbounded: every queued decision has a request waiting for it (at most `timeout`),
+    /// so the queue is bounded by the requests in flight.
+    pub(super) fn spawn(conn: RedisConn, hash: String, cluster: bool, timeout: Duration) -> Self {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let task = Task {
+            conn,
+            hash,
+            cluster,
+            timeout,
+            #[cfg(test)]
+            calls: Default::default(),
+        };
+        #[cfg(test)]
+        let calls = task.calls.clone();
+        tokio::spawn(task.run(rx));
+        Self {
+            queue,
+            #[cfg(test)]
+            calls,
+        }
+    }
+
+    /// Script calls made so far.
+    #[cfg(test)]
+    pub(super) fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Queues `pending`; `false` if the task is gone (its runtime shut down).
+    pub(super) fn send(&self, pending: Pending) -> bool {
+        self.queue.send(pending).is_ok()
+    }
+}
+
+struct Task {
+    conn: RedisConn,
+    /// SHA1 of [`SCRIPT`] for EVALSHA.
+    hash: String,
+    cluster: bool,
+    timeout: Duration,
+    #[cfg(test)]
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+            // A caller that gave up (timed out) takes no token.
+            batch.retain(|p: &Pending| !p.reply.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            #[cfg(test)]
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.cluster {
+                self.send_by_slot(&mut batch).await;
+            } else {
+                let result = call(&mut self.conn, &self.hash, self.timeout, &batch).await;
+                answer(&mut batch, result);
+            }
+            batch.clear();
+        }
+    }
+
+    /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
+    async fn send_by_slot(&self, batch: &mut Vec<Pending>) {
+        batch.sort_by_key(|p| get_slot(p.key.as_bytes()));
+        let mut groups = Vec::new();
+        let mut rest = std::mem::take(batch);
+        while !rest.is_empty() {
+            let slot = get_slot(rest[0].key.as_bytes());
+            let n = rest
+                .iter()
+                .take_while(|p| get_slot(p.key.as_bytes()) == slot)
+                .count();
+            let tail = rest.split_off(n);
+            groups.push(rest);
+            rest = tail;
+        }
+        let calls = groups.into_iter().map(|mut group| {
+            let mut conn = self.conn.clone();
+            async move {
+                let result = call(&mut conn, &self.hash, self.timeout, &group).await;
+                answer(&mut group, result);
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+}
+
+/// Hands each decision of `batch` its answer, or the call's failure.
+fn answer(batch: &mut Vec<Pending>, result: Result<Vec<Answer>, LimiterError>) {
+    match result {
+        Ok(answers) => {
+            for (pending, answer) in batch.drain(..).zip(answers) {
+                let _ = pending.reply.send(Ok(answer));
+            }
+        }
+        Err(err) => {
+            for pending in batch.drain(..) {
+                let _ = pending.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart or `SCRIPT
+/// FLUSH`) the retry sends the script's text with EVAL, which also caches it again: a second
+/// flush between a reload and the retry cannot fail it. A NOSCRIPT call ran nothing, so the
+/// retry counts each decision once.
+async fn call(
+    conn: &mut RedisConn,
+    hash: &str,
+    timeout: Duration,
+    batch: &[Pending],
+) -> Result<Vec<Answer>, LimiterError> {
+    let run = async {
+        match script_call("EVALSHA", hash, batch)
+            .query_async::<Value>(conn)
+            .await
+        {
+            Err(err) if err.kind() == ErrorKind::NoScriptError => {
+                script_call("EVAL", SCRIPT, batch)
+                    .query_async::<Value>(conn)
+                    .await
+            }
+            other => other,
+        }
+    };
+    let value = tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| LimiterError::Timeout)??;
+    Ok(parse(value, batch.len())?)
+}
+
+/// `EVALSHA hash …` or `EVAL script …` with the batch's keys and arguments.
+fn script_call(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
+    let mut cmd = ::redis::cmd(verb);
+    cmd.arg(script).arg(batch.len());
+    for pending in batch {
+        cmd.arg(pending.key.as_str());
+    }
+    for pending in batch {
+        cmd.arg(pending.gcra.interval())
+            .arg(pending.gcra.burst())
+            .arg(pending.op.code());
+    }
+    cmd
+}
+
+/// `{ seconds, microseconds, debt… }` with one debt per decision.
+fn parse(value: Value, n: usize) -> RedisResult<Vec<Answer>> {
+    let bad = || RedisError::from((ErrorKind::TypeError, "unexpected rate-limit script reply"));
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    if items.len() != n + 2 {
+        return Err(bad());
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| bad()),
+        _ => Err(bad()),
+    };
+    let now = int(&items[0])?
+        .saturating_mul(1_000_000_000)
+        .saturating_add(int(&items[1])?.saturating_mul(1_000));
+    items[2..]
+        .iter()
+        .map(|debt| {
+            Ok(Answer {
+                now,
+                debt: int(debt)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_checked_for_shape() {
+        let reply = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(7)]);
+        let answers = parse(reply, 1).unwrap();
+        assert_eq!(
+            answers,
+            [Answer {
+                now: 2_000_005_000,
+                debt: 7
+            }]
+        );
+        let short = Value::Array(vec![Value::Int(2), Value::Int(5)]);
+        assert!(parse(short, 1).is_err());
+        let negative = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]);
+        assert!(parse(negative, 1).is_err());
+        assert!(parse(Value::Nil, 0).is_err());
+    }
+}
