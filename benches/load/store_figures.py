@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""One raw line (scenario `pg_store`) for a cold-store run of the load suite, from the
+gateway's metrics scraped before the cold run (M0), after it (M1) and after the
+pass that cached every key (M2), its RSS (KiB) at M0 and M2, and the cold run's own
+raw line: store queries per key seen cold, and the RSS each cached key takes.
+
+usage: store_figures.py M0 M1 M2 RSS0_KIB RSS2_KIB RUN COLD_RAW_LINE
+"""
+import json
+import sys
+
+
+def read(path):
+    """Sums of the samples by metric name (labels dropped) and by the name with its labels."""
+    by_name, by_series = {}, {}
+    for line in open(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        by_name[name] = by_name.get(name, 0.0) + float(value)
+        by_series[series] = float(value)
+    return by_name, by_series
+
+
+def main():
+    (m0, s0), (m1, s1), (m2, _) = read(sys.argv[1]), read(sys.argv[2]), read(sys.argv[3])
+    rss0, rss2, run = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    cold = json.loads(sys.argv[7])
+    queries = m1.get("mpg_store_query_duration_seconds_count", 0) - m0.get("mpg_store_query_duration_seconds_count", 0)
+    miss = 'mpg_key_cache_lookups_total{result="miss"}'
+    misses = s1.get(miss, 0) - s0.get(miss, 0)
+    requests = cold["requests"]
+    entries = m2.get("mpg_key_cache_entries", 0) - m0.get("mpg_key_cache_entries", 0)
+    print(json.dumps({
+        "scenario": "pg_store", "target": "gateway_pg", "run": run,
+        "cold_requests": requests,
+        # More requests than keys: the run came round to keys it had seen (warm ones).
+        "cold_wrapped": requests > 100000,
+        "store_queries": round(queries), "cache_misses": round(misses),
+        "queries_per_key": round(queries / requests, 3) if requests else None,
+        "cache_entries_added": round(entries),
+        "rss_added_kib": rss2 - rss0,
+        "rss_bytes_per_cached_key": round((rss2 - rss0) * 1024 / entries) if entries > 0 else None,
+    }, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
