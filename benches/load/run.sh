@@ -611,10 +611,11 @@ wrk_run() {
 # h2load_once SCENARIO TARGET URL SERVER_PID RUN: HTTP/2 multiplexed over TLS
 h2load_once() {
   local scenario=$1 target=$2 url=$3 pid=$4 r=$5
-  local t0 t1 fields
-  t0=$(ticks "$pid")
+  local pids t0 t1 fields
+  pids=$(tree_pids "$pid")
+  t0=$(ticks $pids)
   taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
-    t1=$(ticks "$pid")
+    t1=$(ticks $pids)
     local fields
     fields=$(python3 - "$WORK/h2.out" <<'EOF'
 import re, sys
