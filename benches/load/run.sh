@@ -615,9 +615,8 @@ h2load_once() {
   pids=$(tree_pids "$pid")
   t0=$(ticks $pids)
   taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
-    t1=$(ticks $pids)
-    local fields
-    fields=$(python3 - "$WORK/h2.out" <<'EOF'
+  t1=$(ticks $pids)
+  fields=$(python3 - "$WORK/h2.out" <<'EOF'
 import re, sys
 t = open(sys.argv[1]).read()
 rps = float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", t).group(1))
@@ -632,8 +631,8 @@ print(f'"tool":"h2load","requests":{done},"duration_us":{int(dur_us)},"errors":{
       f'"non_2xx":{done - int(st.group(1))},"mean_us":{mean}')
 EOF
 )
-    record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
-    log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
+  record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
+  log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
 }
 
 # The request of the resumption scenario, as `openssl s_time -www` sends it: s_time
