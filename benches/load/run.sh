@@ -10,7 +10,7 @@
 # (a database of its own, 100 000 keys first seen, then again). Everything on 127.0.0.1.
 #
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 25 minutes + the builds)
-#   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 5 minutes)
+#   benches/load/run.sh --quick    # 1 run x 2 s per figure (every scenario once, about 4 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
 #   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo --share-core0
 #
