@@ -13,6 +13,7 @@
 #   benches/load/run.sh --quick    # 1 run x 2 s per figure (every scenario once, about 4 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
 #   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo --share-core0
+#            --gateway BIN (measure that binary, built elsewhere, instead of building one)
 #
 # The gateway under test is a profile-guided (PGO) build in full mode (--no-pgo: the
 # plain `cargo build --release`; --quick measures the plain build unless --pgo): an
@@ -42,7 +43,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1
+RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1 GW_GIVEN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=1 DURATION=2 MODE=quick ;;
@@ -55,14 +56,22 @@ while [ $# -gt 0 ]; do
     --no-pgo) PGO=0 ;;
     --pgo-only) PGO=1 PGO_ONLY=1 ;;
     --share-core0) HOLD_CORE0=0 ;;
+    --gateway) GW_GIVEN="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-# Full mode measures the profile-guided build, quick mode the plain one, unless told.
+# Full mode measures the profile-guided build, quick mode the plain one, unless told;
+# --gateway, the binary given.
+[ -z "$GW_GIVEN" ] || [ -n "$PGO" ] || PGO=0
 [ -n "$PGO" ] || { [ "$MODE" = full ] && PGO=1 || PGO=0; }
 [ "$PGO_ONLY$PGO" != 10 ] || { echo "run.sh: --pgo-only and --no-pgo contradict each other" >&2; exit 2; }
+if [ -n "$GW_GIVEN" ]; then
+  [ "$PGO" != 1 ] || { echo "run.sh: --gateway measures a given binary, --pgo builds one: not both" >&2; exit 2; }
+  [ -x "$GW_GIVEN" ] || { echo "run.sh: --gateway $GW_GIVEN is not an executable" >&2; exit 2; }
+  GW_GIVEN="$(cd "$(dirname "$GW_GIVEN")" && pwd)/$(basename "$GW_GIVEN")"
+fi
 
 # ---------------------------------------------------------------- tools
 need_apt=()
@@ -141,6 +150,8 @@ if [ "$PGO" = 1 ]; then
   log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
   RUSTFLAGS="-Cprofile-generate=$PGO_RAW" build_gateway --target-dir "$PGO_GEN"
   GW="$PGO_GEN/release/mpg-gateway"
+elif [ -n "$GW_GIVEN" ]; then
+  GW="$GW_GIVEN"
 else
   log "building the gateway (release)"
   build_gateway
@@ -808,6 +819,7 @@ pgo_build() {
   GW="$PGO_USE/release/mpg-gateway"
 }
 GW_BUILD="release"
+[ -z "$GW_GIVEN" ] || GW_BUILD="given ($GW_GIVEN)"
 if [ "$PGO" = 1 ]; then
   pgo_build
   GW_BUILD="release, profile-guided"
