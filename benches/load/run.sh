@@ -819,7 +819,7 @@ pgo_build() {
   GW="$PGO_USE/release/mpg-gateway"
 }
 GW_BUILD="release"
-[ -z "$GW_GIVEN" ] || GW_BUILD="given ($GW_GIVEN)"
+[ -z "$GW_GIVEN" ] || GW_BUILD="given with --gateway"
 if [ "$PGO" = 1 ]; then
   pgo_build
   GW_BUILD="release, profile-guided"
