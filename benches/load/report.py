@@ -404,8 +404,8 @@ def markdown(rep):
     if resumed:
         out.append("\nResumption: `openssl s_time -reuse`, one client opening one connection at a time, each "
                    "resuming the first one's session (its request carries the bench key and `Connection: close`; "
-                   "wrk and h2load never resume, so the client's own speed bounds these rows: compare the servers' "
-                   "CPU per connection). Share of the connections that resumed: "
+                   "wrk and h2load never resume; one client at a time can leave a server idle, so read the servers' "
+                   "CPU per connection beside the rate). Share of the connections that resumed: "
                    + ", ".join(f"{t} {v * 100:.1f}%" if v is not None else f"{t} –" for t, v in resumed) + ".")
     st = rep.get("pg_store")
     if st:
