@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Turns the load suite's raw runs (one JSON line per run) into report.json,
 report.md and chart.png: every figure is the median of the runs, with its
-spread (min-max), and its ratio to direct and to nginx / HAProxy (Envoy, when
-the suite found it, in the paired ratios).
+spread (min-max), and its ratio to direct and to nginx / HAProxy in the same
+scenario (Envoy, when the suite found it, in the paired ratios); then every goal
+the suite measures (plain HTTP/1.1, HTTP/2, the Redis limiter, TLS new and
+resumed connections, the TLS tail, the cold PostgreSQL store) with its figure.
 
 usage: report.py --raw RAW.jsonl --meta META.json --resources RES.json --out DIR [--note TEXT]
 """
@@ -16,18 +18,32 @@ SCENARIOS = [
     # (scenario, target, label)
     ("saturation", "direct", "direct to upstream (HTTP/1.1)"),
     ("saturation", "gateway", "gateway, plain HTTP"),
+    ("saturation", "gateway_redis", "gateway, plain HTTP, limiter in Redis (backend = \"redis\")"),
     ("tls_keepalive", "gateway", "gateway, TLS keep-alive"),
+    ("tls_keepalive", "nginx", "nginx, TLS keep-alive"),
+    ("tls_keepalive", "haproxy", "HAProxy, TLS keep-alive"),
     ("tls_new_conn", "gateway", "gateway, new TLS connection per request"),
+    ("tls_new_conn", "nginx", "nginx, new TLS connection per request"),
+    ("tls_new_conn", "haproxy", "HAProxy, new TLS connection per request"),
+    ("tls_resume", "gateway", "gateway, resumed TLS session per request (s_time, 1 client)"),
+    ("tls_resume", "nginx", "nginx, resumed TLS session per request (s_time, 1 client)"),
+    ("tls_resume", "haproxy", "HAProxy, resumed TLS session per request (s_time, 1 client)"),
     ("http2", "gateway", "gateway, HTTP/2 over TLS (10 conns x 32 streams)"),
+    ("http2", "nginx", "nginx, HTTP/2 over TLS (10 conns x 32 streams)"),
+    ("http2", "haproxy", "HAProxy, HTTP/2 over TLS (10 conns x 32 streams)"),
     ("invalid_keys", "gateway", "gateway, flood of unknown keys (401)"),
     ("rate_limited_429", "gateway", "gateway, flood of rate-limited requests (429)"),
     ("keys_1", "gateway", "gateway, 1 key (wrk Lua)"),
     ("keys_100k", "gateway", "gateway, 100 000 distinct keys (wrk Lua)"),
+    ("pg_cold", "gateway_pg", "gateway on PostgreSQL, 100 000 keys first seen (cold)"),
+    ("pg_warm", "gateway_pg", "gateway on PostgreSQL, the same keys again (warm)"),
     ("saturation", "nginx", "nginx, same job"),
     ("saturation", "haproxy", "HAProxy, same job"),
     ("saturation", "envoy", "Envoy, same job"),
     ("saturation", "relay", "bare TCP relay (HAProxy mode tcp: no HTTP, no auth), a proxy's ceiling here"),
 ]
+# The scenarios the gateway, nginx and HAProxy all run over TLS.
+TLS_SCENARIOS = ["tls_keepalive", "tls_new_conn", "tls_resume", "http2"]
 FIXED = ["fixed_quarter", "fixed_half", "paced_half"]
 # How each fixed load is named in the Markdown.
 FIXED_LABELS = {"fixed_quarter": "quarter (oha)", "fixed_half": "half (oha)",
@@ -94,19 +110,26 @@ def summarize(rows):
     }
 
 
-def paired(raw, scenario, a, b):
-    """The ratio a/b of req/s within each round that ran both (run.sh
-    interleaves the saturation runs), as a stat over the rounds."""
+def paired(raw, a, b):
+    """The ratio a/b of req/s within each round that ran both (run.sh interleaves
+    the runs), as a stat over the rounds; a and b are (scenario, target)."""
     rounds = {}
     for r in raw:
-        if r["scenario"] == scenario and r["target"] in (a, b) and r["duration_us"]:
-            rounds.setdefault(r["run"], {})[r["target"]] = r["requests"] / r["duration_us"] * 1e6
+        k = (r["scenario"], r["target"])
+        if k in (a, b) and r.get("duration_us"):
+            rounds.setdefault(r["run"], {})[k] = r["requests"] / r["duration_us"] * 1e6
     return stat([v[a] / v[b] for v in rounds.values() if a in v and b in v and v[b]])
 
 
-PAIRS = [("gateway", "nginx"), ("gateway", "haproxy"), ("gateway", "envoy"), ("gateway", "direct"),
-         ("nginx", "direct"), ("haproxy", "direct"), ("envoy", "direct"), ("relay", "direct"),
-         ("gateway", "relay")]
+PAIRS = [("saturation", "gateway", "nginx"), ("saturation", "gateway", "haproxy"), ("saturation", "gateway", "envoy"),
+         ("saturation", "gateway", "direct"), ("saturation", "nginx", "direct"), ("saturation", "haproxy", "direct"),
+         ("saturation", "envoy", "direct"), ("saturation", "relay", "direct"), ("saturation", "gateway", "relay"),
+         ("saturation", "gateway_redis", "gateway")]
+PAIRS += [(s, "gateway", peer) for s in TLS_SCENARIOS for peer in ("nginx", "haproxy")]
+
+
+def pair_name(scenario, a, b):
+    return f"{a} / {b}" if scenario == "saturation" else f"{scenario}: {a} / {b}"
 
 
 def med(s, key):
@@ -130,9 +153,10 @@ def fmt(s, digits=2):
 def build(raw, meta, resources, note):
     groups = {}
     for r in raw:
-        if r["scenario"] != "own_time":
+        if r["scenario"] not in ("own_time", "pg_store"):
             groups.setdefault((r["scenario"], r["target"]), []).append(r)
     own = [r for r in raw if r["scenario"] == "own_time"]
+    pg = [r for r in raw if r["scenario"] == "pg_store"]
     summary = {k: summarize(v) for k, v in groups.items()}
     direct = med(summary.get(("saturation", "direct")), "rps")
     nginx = med(summary.get(("saturation", "nginx")), "rps")
@@ -143,16 +167,22 @@ def build(raw, meta, resources, note):
         if not s:
             continue
         rps = med(s, "rps")
+        # Ratios to the peers in the same scenario (over TLS, nginx's and HAProxy's TLS
+        # runs); to direct only over plain HTTP/1.1.
+        peer = {t: med(summary.get((scenario, t)), "rps") for t in ("nginx", "haproxy")}
+        resumed = [r for r in groups[(scenario, target)] if "resumed" in r]
         scenarios.append({
             "scenario": scenario, "target": target, "label": label, **s,
-            "ratio_to_direct": ratio(rps, direct),
-            "ratio_to_nginx": ratio(rps, nginx) if target != "nginx" else None,
-            "ratio_to_haproxy": ratio(rps, haproxy) if target != "haproxy" else None,
+            "ratio_to_direct": ratio(rps, direct) if scenario == "saturation" else None,
+            "ratio_to_nginx": ratio(rps, peer["nginx"]) if target != "nginx" else None,
+            "ratio_to_haproxy": ratio(rps, peer["haproxy"]) if target != "haproxy" else None,
+            "resumed_share": resumed and round(sum(r["resumed"] for r in resumed)
+                                               / max(1, sum(r["marked"] for r in resumed)), 3) or None,
         })
     fixed = []
     for scenario in FIXED:
         base = summary.get((scenario, "direct"))
-        for target in ["direct", "gateway", "nginx", "haproxy", "relay"]:
+        for target in ["direct", "gateway", "gateway_redis", "nginx", "haproxy", "relay"]:
             s = summary.get((scenario, target))
             if not s:
                 continue
@@ -176,24 +206,53 @@ def build(raw, meta, resources, note):
     cpu = med(gw, "server_cpu_us_per_req")
     res["cpu_s_per_100k_requests"] = cpu and round(cpu * 1e5 / 1e6, 3)
     gw_rps = med(gw, "rps")
-    pairs = [{"pair": f"{a} / {b}", **(paired(raw, "saturation", a, b) or {})} for a, b in PAIRS]
+    pairs = [{"pair": pair_name(sc, a, b), **(paired(raw, (sc, a), (sc, b)) or {})} for sc, a, b in PAIRS]
+    # The cold key store against the warm one, each run's cold pass against its warm one.
+    pairs.append({"pair": pair_name("pg", "cold", "warm"), **(paired(raw, ("pg_cold", "gateway_pg"), ("pg_warm", "gateway_pg")) or {})})
     pairs = [p for p in pairs if "median" in p]
 
-    def pair_or_ratio(a, b, fallback):
+    def pair_or_ratio(a, b, fallback=None, scenario="saturation"):
         # The paired median when rounds were interleaved, else the ratio of medians.
-        p = next((p for p in pairs if p["pair"] == f"{a} / {b}"), None)
+        p = next((p for p in pairs if p["pair"] == pair_name(scenario, a, b)), None)
         return round(p["median"], 3) if p else fallback
+
+    def p999(scenario):
+        return med(summary.get((scenario, "gateway")), "p999_ms")
+
+    store = None
+    if pg:
+        store = {
+            "runs": len(pg),
+            "queries_per_key": stat([r["queries_per_key"] for r in pg]),
+            "store_queries": sum(r["store_queries"] for r in pg),
+            "idle_queries_taken_off": round(sum(r["idle_queries_taken_off"] for r in pg), 1),
+            "cache_misses": sum(r["cache_misses"] for r in pg),
+            "cold_requests": sum(r["cold_requests"] for r in pg),
+            "cold_wrapped": any(r["cold_wrapped"] for r in pg),
+            "rss_bytes_per_cached_key": stat([r["rss_bytes_per_cached_key"] for r in pg]),
+            "cache_entries_added": stat([r["cache_entries_added"] for r in pg]),
+        }
 
     def at(scenario, target="gateway"):
         return next((f for f in fixed if f["scenario"] == scenario and f["target"] == target), None)
 
     half, paced = at("fixed_half"), at("paced_half")
+
+    def redis_added(scenario):
+        # What the Redis limiter adds to the p99 of the gateway with the local one, at the same load.
+        r, l = at(scenario, "gateway_redis"), at(scenario)
+        if r and l and med(r, "p99_ms") is not None and med(l, "p99_ms") is not None:
+            return round(med(r, "p99_ms") - med(l, "p99_ms"), 3)
+        return None
+    tls_p999_ratio = ratio(p999("tls_keepalive"), p999("saturation"))
     # What the bare TCP relay (no HTTP, no auth) added at the same loads: what the
     # layout and the host add for any proxy, before any HTTP work.
     relay_floor = {tool: f["p99_added_ms"] for tool, f in
                    (("oha", at("fixed_half", "relay")), ("paced", at("paced_half", "relay")))
                    if f and f["p99_added_ms"] is not None}
     # (name, comparison, bound, measured value): the goal shown and the check made are one.
+    # The goals of the plain HTTP/1.1 path, then those of the other paths (HTTP/2,
+    # the Redis limiter, TLS, the cold key store); "info" rows have no bound.
     goals = [
         ("gateway / nginx req/s", ">=", 1.2, pair_or_ratio("gateway", "nginx", ratio(gw_rps, nginx))),
         ("gateway / HAProxy req/s", ">=", 1.2, pair_or_ratio("gateway", "haproxy", ratio(gw_rps, haproxy))),
@@ -202,11 +261,37 @@ def build(raw, meta, resources, note):
         ("p99 added at half of peak, paced arrivals (h2load) (ms)", "<", 1, paced and paced["p99_added_ms"]),
         ("RSS holding 10 000 idle connections (MiB)", "<", 64,
          resources.get("rss_10k_idle_conns_kib") and round(resources["rss_10k_idle_conns_kib"] / 1024, 1)),
+        ("HTTP/2 over TLS: gateway / HAProxy req/s", ">=", 1.2, pair_or_ratio("gateway", "haproxy", scenario="http2")),
+        ("HTTP/2 over TLS: gateway / nginx req/s", ">=", 1.2, pair_or_ratio("gateway", "nginx", scenario="http2")),
+        ("Redis limiter / local limiter req/s", ">=", 0.8, pair_or_ratio("gateway_redis", "gateway")),
+        ("p99 added by Redis at half of peak, oha (ms)", "<", 0.3, redis_added("fixed_half")),
+        ("p99 added by Redis at half of peak, paced arrivals (h2load) (ms)", "<", 0.3, redis_added("paced_half")),
+        ("new TLS connection per request: gateway / nginx", ">=", 1.5,
+         pair_or_ratio("gateway", "nginx", scenario="tls_new_conn")),
+        ("new TLS connection per request: gateway / HAProxy", ">=", 1.5,
+         pair_or_ratio("gateway", "haproxy", scenario="tls_new_conn")),
+        ("resumed TLS session per request: gateway / nginx", "info", None,
+         pair_or_ratio("gateway", "nginx", scenario="tls_resume")),
+        ("resumed TLS session per request: gateway / HAProxy", "info", None,
+         pair_or_ratio("gateway", "haproxy", scenario="tls_resume")),
+        ("TLS keep-alive: gateway / nginx req/s", "info", None,
+         pair_or_ratio("gateway", "nginx", scenario="tls_keepalive")),
+        ("TLS keep-alive: gateway / HAProxy req/s", "info", None,
+         pair_or_ratio("gateway", "haproxy", scenario="tls_keepalive")),
+        ("TLS keep-alive p99.9 / plain HTTP p99.9 (gateway, saturation)", "<=", 2, tls_p999_ratio),
+        ("PostgreSQL store: cold / warm req/s (100 000 keys)", ">=", 0.5,
+         pair_or_ratio("cold", "warm", scenario="pg")),
+        ("PostgreSQL store: store queries per key first seen", "<=", 1, med(store, "queries_per_key")),
+        ("RSS per cached key (bytes; the key's own strings included)", "info", None,
+         med(store, "rss_bytes_per_cached_key")),
     ]
-    compare = {">=": lambda v, b: v >= b, "<": lambda v, b: v < b}
+    if meta.get("mode") == "quick" and "suite_s" in meta:
+        goals.append(("--quick: the whole suite, builds excluded (s)", "<", 600, meta["suite_s"]))
+    compare = {">=": lambda v, b: v >= b, "<": lambda v, b: v < b, "<=": lambda v, b: v <= b,
+               "info": lambda v, b: None}
     targets = [
-        {"name": name, "goal": f"{op} {bound}", "value": value,
-         "met": None if value is None else bool(compare[op](value, bound))}
+        {"name": name, "goal": "–" if op == "info" else f"{op} {bound}", "value": value,
+         "met": None if value is None or op == "info" else bool(compare[op](value, bound))}
         for name, op, bound, value in goals
     ]
     # Where the throughput ratios come from: at saturation a proxy that keeps
@@ -240,6 +325,7 @@ def build(raw, meta, resources, note):
         "scenarios": scenarios,
         "fixed_load": fixed,
         "own_time_half": own_time,
+        "pg_store": store,
         "resources": res,
         "paired_ratios": pairs,
         "targets": targets,
@@ -302,6 +388,9 @@ def markdown(rep):
             + ". A request that arrives during a stall waits it out: stalls that take about 1% of a core's "
             "time show in the p99 of what runs there.\n"
         )
+    out.append("Ratios: × direct over plain HTTP/1.1 only; × nginx and × HAProxy to the peer in the same scenario "
+               "(over TLS, its TLS runs), ratios of the medians (the paired ones are below). For a new or resumed "
+               "TLS connection per request, req/s is connections per second.\n")
     out.append("| scenario | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | of it in the kernel | × direct | × nginx | × HAProxy | non-2xx |")
     out.append("| - | -: | -: | -: | -: | -: | -: | -: | -: | -: | -: |")
     for s in rep["scenarios"]:
@@ -311,12 +400,33 @@ def markdown(rep):
             f"| {fmt(s['server_cpu_us_per_req'], 1)} | {fmt(s['server_sys_us_per_req'], 1)} | {s['ratio_to_direct'] or '–'} | {s['ratio_to_nginx'] or '–'} "
             f"| {s['ratio_to_haproxy'] or '–'} | {s['non_2xx']:,} |"
         )
+    resumed = [(s["target"], s["resumed_share"]) for s in rep["scenarios"] if s["scenario"] == "tls_resume"]
+    if resumed:
+        out.append("\nResumption: `openssl s_time -reuse`, one client opening one connection at a time, each "
+                   "resuming the first one's session (its request carries the bench key and `Connection: close`; "
+                   "wrk and h2load never resume; one client at a time can leave a server idle, so read the servers' "
+                   "CPU per connection beside the rate). Share of the connections that resumed: "
+                   + ", ".join(f"{t} {v * 100:.1f}%" if v is not None else f"{t} –" for t, v in resumed) + ".")
+    st = rep.get("pg_store")
+    if st:
+        out.append(
+            f"\nThe cold key store (PostgreSQL, 100 000 keys; {st['runs']} run(s), each on a fresh gateway): "
+            f"{st['cold_requests']:,} requests with keys first seen ({st['cache_misses']:,} key-cache misses, "
+            f"those in flight at the end included) took {st['store_queries']:,} store queries: "
+            f"{fmt(st['queries_per_key'], 3)} per key (the count of `mpg_store_query_duration_seconds` over the "
+            f"run, less {st['idle_queries_taken_off']:g} the gateway makes idle at that rate, such as the change "
+            "log's reads); once all were cached, "
+            f"the RSS grew by {fmt(st['rss_bytes_per_cached_key'], 0)} bytes per cached key (the key's own strings, "
+            "its limiter state and the allocator's overhead included)."
+            + (" **The cold runs came round to keys already seen: lengthen the key list or shorten --duration.**"
+               if st["cold_wrapped"] else ""))
     if rep.get("paired_ratios"):
         others = " and ".join(name for target, name in [("relay", "the bare TCP relay"), ("envoy", "Envoy")]
                               if any(s["target"] == target for s in rep["scenarios"]))
-        out.append("\nSaturation req/s compared within each round (direct, gateway, nginx and HAProxy run one after "
-                   f"another in every round{', and ' + others + ' with them' if others else ''}), median (min–max) "
-                   "over the rounds; the targets below use these:\n")
+        out.append("\nreq/s compared within each round (direct, gateway, nginx and HAProxy run one after "
+                   f"another in every round{', and ' + others + ' with them' if others else ''}; over TLS the "
+                   "gateway, nginx and HAProxy; on PostgreSQL each run's cold pass against its warm one), "
+                   "median (min–max) over the rounds; the targets below use these:\n")
         out.append("| pair | ratio of req/s |")
         out.append("| - | -: |")
         for p in rep["paired_ratios"]:
@@ -408,20 +518,22 @@ def chart(rep, path):
     rows = [s for s in rep["scenarios"] if s["rps"]]
     labels = [s["label"].replace(", ", "\n", 1) for s in rows]
     colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621",
-              "relay": "#bbbbbb", "envoy": "#6b46c1"}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(15, 7))
+              "relay": "#bbbbbb", "envoy": "#6b46c1", "gateway_redis": "#4a90d9", "gateway_pg": "#1a365d"}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(15, 11))
     y = range(len(rows))
     a.barh(y, [s["rps"]["median"] for s in rows], color=[colors[s["target"]] for s in rows],
            xerr=[[s["rps"]["median"] - s["rps"]["min"] for s in rows], [s["rps"]["max"] - s["rps"]["median"] for s in rows]])
     a.set_yticks(list(y), labels, fontsize=8)
     a.invert_yaxis()
-    a.set_xlabel("requests per second (median, min–max)")
+    # New and resumed TLS connections per second sit two orders below keep-alive req/s.
+    a.set_xscale("log")
+    a.set_xlabel("requests (or TLS connections) per second, log scale (median, min–max)")
     a.set_title("Throughput")
     p99 = [med(s, "p99_ms") or 0 for s in rows]
     b.barh(y, p99, color=[colors[s["target"]] for s in rows])
     b.set_yticks(list(y), [""] * len(rows))
     b.invert_yaxis()
-    b.set_xlabel("p99 latency, ms, at saturation (HTTP/2: none reported)")
+    b.set_xlabel("p99 latency, ms, at saturation (HTTP/2 and resumption: none reported)")
     b.set_title("p99 latency")
     title = "mpg-gateway load suite"
     if rep["note"]:

@@ -2,12 +2,18 @@
 # The load suite: the gateway side by side with a direct upstream, nginx, HAProxy and
 # Envoy doing the same job (API-key check against the same keys, a rate limit that never
 # fires, proxy with keep-alive to the same upstream), and a bare TCP relay (HAProxy
-# `mode tcp`) as the ceiling of any proxy in this layout. Everything on 127.0.0.1.
+# `mode tcp`) as the ceiling of any proxy in this layout. Over TLS (HTTP/1.1 keep-alive,
+# a new connection per request, a resumed session per request, HTTP/2) the gateway,
+# nginx and HAProxy terminate with the same certificate and do the same job. Beside
+# them: the gateway with its limiter in Redis (`backend = "redis"`, the local Redis at
+# 127.0.0.1:6379 under a key prefix of its own), and with its key store on PostgreSQL
+# (a database of its own, 100 000 keys first seen, then again). Everything on 127.0.0.1.
 #
-#   benches/load/run.sh            # 3 runs x 10 s per figure (about 17 minutes + the builds)
-#   benches/load/run.sh --quick    # 1 run x 2 s per figure (validation, about 2 minutes)
+#   benches/load/run.sh            # 3 runs x 10 s per figure (about 25 minutes + the builds)
+#   benches/load/run.sh --quick    # 1 run x 2 s per figure (every scenario once, about 4 minutes)
 #   benches/load/run.sh --pgo-only # only the profile-guided build: target/pgo/release/mpg-gateway
 #   options: --runs N --duration S --out DIR --conns C --no-install --pgo --no-pgo --share-core0
+#            --gateway BIN (measure that binary, built elsewhere, instead of building one)
 #
 # The gateway under test is a profile-guided (PGO) build in full mode (--no-pgo: the
 # plain `cargo build --release`; --quick measures the plain build unless --pgo): an
@@ -28,11 +34,16 @@
 # machine that may move (its services, this script, unbound kernel threads) is held to
 # the other core, and given back its CPU set when the suite exits (core0.py; needs root
 # for other users' processes). --share-core0 leaves them where they are.
+#
+# Redis and PostgreSQL are the machine's own (MPG_BENCH_REDIS_URL, default
+# redis://127.0.0.1:6379; MPG_BENCH_PG_URL, a database the suite may create others
+# from, default postgres://postgres@127.0.0.1:5432/postgres); without one, its
+# scenario is left out. Being services of the machine, they run on core 1.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1
+RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1 GW_GIVEN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=1 DURATION=2 MODE=quick ;;
@@ -45,14 +56,22 @@ while [ $# -gt 0 ]; do
     --no-pgo) PGO=0 ;;
     --pgo-only) PGO=1 PGO_ONLY=1 ;;
     --share-core0) HOLD_CORE0=0 ;;
+    --gateway) GW_GIVEN="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-# Full mode measures the profile-guided build, quick mode the plain one, unless told.
+# Full mode measures the profile-guided build, quick mode the plain one, unless told;
+# --gateway, the binary given.
+[ -z "$GW_GIVEN" ] || [ -n "$PGO" ] || PGO=0
 [ -n "$PGO" ] || { [ "$MODE" = full ] && PGO=1 || PGO=0; }
 [ "$PGO_ONLY$PGO" != 10 ] || { echo "run.sh: --pgo-only and --no-pgo contradict each other" >&2; exit 2; }
+if [ -n "$GW_GIVEN" ]; then
+  [ "$PGO" != 1 ] || { echo "run.sh: --gateway measures a given binary, --pgo builds one: not both" >&2; exit 2; }
+  [ -x "$GW_GIVEN" ] || { echo "run.sh: --gateway $GW_GIVEN is not an executable" >&2; exit 2; }
+  GW_GIVEN="$(cd "$(dirname "$GW_GIVEN")" && pwd)/$(basename "$GW_GIVEN")"
+fi
 
 # ---------------------------------------------------------------- tools
 need_apt=()
@@ -98,6 +117,19 @@ fi
 ENVOY_VERSION=""
 [ -z "$ENVOY" ] || ENVOY_VERSION="$("$ENVOY" --version | sed -n 's|.*version: [^/]*/\([0-9.]*\)/.*|\1|p')"
 
+# Redis and PostgreSQL for the limiter and store scenarios: used when they answer.
+REDIS_URL="${MPG_BENCH_REDIS_URL:-redis://127.0.0.1:6379}"
+PG_URL="${MPG_BENCH_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+HAVE_REDIS=0 HAVE_PG=0
+command -v redis-cli >/dev/null && [ "$(redis-cli -u "$REDIS_URL" ping 2>/dev/null)" = PONG ] && HAVE_REDIS=1
+command -v psql >/dev/null && psql -Atq "$PG_URL" -c 'SELECT 1' >/dev/null 2>&1 && HAVE_PG=1
+[ "$HAVE_REDIS" = 1 ] || log "no Redis answers at $REDIS_URL: the Redis-limiter scenario is left out"
+[ "$HAVE_PG" = 1 ] || log "no PostgreSQL answers at $PG_URL: the cold key store scenario is left out"
+# The suite's own key prefix and database, removed when it exits.
+REDIS_PREFIX="mpg-bench-$$:"
+PG_DB="mpg_bench_$$"
+PG_BENCH_URL="${PG_URL%/*}/$PG_DB"
+
 # The profile-guided build's fixed paths: RUSTFLAGS are part of cargo's fingerprint, so
 # the instrumented build is reused from one run to the next; the profile-use flag names
 # the profile by its content, so a new profile rebuilds everything with it and an
@@ -118,15 +150,27 @@ if [ "$PGO" = 1 ]; then
   log "profile-guided build 1/3: instrumented release build (target/pgo-gen)"
   RUSTFLAGS="-Cprofile-generate=$PGO_RAW" build_gateway --target-dir "$PGO_GEN"
   GW="$PGO_GEN/release/mpg-gateway"
+elif [ -n "$GW_GIVEN" ]; then
+  GW="$GW_GIVEN"
 else
   log "building the gateway (release)"
   build_gateway
   GW="$ROOT/target/release/mpg-gateway"
 fi
 
+# The suite's own time, builds excluded (the profile-guided build's are taken off below).
+SUITE_T0=$(date +%s) BUILD_S=0
+
 # ---------------------------------------------------------------- workspace, cleanup
 # Give every task held off core 0 its CPU set back.
-on_exit() { [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null; }
+# Then remove the suite's Redis keys and PostgreSQL database (its gateways are stopped by then).
+on_exit() {
+  [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null
+  if [ "$HAVE_REDIS" = 1 ]; then
+    redis-cli -u "$REDIS_URL" --scan --pattern "$REDIS_PREFIX*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" DEL >/dev/null
+  fi
+  [ "$HAVE_PG" = 1 ] && psql -q "$PG_URL" -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" 2>/dev/null || true
+}
 work_dir mpg-bench
 raise_nofile
 CLK_TCK="$(getconf CLK_TCK)"
@@ -166,6 +210,7 @@ tree_pids() { echo "$1" $(pgrep -P "$1" || true); }
 
 UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port); ADM_PORT=$(free_port)
 NGX_PORT=$(free_port); HAP_PORT=$(free_port); RELAY_PORT=$(free_port); ENVOY_PORT=$(free_port)
+NGXS_PORT=$(free_port); HAPS_PORT=$(free_port); GWR_PORT=$(free_port); GWP_PORT=$(free_port); ADMP_PORT=$(free_port)
 BODY='{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 PATH_Q="/api/v1/clusters?organization_id=acme"
 
@@ -245,6 +290,17 @@ sed "s|^enabled = false\$|listen = \"127.0.0.1:$ADM_PORT\"|" "$WORK/gw-plain.tom
 grep -q "^listen = \"127.0.0.1:$ADM_PORT\"" "$WORK/gw-admin.toml" ||
   { echo "run.sh: gw-base.toml no longer has the [admin] enabled = false line gw-admin.toml replaces" >&2; exit 1; }
 { server_section "$GWS_PORT" tls; cat "$WORK/gw-base.toml"; } >"$WORK/gw-tls.toml"
+# The same gateway with its limiter in Redis, under the suite's own key prefix.
+{ server_section "$GWR_PORT" plain; cat "$WORK/gw-base.toml"; } |
+  sed "s|^backend = \"local\"\$|backend = \"redis\"\nredis_url = \"$REDIS_URL\"\nredis_prefix = \"$REDIS_PREFIX\"|" >"$WORK/gw-redis.toml"
+# The same gateway with its key store on PostgreSQL (a database of the suite's own), and
+# the admin listener on for its store-query and key-cache metrics.
+{ server_section "$GWP_PORT" plain; cat "$WORK/gw-base.toml"; } |
+  sed -e "s|^enabled = false\$|listen = \"127.0.0.1:$ADMP_PORT\"|" \
+    -e "s|^kind = \"sqlite\"\$|kind = \"postgres\"|" -e "s|^path = \".*/gateway.db\"\$|url = \"$PG_BENCH_URL\"|" >"$WORK/gw-pg.toml"
+grep -q '^backend = "redis"' "$WORK/gw-redis.toml" && grep -q '^kind = "postgres"' "$WORK/gw-pg.toml" &&
+  grep -q "^url = " "$WORK/gw-pg.toml" && grep -q "^listen = \"127.0.0.1:$ADMP_PORT\"" "$WORK/gw-pg.toml" ||
+  { echo "run.sh: gw-base.toml no longer has the lines gw-redis.toml and gw-pg.toml replace" >&2; exit 1; }
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
   -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
@@ -292,8 +348,20 @@ EOF
   map \$mpg_key_id \$api_ok { "" 0; default 1; }
   limit_req_zone \$http_authorization zone=keys:32m rate=1000000r/s;
   upstream clusters { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }
+  # TLS as the gateway's: the same certificate, TLS 1.2 and 1.3, HTTP/2 by ALPN;
+  # resumption from a session cache and from tickets.
+  ssl_certificate $WORK/cert.pem;
+  ssl_certificate_key $WORK/key.pem;
+  ssl_protocols TLSv1.2 TLSv1.3;
+  ssl_session_cache shared:SSL:32m;
+  ssl_session_tickets on;
+  ssl_session_timeout 10m;
+EOF
+  # The same server block over plain HTTP and over TLS.
+  for listen in "$NGX_PORT" "$NGXS_PORT ssl http2"; do
+    cat <<EOF
   server {
-    listen 127.0.0.1:$NGX_PORT;
+    listen 127.0.0.1:$listen;
     location / {
       if (\$api_ok = 0) { return 401 '{"error":"unauthorized"}'; }
       limit_req zone=keys burst=1000000 nodelay;
@@ -320,29 +388,21 @@ EOF
       proxy_pass http://clusters;
     }
   }
-}
 EOF
+  done
+  echo "}"
 } >"$WORK/ngx/nginx.conf"
 cp "$WORK/ids1k.txt" "$WORK/haproxy-keys.map" # SECRET KEY_ID
 for pair in "org acme" "user alice" "role member" "scopes clusters:read"; do
   set -- $pair
   sed "s/.*/& $2/" "$WORK/keys1k.txt" >"$WORK/haproxy-$1.map"
 done
-cat >"$WORK/haproxy.cfg" <<EOF
-global
-  nbthread 1
-  maxconn 9000
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 120s
-  timeout server 30s
-  timeout http-keep-alive 120s
-  option http-keep-alive
-backend ratetable
-  stick-table type string len 64 size 200k expire 60s store http_req_rate(1s)
-frontend fe
-  bind 127.0.0.1:$HAP_PORT
+# hap_frontend NAME BIND PROTO: the same job behind a plain and a TLS listener (the same
+# certificate, HTTP/2 and HTTP/1.1 by ALPN).
+hap_frontend() {
+  cat <<EOF
+frontend $1
+  bind $2
   unique-id-format %{+X}o%ci%cp%fp%Ts%rt%pid
   acl key_ok req.hdr(authorization) -m beg "Bearer "
   http-request set-var(txn.kid) req.hdr(authorization),bytes(7),map_str($WORK/haproxy-keys.map)
@@ -357,7 +417,7 @@ frontend fe
   http-request set-header x-mpg-auth api_key
   http-request set-header x-mpg-key-id %[var(txn.kid)]
   http-request set-header x-request-id %[unique-id]
-  http-request set-header x-forwarded-proto http
+  http-request set-header x-forwarded-proto $3
   http-request set-header x-forwarded-host %[req.hdr(host)]
   http-request del-header authorization
   option forwardfor
@@ -367,10 +427,35 @@ frontend fe
   http-response set-header x-ratelimit-remaining 3999999999
   http-response set-header x-ratelimit-reset 1795397661
   default_backend clusters
+EOF
+}
+{
+  cat <<EOF
+global
+  nbthread 1
+  maxconn 9000
+  # Resumption from a session cache (entries) and from tickets (on by default).
+  tune.ssl.cachesize 20000
+  tune.ssl.lifetime 600
+  ssl-default-bind-options ssl-min-ver TLSv1.2
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 120s
+  timeout server 30s
+  timeout http-keep-alive 120s
+  option http-keep-alive
+backend ratetable
+  stick-table type string len 64 size 200k expire 60s store http_req_rate(1s)
+EOF
+  hap_frontend fe "127.0.0.1:$HAP_PORT" http
+  hap_frontend fes "127.0.0.1:$HAPS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1" https
+  cat <<EOF
 backend clusters
   http-reuse always
   server up 127.0.0.1:$UP_PORT maxconn 1000
 EOF
+} >"$WORK/haproxy.cfg"
 haproxy -c -f "$WORK/haproxy.cfg" >/dev/null
 # A bare TCP relay to the same upstream (HAProxy `mode tcp`: no HTTP, no key
 # check, one upstream connection per client connection): the same socket work
@@ -534,16 +619,15 @@ wrk_run() {
   done
 }
 
-# h2load_run SCENARIO TARGET URL SERVER_PID: HTTP/2 multiplexed over TLS
-h2load_run() {
-  local scenario=$1 target=$2 url=$3 pid=$4 r
-  for r in $(seq "$RUNS"); do
-    local t0 t1
-    t0=$(ticks "$pid")
-    taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
-    t1=$(ticks "$pid")
-    local fields
-    fields=$(python3 - "$WORK/h2.out" <<'EOF'
+# h2load_once SCENARIO TARGET URL SERVER_PID RUN: HTTP/2 multiplexed over TLS
+h2load_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 r=$5
+  local pids t0 t1 fields
+  pids=$(tree_pids "$pid")
+  t0=$(ticks $pids)
+  taskset -c 1 h2load -t1 -c 10 -m 32 -D "$DURATION" -H "$AUTH" "$url" >"$WORK/h2.out" 2>&1
+  t1=$(ticks $pids)
+  fields=$(python3 - "$WORK/h2.out" <<'EOF'
 import re, sys
 t = open(sys.argv[1]).read()
 rps = float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", t).group(1))
@@ -558,9 +642,46 @@ print(f'"tool":"h2load","requests":{done},"duration_us":{int(dur_us)},"errors":{
       f'"non_2xx":{done - int(st.group(1))},"mean_us":{mean}')
 EOF
 )
-    record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
-    log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
-  done
+  record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
+  log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
+}
+
+# The request of the resumption scenario, as `openssl s_time -www` sends it: s_time
+# writes "GET <page> HTTP/1.0\r\n\r\n", so the page carries the rest of an HTTP/1.1
+# request (the bench key, Connection: close) and its last field takes the " HTTP/1.0".
+RESUME_REQ="$PATH_Q HTTP/1.1"$'\r\n'"Host: 127.0.0.1"$'\r\n'"$AUTH"$'\r\n'"Connection: close"$'\r\n'"X-Pad:"
+# resume_check NAME PORT: the request s_time sends is answered 200 there.
+resume_check() {
+  local status
+  status=$(printf 'GET %s HTTP/1.0\r\n\r\n' "$RESUME_REQ" |
+    timeout 10 openssl s_client -quiet -connect "127.0.0.1:$2" 2>/dev/null | head -n 1 | tr -d '\r')
+  [[ "$status" == "HTTP/1.1 200"* ]] || { echo "run.sh: $1 answered '$status' to the resumption request, not 200" >&2; exit 1; }
+}
+# resume_once SCENARIO TARGET PORT SERVER_PID RUN: a new TLS connection per request,
+# each resuming the first one's session (`openssl s_time -reuse`: one client, one
+# connection at a time; wrk and h2load never resume). Connections per second, the
+# server's CPU per connection, and the share of connections that did resume.
+resume_once() {
+  local scenario=$1 target=$2 port=$3 pid=$4 r=$5
+  local pids t0 t1 w0 w1 fields
+  pids=$(tree_pids "$pid")
+  t0=$(ticks $pids); w0=$(date +%s%N)
+  taskset -c 1 openssl s_time -connect "127.0.0.1:$port" -reuse -time "$DURATION" -www "$RESUME_REQ" \
+    >"$WORK/stime.out" 2>&1 || { cat "$WORK/stime.out" >&2; exit 1; }
+  w1=$(date +%s%N); t1=$(ticks $pids)
+  fields=$(python3 - "$WORK/stime.out" "$w0" "$w1" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+n = int(re.search(r"(\d+) connections in [\d.]+ real seconds", t).group(1))
+per = int(re.search(r"(\d+) bytes read per connection", t).group(1))
+# s_time prints one character per connection: "r" when it resumed
+marks = "".join(l for l in t.splitlines() if re.fullmatch(r"[r*123]+", l))
+print(f'"tool":"s_time","requests":{n},"duration_us":{(int(sys.argv[3]) - int(sys.argv[2])) // 1000},'
+      f'"errors":0,"non_2xx":0,"resumed":{marks.count("r")},"marked":{len(marks)},"bytes_per_conn":{per}')
+EOF
+)
+  record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
+  log "  $scenario/$target run $r: $(grep -o '[0-9]* connections in [0-9]* real seconds' "$WORK/stime.out"), $(sed 's/.*"resumed":\([0-9]*\),"marked":\([0-9]*\).*/\1 of \2 resumed/' <<<"$fields")"
 }
 
 # record_fixed SCENARIO TARGET RATE RUN TICKS0 TICKS1 FIELDS: one fixed-load run's
@@ -640,14 +761,29 @@ EOF
 }
 
 start_gateway() { run_gateway "$1" "$2" "$WORK/gateway.log" taskset -c 0; } # CONFIG PORT -> GW_PID
+# warm_pass PORT KEYS: one pass over the keys (not measured), filling the key cache.
+# wrk stops sending after the pass but waits out -d: it is ended when the pass is done.
+warm_pass() {
+  local pid _
+  rm -f "$WORK/warm.done"
+  BENCH_KEYS="$2" BENCH_WARM_DONE="$WORK/warm.done" taskset -c 1 \
+    wrk -t1 -c"$CONNS" -d120s -s "$WORK/warm.lua" "http://127.0.0.1:$1$PATH_Q" >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1200); do [ -e "$WORK/warm.done" ] && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  stop "$pid"
+}
 # same_job NAME PORT: a peer must pass the bench key and refuse an unknown one,
 # or its figures would not be of the same job.
+# same_job NAME PORT https: the same over TLS, by HTTP/1.1 and by HTTP/2 (ALPN).
 same_job() {
-  local code
-  code=$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" "http://127.0.0.1:$2$PATH_Q")
-  [ "$code" = 200 ] || { echo "run.sh: $1 answered $code to the bench key, not 200" >&2; exit 1; }
-  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "http://127.0.0.1:$2$PATH_Q")
-  [ "$code" = 401 ] || { echo "run.sh: $1 answered $code to an unknown key, not 401" >&2; exit 1; }
+  local code scheme=${3:-http} v versions="1.1"
+  [ "$scheme" = https ] && versions="1.1 2"
+  for v in $versions; do
+    code=$(curl -sk "--http$v" -o /dev/null -w '%{http_code} %{http_version}' -H "$AUTH" "$scheme://127.0.0.1:$2$PATH_Q")
+    [ "$code" = "200 $v" ] || { echo "run.sh: $1 answered '$code' to the bench key over HTTP/$v, not 200" >&2; exit 1; }
+    code=$(curl -sk "--http$v" -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(head -1 "$WORK/invalid.txt")" "$scheme://127.0.0.1:$2$PATH_Q")
+    [ "$code" = 401 ] || { echo "run.sh: $1 answered $code to an unknown key over HTTP/$v, not 401" >&2; exit 1; }
+  done
 }
 
 # ---------------------------------------------------------------- profile-guided build
@@ -676,10 +812,14 @@ pgo_build() {
   prof="$PGO_USE/mpg-gateway.$(sha256sum "$WORK/merged.profdata" | cut -c1-16).profdata"
   [ -f "$prof" ] || { rm -f "$PGO_USE"/mpg-gateway.*.profdata; cp "$WORK/merged.profdata" "$prof"; }
   log "profile-guided build 3/3: release build with the profile (target/pgo)"
+  local b0
+  b0=$(date +%s)
   RUSTFLAGS="-Cprofile-use=$prof" build_gateway --target-dir "$PGO_USE"
+  BUILD_S=$(($(date +%s) - b0))
   GW="$PGO_USE/release/mpg-gateway"
 }
 GW_BUILD="release"
+[ -z "$GW_GIVEN" ] || GW_BUILD="given with --gateway"
 if [ "$PGO" = 1 ]; then
   pgo_build
   GW_BUILD="release, profile-guided"
@@ -720,6 +860,15 @@ taskset -c 0 haproxy -db -f "$WORK/relay.cfg" &
 RELAY_PID=$!; PIDS+=("$RELAY_PID")
 wait_port "$RELAY_PORT"
 curl -sf -o /dev/null "http://127.0.0.1:$RELAY_PORT$PATH_Q" || { echo "run.sh: the TCP relay did not answer 200" >&2; exit 1; }
+same_job "nginx (TLS)" "$NGXS_PORT" https
+same_job "HAProxy (TLS)" "$HAPS_PORT" https
+GWR_PID=""
+if [ "$HAVE_REDIS" = 1 ]; then
+  plain_pid=$GW_PID
+  run_gateway "$WORK/gw-redis.toml" "$GWR_PORT" "$WORK/gateway-redis.log" taskset -c 0
+  GWR_PID=$GW_PID GW_PID=$plain_pid
+  same_job "gateway (Redis limiter)" "$GWR_PORT"
+fi
 PEERS="nginx, HAProxy"
 if [ -n "$ENVOY" ]; then
   # One worker (`--concurrency 1`); its main thread shares core 0 with it.
@@ -750,10 +899,13 @@ log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
 # right after the same one).
 # The bare TCP relay and Envoy run in the same rounds (saturation only: Envoy
 # cannot carry half of the gateway's peak on this core).
-log "saturation, interleaved: direct, gateway, $PEERS, TCP relay in each round, order rotating"
+REDIS_NOTE=""; [ -n "$GWR_PID" ] && REDIS_NOTE=", the gateway with its limiter in Redis"
+log "saturation, interleaved: direct, gateway, $PEERS, TCP relay$REDIS_NOTE in each round, order rotating"
 # The same targets, the bare TCP relay included, run the fixed-load rounds below.
 FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID"
   "haproxy $HAP_PORT $HAP_PID" "relay $RELAY_PORT $RELAY_PID")
+# The gateway with its limiter in Redis runs beside the one with the local limiter.
+[ -n "$GWR_PID" ] && FIXED_TARGETS+=("gateway_redis $GWR_PORT $GWR_PID")
 ROUND_TARGETS=("${FIXED_TARGETS[@]}")
 [ -n "$ENVOY" ] && ROUND_TARGETS+=("envoy $ENVOY_PORT $ENVOY_PID")
 for r in $(seq "$RUNS"); do
@@ -774,7 +926,7 @@ HALF=$((GW_PEAK / 2)); QUARTER=$((GW_PEAK / 4))
 # The bare TCP relay runs in these rounds too: what a proxy that does nothing but
 # move the bytes adds to the client's p99 at the same loads, on the same host, is the
 # floor the p99 targets are read against.
-log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy, TCP relay in each round"
+log "fixed loads ($HALF and $QUARTER req/s), interleaved: direct, gateway, nginx, HAProxy, TCP relay$REDIS_NOTE in each round"
 for r in $(seq "$RUNS"); do
   for k in "${!FIXED_TARGETS[@]}"; do
     read -r name port pid <<<"${FIXED_TARGETS[$(((k + r - 1) % ${#FIXED_TARGETS[@]}))]}"
@@ -784,18 +936,15 @@ for r in $(seq "$RUNS"); do
   done
 done
 
+[ -z "$GWR_PID" ] || stop "$GWR_PID"
+
 # (6), (7), (8) and resources: the gateway over plain HTTP
 log "gateway, plain HTTP"
 BENCH_KEYS="$WORK/invalid.txt" wrk_run invalid_keys gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
 wrk_run rate_limited_429 gateway "http://127.0.0.1:$GW_PORT/api/v1/limited" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
 BENCH_KEYS="$WORK/key1.txt" wrk_run keys_1 gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
 log "  warming the cache with one pass over the 100 000 keys (not measured)"
-# wrk stops sending after the pass but waits out -d: end it when the pass is done.
-BENCH_KEYS="$WORK/keys100k.txt" BENCH_WARM_DONE="$WORK/warm.done" taskset -c 1 \
-  wrk -t1 -c"$CONNS" -d120s -s "$WORK/warm.lua" "http://127.0.0.1:$GW_PORT$PATH_Q" >/dev/null 2>&1 &
-WARM_PID=$!
-for _ in $(seq 1200); do [ -e "$WORK/warm.done" ] && break; kill -0 "$WARM_PID" 2>/dev/null || break; sleep 0.1; done
-stop "$WARM_PID"
+warm_pass "$GW_PORT" "$WORK/keys100k.txt"
 BENCH_KEYS="$WORK/keys100k.txt" wrk_run keys_100k gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" -s "$WORK/keys.lua"
 RSS_AFTER=$(rss_kib "$GW_PID")
 stop "$GW_PID"
@@ -830,18 +979,67 @@ if [ -n "$OHA" ]; then
   stop "$GW_PID"
 fi
 
-# (3), (4), (5): the gateway over TLS
-log "gateway, TLS"
+# (3), (4), (5) and resumption: the gateway, nginx and HAProxy over TLS, one of each
+# per round in a rotating order, every TLS scenario for each: keep-alive (wrk), a new
+# connection per request (wrk, `Connection: close`), a resumed session per request
+# (openssl s_time -reuse), HTTP/2 (h2load, 10 connections x 32 streams).
+log "TLS, interleaved: gateway, nginx, HAProxy in each round: keep-alive, new connection per request, resumed session per request, HTTP/2"
 start_gateway "$WORK/gw-tls.toml" "$GWS_PORT"
-wrk_run tls_keepalive gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -s "$WORK/report.lua"
-wrk_run tls_new_conn gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" -H "$AUTH" -H "Connection: close" -s "$WORK/report.lua"
-h2load_run http2 gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID"
+same_job "gateway (TLS)" "$GWS_PORT" https
+TLS_TARGETS=("gateway $GWS_PORT $GW_PID" "nginx $NGXS_PORT $NGX_PID" "haproxy $HAPS_PORT $HAP_PID")
+for t in "${TLS_TARGETS[@]}"; do read -r name port pid <<<"$t"; resume_check "$name" "$port"; done
+for r in $(seq "$RUNS"); do
+  for k in "${!TLS_TARGETS[@]}"; do
+    read -r name port pid <<<"${TLS_TARGETS[$(((k + r - 1) % ${#TLS_TARGETS[@]}))]}"
+    url="https://127.0.0.1:$port$PATH_Q"
+    wrk_once tls_keepalive "$name" "$url" "$pid" "$r" -H "$AUTH" -s "$WORK/report.lua"
+    wrk_once tls_new_conn "$name" "$url" "$pid" "$r" -H "$AUTH" -H "Connection: close" -s "$WORK/report.lua"
+    resume_once tls_resume "$name" "$port" "$pid" "$r"
+    h2load_once http2 "$name" "$url" "$pid" "$r"
+  done
+done
 stop "$GW_PID"
 
 stop "$NGX_PID"
 stop "$HAP_PID"
 stop "$RELAY_PID"
 [ -n "$ENVOY" ] && stop "$ENVOY_PID"
+
+# The cold key store: the gateway on PostgreSQL (a database of the suite's own, the
+# 100 000 keys loaded by seed.py through COPY). Each run starts a fresh gateway (an
+# empty key cache; PostgreSQL's own caches stay warm): first the keys never seen
+# (cold), then, after one unmeasured pass over all of them, the same keys again (warm).
+# Its metrics give the store queries per key seen cold and the entries in the key
+# cache; /proc the RSS those entries take.
+STORE_RES=null
+if [ "$HAVE_PG" = 1 ]; then
+  log "cold key store on PostgreSQL (database $PG_DB): 100 000 keys first seen, then again"
+  psql -q "$PG_URL" -c "CREATE DATABASE $PG_DB" >/dev/null
+  seed_account "$WORK/gw-pg.toml"
+  python3 "$HERE/seed.py" "$PG_BENCH_URL" acme alice 100000 "$WORK/keys-pg.txt" "$WORK/invalid-pg.txt"
+  PG_URL_Q="http://127.0.0.1:$GWP_PORT$PATH_Q"
+  metrics() { curl -sf "http://127.0.0.1:$ADMP_PORT/metrics" >"$1"; }
+  for r in $(seq "$RUNS"); do
+    run_gateway "$WORK/gw-pg.toml" "$GWP_PORT" "$WORK/gateway-pg.log" taskset -c 0
+    # One request with a key the cold run does not reach: the store's connection is open.
+    curl -sf -o /dev/null -H "Authorization: Bearer $(tail -n 1 "$WORK/keys-pg.txt")" "$PG_URL_Q" ||
+      { echo "run.sh: the gateway on PostgreSQL did not answer 200" >&2; tail "$WORK/gateway-pg.log" >&2; exit 1; }
+    # One idle second first: the store queries the gateway makes with no request (the
+    # change log's reads), taken off the cold run's at the same rate.
+    metrics "$WORK/pgi.txt"; ti=$(date +%s%N)
+    sleep 1
+    rss0=$(rss_kib "$GW_PID"); metrics "$WORK/pg0.txt"; t0=$(date +%s%N)
+    BENCH_KEYS="$WORK/keys-pg.txt" wrk_once pg_cold gateway_pg "$PG_URL_Q" "$GW_PID" "$r" -s "$WORK/keys.lua"
+    metrics "$WORK/pg1.txt"; t1=$(date +%s%N)
+    warm_pass "$GWP_PORT" "$WORK/keys-pg.txt"
+    rss1=$(rss_kib "$GW_PID"); metrics "$WORK/pg2.txt"
+    BENCH_KEYS="$WORK/keys-pg.txt" wrk_once pg_warm gateway_pg "$PG_URL_Q" "$GW_PID" "$r" -s "$WORK/keys.lua"
+    stop "$GW_PID"
+    python3 "$HERE/store_figures.py" "$WORK/pgi.txt" "$WORK/pg0.txt" "$WORK/pg1.txt" "$WORK/pg2.txt" \
+      "$ti" "$t0" "$t1" "$rss0" "$rss1" "$r" "$(grep '"scenario":"pg_cold"' "$RAW" | tail -n 1)" >>"$RAW"
+    log "  $(tail -n 1 "$RAW")"
+  done
+fi
 
 # ---------------------------------------------------------------- report
 mkdir -p "$OUT"
@@ -854,6 +1052,7 @@ try:
 except OSError:  # no net sysctls here (some containers): the report leaves it out
     cc = None
 print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 'duration_s': $DURATION, 'connections': $CONNS,
+  'suite_s': $(($(date +%s) - SUITE_T0 - BUILD_S)),
   'cpu': cpu, 'cores': os.cpu_count(), 'kernel': platform.release(),
   'tcp_congestion_control': cc,
   'load_before': open('/proc/loadavg').read().split()[:3],
@@ -863,6 +1062,8 @@ print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 
             'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
             'haproxy': subprocess.run(['haproxy','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
             'oha': '$OHA' and subprocess.run(['$OHA' or 'true','--version'],capture_output=True,text=True).stdout.strip(),
+            'openssl': subprocess.run(['openssl','version'],capture_output=True,text=True).stdout.strip(),
+            'h2load': subprocess.run(['h2load','--version'],capture_output=True,text=True).stdout.strip(),
             'envoy': '$ENVOY_VERSION'}}))
 ")
 echo "$META" >"$WORK/meta.json"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Seeds a migrated gateway SQLite store with N API keys in the gateway's own
+"""Seeds a migrated gateway store (a SQLite file, or a PostgreSQL database given
+as a postgres:// URL, loaded with psql's COPY) with N API keys in the gateway's own
 format (src/auth/token.rs: `mpg_` + 32 base62 + 6 base62 of CRC32 over the 32;
 only the SHA-256 hex is stored, src/store/sql_keys.rs), far faster than N
 `mpg-gateway keys create` calls. The organization and user must exist (the
@@ -7,9 +8,10 @@ suite creates them with the admin commands). Writes the secrets, one a line,
 to KEYS_OUT, and 1 000 well-formed keys that are NOT stored to INVALID_OUT;
 with IDS_OUT, also "SECRET KEY_ID" a line (for the peers' identity maps).
 
-usage: seed.py DB ORG USER N KEYS_OUT INVALID_OUT [IDS_OUT]
+usage: seed.py DB|POSTGRES_URL ORG USER N KEYS_OUT INVALID_OUT [IDS_OUT]
 """
 import hashlib
+import subprocess
 import secrets
 import sqlite3
 import sys
@@ -42,7 +44,6 @@ def main() -> None:
     ids_out = sys.argv[7] if len(sys.argv) > 7 else None
     n = int(n)
     now = int(time.time())
-    conn = sqlite3.connect(db)
     rows, keys = [], []
     for i in range(n):
         key = new_key()
@@ -57,13 +58,18 @@ def main() -> None:
             "clusters:read",
             now,
         ))
-    conn.executemany(
-        "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, "
-        "scopes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        rows,
-    )
-    conn.commit()
-    conn.close()
+    columns = "id, key_hash, prefix, name, organization_id, user_id, scopes, created_at"
+    if db.startswith(("postgres://", "postgresql://")):
+        # No field holds a tab, a newline or a backslash: COPY's text format as is.
+        data = "".join("\t".join(str(v) for v in row) + "\n" for row in rows)
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", db, "-c",
+                        f"\\copy api_keys ({columns}) FROM pstdin"],
+                       input=data, text=True, check=True)
+    else:
+        conn = sqlite3.connect(db)
+        conn.executemany(f"INSERT INTO api_keys ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.commit()
+        conn.close()
     with open(keys_out, "w") as f:
         f.write("\n".join(keys) + "\n")
     if ids_out:
