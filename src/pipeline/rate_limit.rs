@@ -30,7 +30,7 @@ impl Pipeline {
         };
         let user_key;
         let key: &str = match (key_kind, principal) {
-            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => &k.key.id,
+            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => k.id(),
             (PolicyKey::Credential, Some(Principal::Session(s))) => {
                 user_key = format!("user:{}", s.session.user_id);
                 &user_key

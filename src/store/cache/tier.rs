@@ -4,6 +4,12 @@
 //! loading on a miss or refresh, stale serving while the store is down (at
 //! once while the [`Breaker`] is open), and the guard that keeps a load
 //! racing an invalidation from caching what the invalidation removed.
+//!
+//! Misses are batched: the hashes that miss while the tier's store queries
+//! run wait in a queue, and the next query asks for all of them at once (up
+//! to [`MAX_BATCH`]), at most [`MAX_QUERIES`] queries in flight per tier. A
+//! storm of new keys thus costs one round trip per batch, not per key, and a
+//! hash already queued or in flight is never asked for twice.
 use super::breaker::{Breaker, CircuitOpen};
 use super::changes::{lock, Cached, ChangeLog};
 use super::negative::Negatives;
@@ -13,8 +19,10 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::UnitWeighter;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// Cache sizing and lifetimes.
@@ -37,14 +45,44 @@ pub struct CacheConfig {
 pub(crate) const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
 /// A load retried this often when invalidations keep racing it; the last
 /// result is then returned uncached.
-const MAX_LOAD_ATTEMPTS: usize = 3;
+const MAX_LOAD_ATTEMPTS: u8 = 3;
+/// At most this many hashes in one store query; more wait for the next.
+pub(super) const MAX_BATCH: usize = 256;
+/// Store queries in flight per tier at most. More than one, so that a query
+/// hung on a dead connection does not hold up the lookup that finds the
+/// store down (and opens the breaker); few, so that a storm's misses gather
+/// into batches instead of taking one connection each.
+pub(super) const MAX_QUERIES: usize = 2;
 
-/// Fetches one value from the store (a `KeyStore` method, boxed to `'static`).
-pub(super) type Loader<T> =
-    fn(Arc<dyn KeyStore>, SecretHash) -> BoxFuture<'static, Result<Option<T>, StoreError>>;
+/// Fetches the values of a batch of hashes from the store, each with its
+/// hash, unknown ones left out (a `KeyStore` method, boxed to `'static`).
+pub(super) type Loader<T> = fn(
+    Arc<dyn KeyStore>,
+    Vec<SecretHash>,
+) -> BoxFuture<'static, Result<Vec<(SecretHash, T)>, StoreError>>;
+
+/// What a lookup answers.
+type Answer<T> = Result<Option<Arc<T>>, StoreError>;
 
 /// A shared in-flight load every concurrent caller awaits.
-type Flight<T> = Shared<BoxFuture<'static, Result<Option<Arc<T>>, StoreError>>>;
+type Flight<T> = Shared<BoxFuture<'static, Answer<T>>>;
+
+/// The loads of one tier: one shared answer per hash being loaded, and the
+/// hashes not yet sent to the store.
+struct InFlight<T> {
+    flights: HashMap<SecretHash, Flight<T>>,
+    queue: Vec<Waiter<T>>,
+    /// Tasks sending the queue to the store (each stops once it is empty).
+    running: usize,
+}
+
+/// A hash to ask the store for, and where its answer goes.
+struct Waiter<T> {
+    hash: SecretHash,
+    answer: oneshot::Sender<Answer<T>>,
+    /// Answers already discarded because an invalidation raced them.
+    raced: u8,
+}
 
 /// A cached answer and when the store gave it (tokio clock, so tests can
 /// advance time instead of sleeping).
@@ -80,7 +118,7 @@ impl<T> Slot<T> {
 pub(super) struct Tier<T> {
     entries: Entries<T>,
     negatives: Arc<Negatives>,
-    inflight: Mutex<HashMap<SecretHash, Flight<T>>>,
+    inflight: Mutex<InFlight<T>>,
     store: Arc<dyn KeyStore>,
     loader: Loader<T>,
     log: Arc<ChangeLog>,
@@ -131,7 +169,11 @@ impl<T: Cached> Tier<T> {
         Arc::new(Tier {
             entries,
             negatives: Negatives::new(cfg.negative_capacity, cfg.negative_ttl),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(InFlight {
+                flights: HashMap::new(),
+                queue: Vec::new(),
+                running: 0,
+            }),
             store,
             loader,
             log,
@@ -201,28 +243,33 @@ impl<T: Cached> Tier<T> {
         }
     }
 
-    /// Joins the in-flight load of `hash` or starts one. The load runs as its
-    /// own task, so it completes (and leaves the in-flight map) even if every
-    /// caller gives up.
-    async fn load(self: &Arc<Self>, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
+    /// Joins the in-flight load of `hash`, or queues it for the next batch.
+    /// Batches run on their own task, so a load completes (and leaves the
+    /// in-flight map) even if every caller gives up.
+    async fn load(self: &Arc<Self>, hash: SecretHash) -> Answer<T> {
         let flight = {
             let mut inflight = lock(&self.inflight);
-            match inflight.get(&hash) {
+            match inflight.flights.get(&hash) {
                 Some(flight) => flight.clone(),
                 None => {
-                    let tier = Arc::clone(self);
-                    let task = tokio::spawn(async move {
-                        let result = tier.fetch(hash).await;
-                        lock(&tier.inflight).remove(&hash);
-                        result
-                    });
+                    let (answer, answered) = oneshot::channel();
                     let flight = async move {
-                        task.await
+                        answered
+                            .await
                             .unwrap_or_else(|e| Err(StoreError::Unavailable(Arc::new(e))))
                     }
                     .boxed()
                     .shared();
-                    inflight.insert(hash, flight.clone());
+                    inflight.flights.insert(hash, flight.clone());
+                    inflight.queue.push(Waiter {
+                        hash,
+                        answer,
+                        raced: 0,
+                    });
+                    if inflight.running < MAX_QUERIES {
+                        inflight.running += 1;
+                        tokio::spawn(Arc::clone(self).run_batches());
+                    }
                     flight
                 }
             }
@@ -230,53 +277,122 @@ impl<T: Cached> Tier<T> {
         flight.await
     }
 
-    /// Queries the store and caches the answer, unless an invalidation that
-    /// touches it arrived meanwhile (then asks again).
-    async fn fetch(&self, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
-        let mut last = None;
-        for _ in 0..MAX_LOAD_ATTEMPTS {
-            let start_epoch = self.log.epoch();
-            let started = Instant::now();
-            let value = match (self.loader)(Arc::clone(&self.store), hash).await {
-                Ok(value) => value,
+    /// Sends the queue to the store, [`MAX_BATCH`] hashes a query, until it
+    /// is empty (one of at most [`MAX_QUERIES`] such tasks).
+    async fn run_batches(self: Arc<Self>) {
+        loop {
+            let batch = {
+                let mut inflight = lock(&self.inflight);
+                if inflight.queue.is_empty() {
+                    inflight.running -= 1;
+                    return;
+                }
+                if inflight.queue.len() <= MAX_BATCH {
+                    std::mem::take(&mut inflight.queue)
+                } else {
+                    inflight.queue.drain(..MAX_BATCH).collect()
+                }
+            };
+            let hashes: Vec<SecretHash> = batch.iter().map(|w| w.hash).collect();
+            if AssertUnwindSafe(self.fetch(batch, hashes.clone()))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                // Its waiters were dropped (their callers get an error): the
+                // next lookup of these hashes asks again.
+                let mut inflight = lock(&self.inflight);
+                for hash in &hashes {
+                    inflight.flights.remove(hash);
+                }
+            }
+        }
+    }
+
+    /// Queries the store for `batch` (whose hashes are `hashes`) and caches
+    /// each answer, unless an invalidation that touches it arrived meanwhile
+    /// (then that hash goes back in the queue).
+    async fn fetch(&self, batch: Vec<Waiter<T>>, hashes: Vec<SecretHash>) {
+        let start_epoch = self.log.epoch();
+        let started = Instant::now();
+        let mut found: HashMap<SecretHash, T> =
+            match (self.loader)(Arc::clone(&self.store), hashes).await {
+                Ok(found) => found.into_iter().collect(),
                 Err(e) => {
                     self.breaker.failed(&e);
-                    return Err(e);
+                    let answers = batch.into_iter().map(|w| (w, Err(e.clone())));
+                    self.answer(answers.collect());
+                    return;
                 }
             };
-            self.breaker.succeeded();
-            let Some(value) = value.map(Arc::new) else {
+        self.breaker.succeeded();
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut again = Vec::new();
+        for mut waiter in batch {
+            let Some(value) = found.remove(&waiter.hash).map(Arc::new) else {
                 // Gone (deleted since it was cached) or never there.
-                if self.entries.contains_key(&hash) {
-                    self.entries.remove(&hash);
+                if self.entries.contains_key(&waiter.hash) {
+                    self.entries.remove(&waiter.hash);
                 }
-                self.negatives.insert(hash, started);
-                return Ok(None);
+                self.negatives.insert(waiter.hash, started);
+                answers.push((waiter, Ok(None)));
+                continue;
             };
-            let raced = || {
-                self.log
-                    .changed_since(start_epoch, |c| value.affected_by(c))
-            };
-            if raced() {
-                last = Some(value);
+            if self.cache(waiter.hash, &value, started, start_epoch) {
+                answers.push((waiter, Ok(Some(value))));
                 continue;
             }
-            self.negatives.remove(&hash);
-            let slot = Slot {
-                loaded_at: started,
-                value: Arc::clone(&value),
-            };
-            self.entries.insert(hash, slot);
-            // An invalidation between the check and the insert would miss
-            // the new entry: look once more now that it is visible.
-            if raced() {
-                self.entries.remove(&hash);
-                last = Some(value);
-                continue;
+            waiter.raced += 1;
+            if waiter.raced >= MAX_LOAD_ATTEMPTS {
+                // Invalidations keep racing it: answer, uncached.
+                answers.push((waiter, Ok(Some(value))));
+            } else {
+                again.push(waiter);
             }
-            return Ok(Some(value));
         }
-        last.map(Some).ok_or(StoreError::Timeout)
+        self.answer(answers);
+        if !again.is_empty() {
+            lock(&self.inflight).queue.extend(again);
+        }
+    }
+
+    /// Caches `value` for `hash` unless an invalidation since `start_epoch`
+    /// touches it; false if one did (nothing is left cached then).
+    fn cache(&self, hash: SecretHash, value: &Arc<T>, started: Instant, start_epoch: u64) -> bool {
+        let raced = || {
+            self.log
+                .changed_since(start_epoch, |c| value.affected_by(c))
+        };
+        if raced() {
+            return false;
+        }
+        self.negatives.remove(&hash);
+        let slot = Slot {
+            loaded_at: started,
+            value: Arc::clone(value),
+        };
+        self.entries.insert(hash, slot);
+        // An invalidation between the check and the insert would miss
+        // the new entry: look once more now that it is visible.
+        if raced() {
+            self.entries.remove(&hash);
+            return false;
+        }
+        true
+    }
+
+    /// Ends the loads of `answers`' hashes and hands each its answer.
+    fn answer(&self, answers: Vec<(Waiter<T>, Answer<T>)>) {
+        {
+            let mut inflight = lock(&self.inflight);
+            for (waiter, _) in &answers {
+                inflight.flights.remove(&waiter.hash);
+            }
+        }
+        for (waiter, answer) in answers {
+            // The receiver is gone only if every caller gave up.
+            let _ = waiter.answer.send(answer);
+        }
     }
 
     /// Drops every entry `change` affects.
