@@ -69,3 +69,9 @@ fn affected_by_its_id_and_its_membership_only() {
     assert!(!k.affected_by(&Change::Session { id: "key_abc".into() }));
     assert!(k.affected_by(&Change::All));
 }
+
+#[test]
+fn stays_small() {
+    // The map holds an `Arc` of it per cached key: its size is paid 100 000 times.
+    assert!(std::mem::size_of::<CachedApiKey>() <= 56);
+}
