@@ -98,12 +98,10 @@ impl From<&ApiKeyAuth> for CachedApiKey {
             key.id.len() + key.organization_id.len() + key.user_id.len() + role.len() + scopes_len,
         );
         let mut ends = [0u32; 4];
-        for (end, part) in ends.iter_mut().zip([
-            key.id.as_str(),
-            &key.organization_id,
-            &key.user_id,
-            role,
-        ]) {
+        for (end, part) in
+            ends.iter_mut()
+                .zip([key.id.as_str(), &key.organization_id, &key.user_id, role])
+        {
             text.push_str(part);
             *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
         }

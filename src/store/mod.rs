@@ -266,8 +266,7 @@ pub trait KeyStore: Send + Sync + 'static {
         hashes: &[SecretHash],
     ) -> Result<Vec<(SecretHash, ApiKeyAuth)>, StoreError> {
         let found =
-            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_api_key(h)))
-                .await?;
+            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_api_key(h))).await?;
         Ok(hashes
             .iter()
             .zip(found)
@@ -280,8 +279,7 @@ pub trait KeyStore: Send + Sync + 'static {
         hashes: &[SecretHash],
     ) -> Result<Vec<(SecretHash, SessionAuth)>, StoreError> {
         let found =
-            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_session(h)))
-                .await?;
+            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_session(h))).await?;
         Ok(hashes
             .iter()
             .zip(found)

@@ -26,7 +26,8 @@ pub struct NewApiKey {
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
-pub(super) const KEY_COLUMNS: &str = "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
+pub(super) const KEY_COLUMNS: &str =
+    "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
      k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].

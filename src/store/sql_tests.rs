@@ -309,12 +309,19 @@ async fn batch_lookup_answers_known_revoked_expired_and_non_members_and_skips_un
     assert_eq!(of(&outsider).map(|a| a.role), Some(None));
     // Each answer is the one its own lookup gives.
     for secret in [&active, &revoked, &expired, &outsider] {
-        let one = store.find_api_key(&hash_secret(secret)).await.ok().flatten();
+        let one = store
+            .find_api_key(&hash_secret(secret))
+            .await
+            .ok()
+            .flatten();
         assert_eq!(one, of(secret));
     }
     let none = store.find_api_keys(&[hash_secret("mpg_nope")]).await;
     assert_eq!(none.ok().map(|f| f.len()), Some(0));
-    assert_eq!(store.find_api_keys(&[]).await.ok().map(|f| f.len()), Some(0));
+    assert_eq!(
+        store.find_api_keys(&[]).await.ok().map(|f| f.len()),
+        Some(0)
+    );
 }
 
 async fn secret_is_never_stored(store: &SqlStore) {

@@ -221,7 +221,9 @@ async fn a_storm_of_new_keys_is_batched_and_asks_for_each_key_once() {
     }
     let batches = lock(&store.batches).len();
     assert!(batches <= N / 100, "{batches} queries for {N} keys");
-    assert!(lock(&store.batches).iter().all(|b| b.len() <= tier::MAX_BATCH));
+    assert!(lock(&store.batches)
+        .iter()
+        .all(|b| b.len() <= tier::MAX_BATCH));
     let asked = asked(&store);
     assert_eq!(asked.len(), N);
     assert!(asked.values().all(|n| *n == 1), "a key was asked for twice");
@@ -290,7 +292,10 @@ async fn an_invalidation_racing_a_batch_sends_only_the_keys_it_touches_back() {
         let cache = cache.clone();
         tokio::spawn(async move {
             let found = cache.api_key(&hash_secret(secret)).await;
-            found.ok().flatten().and_then(|a| a.role().map(str::to_owned))
+            found
+                .ok()
+                .flatten()
+                .and_then(|a| a.role().map(str::to_owned))
         })
     };
     let (k1, k2) = (spawn("k1"), spawn("k2"));
@@ -396,7 +401,10 @@ async fn invalidate_by_member_drops_that_users_keys_and_sessions() {
         user_id: "alice".into(),
     });
     let k1 = cache.api_key(&hash_secret("k1")).await.ok().flatten();
-    assert_eq!(k1.and_then(|a| a.role().map(str::to_owned)).as_deref(), Some("viewer"));
+    assert_eq!(
+        k1.and_then(|a| a.role().map(str::to_owned)).as_deref(),
+        Some("viewer")
+    );
     assert!(cache.session(&hash_secret("s1")).await.is_ok());
     assert_eq!(store.calls(), 6);
     // bob's entries stayed.
@@ -427,7 +435,10 @@ async fn invalidation_during_a_load_is_not_undone_by_it() {
     let c = cache.clone();
     let lookup = tokio::spawn(async move {
         let found = c.api_key(&hash_secret("k1")).await;
-        found.ok().flatten().and_then(|a| a.role().map(str::to_owned))
+        found
+            .ok()
+            .flatten()
+            .and_then(|a| a.role().map(str::to_owned))
     });
     // Let the load take its snapshot, then change the role under it.
     tokio::time::sleep(Duration::from_millis(10)).await;

@@ -66,7 +66,9 @@ fn affected_by_its_id_and_its_membership_only() {
     assert!(k.affected_by(&member("acme", "alice")));
     assert!(!k.affected_by(&member("acme", "bob")));
     assert!(!k.affected_by(&member("acm", "alice")));
-    assert!(!k.affected_by(&Change::Session { id: "key_abc".into() }));
+    assert!(!k.affected_by(&Change::Session {
+        id: "key_abc".into()
+    }));
     assert!(k.affected_by(&Change::All));
 }
 
