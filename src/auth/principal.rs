@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use crate::config::{Permissions, Roles};
-use crate::store::{ApiKeyAuth, SessionAuth};
+use crate::store::{CachedApiKey, SessionAuth};
 
 /// An authenticated caller (a cached store entry, shared, not copied).
 #[derive(Debug, Clone)]
 pub enum Principal {
     /// `Authorization: Bearer mpg_…`
-    ApiKey(Arc<ApiKeyAuth>),
+    ApiKey(Arc<CachedApiKey>),
     /// `Authorization: Bearer mps_…`
     Session(Arc<SessionAuth>),
 }
@@ -27,7 +27,7 @@ impl Principal {
     /// The user behind the credential.
     pub fn user_id(&self) -> &str {
         match self {
-            Principal::ApiKey(k) => &k.key.user_id,
+            Principal::ApiKey(k) => k.user_id(),
             Principal::Session(s) => &s.session.user_id,
         }
     }
@@ -35,7 +35,7 @@ impl Principal {
     /// The API key id, for keys.
     pub fn key_id(&self) -> Option<&str> {
         match self {
-            Principal::ApiKey(k) => Some(&k.key.id),
+            Principal::ApiKey(k) => Some(k.id()),
             Principal::Session(_) => None,
         }
     }
@@ -43,7 +43,7 @@ impl Principal {
     /// The organization an API key belongs to (sessions have none of their own).
     pub fn home_organization(&self) -> Option<&str> {
         match self {
-            Principal::ApiKey(k) => Some(&k.key.organization_id),
+            Principal::ApiKey(k) => Some(k.organization_id()),
             Principal::Session(_) => None,
         }
     }
@@ -52,7 +52,7 @@ impl Principal {
     /// another organization than the key's).
     pub fn role_in(&self, org: &str) -> Option<&str> {
         match self {
-            Principal::ApiKey(k) if k.key.organization_id == org => k.role.as_deref(),
+            Principal::ApiKey(k) if k.organization_id() == org => k.role(),
             Principal::ApiKey(_) => None,
             Principal::Session(s) => s.role_in(org),
         }
@@ -61,7 +61,7 @@ impl Principal {
     /// Whether the caller, acting with `role`, holds `scope`.
     pub fn allows(&self, roles: &Roles, role: &str, scope: &str) -> bool {
         let scoped = match self {
-            Principal::ApiKey(k) => k.key.scopes.iter().any(|s| s == scope),
+            Principal::ApiKey(k) => k.scope_list().any(|s| s == scope),
             Principal::Session(_) => true,
         };
         scoped && roles.allows(role, scope)
@@ -71,16 +71,21 @@ impl Principal {
     /// lookup of the role, nothing collected.
     pub fn effective_scopes<'a>(&'a self, roles: &'a Roles, role: &str) -> Scopes<'a> {
         let permissions = roles.permissions(role);
-        let (items, keep, star): (&[String], _, _) = match (self, permissions) {
-            (_, None) => (&[], None, false),
-            (Principal::ApiKey(k), Some(Permissions::All)) => (&k.key.scopes, None, false),
-            (Principal::ApiKey(k), Some(Permissions::Only(list))) => {
-                (&k.key.scopes, Some(&list[..]), false)
-            }
-            (Principal::Session(_), Some(Permissions::All)) => (&[], None, true),
-            (Principal::Session(_), Some(Permissions::Only(list))) => (list, None, false),
-        };
-        Scopes { items, keep, star }
+        let none = Scopes::listed(&[]);
+        match (self, permissions) {
+            (_, None) => none,
+            (Principal::ApiKey(k), Some(Permissions::All)) => Scopes {
+                words: k.scopes(),
+                ..none
+            },
+            (Principal::ApiKey(k), Some(Permissions::Only(list))) => Scopes {
+                words: k.scopes(),
+                keep: Some(&list[..]),
+                ..none
+            },
+            (Principal::Session(_), Some(Permissions::All)) => Scopes { star: true, ..none },
+            (Principal::Session(_), Some(Permissions::Only(list))) => Scopes::listed(list),
+        }
     }
 }
 
@@ -90,6 +95,8 @@ impl Principal {
 #[derive(Debug, Clone, Copy)]
 pub struct Scopes<'a> {
     items: &'a [String],
+    /// More items, space-separated (a cached key's scopes).
+    words: &'a str,
     /// Only the items in this list count (a key's scopes ∩ its role's).
     keep: Option<&'a [String]>,
     /// All permissions: `*`.
@@ -101,6 +108,7 @@ impl<'a> Scopes<'a> {
     pub fn listed(items: &'a [String]) -> Self {
         Scopes {
             items,
+            words: "",
             keep: None,
             star: false,
         }
@@ -110,11 +118,11 @@ impl<'a> Scopes<'a> {
     pub fn iter(&self) -> impl Iterator<Item = &'a str> + 'a {
         let keep = self.keep;
         let star = self.star.then_some("*");
+        let items = self.items.iter().map(String::as_str);
         star.into_iter().chain(
-            self.items
-                .iter()
-                .filter(move |s| keep.is_none_or(|list| list.contains(s)))
-                .map(String::as_str),
+            items
+                .chain(self.words.split_ascii_whitespace())
+                .filter(move |s| keep.is_none_or(|list| list.iter().any(|k| k == s))),
         )
     }
 
@@ -164,15 +172,24 @@ mod tests {
             ..all
         };
         let star = Scopes {
-            items: &[],
-            keep: None,
             star: true,
+            ..Scopes::listed(&[])
+        };
+        let words = Scopes {
+            words: "a:read b:write c:read",
+            ..Scopes::listed(&[])
+        };
+        let kept_words = Scopes {
+            keep: Some(&keep),
+            ..words
         };
         let mut buf = [0u8; 64];
         for (scopes, want) in [
             (all, "a:read b:write c:read"),
             (kept, "a:read c:read"),
             (star, "*"),
+            (words, "a:read b:write c:read"),
+            (kept_words, "a:read c:read"),
             (Scopes::listed(&[]), ""),
         ] {
             assert_eq!(scopes.to_vec(), want.as_bytes());

@@ -72,7 +72,7 @@ impl Pipeline {
                     .await
                     .map_err(crate::store::unavailable)?;
                 let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
-                match auth.key.status(now) {
+                match auth.status(now) {
                     KeyStatus::Active => {}
                     KeyStatus::Revoked => {
                         return Err(GatewayError::Unauthorized(AuthReason::Revoked))
@@ -81,7 +81,7 @@ impl Pipeline {
                         return Err(GatewayError::Unauthorized(AuthReason::Expired))
                     }
                 }
-                self.usage.touch(&auth.key.id, now);
+                self.usage.touch(auth.id(), now);
                 Ok(Principal::ApiKey(auth))
             }
             (Credential::Session(token), AuthMode::Session) => {

@@ -47,7 +47,7 @@ impl Pipeline {
         };
         let user_key;
         let key: &str = match (key_kind, principal) {
-            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => &k.key.id,
+            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => k.id(),
             (PolicyKey::Credential, Some(Principal::Session(s))) => {
                 user_key = format!("user:{}", s.session.user_id);
                 &user_key
@@ -142,13 +142,13 @@ impl Pipeline {
         };
         match principal {
             Principal::ApiKey(k) => {
-                if let (PolicyKey::Credential, Some(own)) = (key_kind, &k.key.rate_limit) {
-                    return Some(OwnQuota::Key(&k.key.id, quota(own)));
+                if let (PolicyKey::Credential, Some(own)) = (key_kind, k.rate_limit()) {
+                    return Some(OwnQuota::Key(k.id(), quota(own)));
                 }
-                if k.org_limits.is_empty() {
+                if k.org_limits().is_empty() {
                     return None;
                 }
-                let limit = org_limit(&k.org_limits, &k.key.organization_id, name()?)?;
+                let limit = org_limit(k.org_limits(), k.organization_id(), name()?)?;
                 Some(OwnQuota::Organization(quota(limit)))
             }
             Principal::Session(s) => {

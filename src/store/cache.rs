@@ -1,6 +1,7 @@
 //! [`CachedKeyStore`]: the decorator the hot path reads through. A fresh hit
 //! (younger than `ttl`, `negative_ttl` for "not found") never awaits the
 //! store; a burst of lookups for one uncached secret makes one store query;
+//! the misses waiting at the same moment are asked for in one store query;
 //! past `ttl` an entry is refreshed, and while the store is down a positive
 //! entry is served up to `ttl + stale_if_error` old. Once a store failure is
 //! seen the circuit breaker (`breaker.rs`) opens: stale entries are served
@@ -14,7 +15,7 @@ mod changes;
 mod negative;
 mod tier;
 
-use super::{ApiKeyAuth, Change, KeyStore, SessionAuth, StoreError};
+use super::{CachedApiKey, Change, KeyStore, SessionAuth, StoreError};
 use crate::secret::SecretHash;
 use changes::ChangeLog;
 use futures_util::FutureExt;
@@ -26,7 +27,7 @@ pub use tier::CacheConfig;
 /// The caching decorator around any [`KeyStore`] (cheap to clone).
 #[derive(Clone)]
 pub struct CachedKeyStore {
-    api_keys: Arc<Tier<ApiKeyAuth>>,
+    api_keys: Arc<Tier<CachedApiKey>>,
     sessions: Arc<Tier<SessionAuth>>,
     log: Arc<ChangeLog>,
 }
@@ -38,14 +39,23 @@ impl CachedKeyStore {
         let breaker = breaker::Breaker::new(Arc::clone(&store));
         let api_keys = Tier::new(
             Arc::clone(&store),
-            |store, hash| async move { store.find_api_key(&hash).await }.boxed(),
+            |store, hashes| {
+                async move {
+                    let found = store.find_api_keys(&hashes).await?;
+                    Ok(found
+                        .iter()
+                        .map(|(hash, auth)| (*hash, CachedApiKey::from(auth)))
+                        .collect())
+                }
+                .boxed()
+            },
             Arc::clone(&log),
             Arc::clone(&breaker),
             cfg,
         );
         let sessions = Tier::new(
             store,
-            |store, hash| async move { store.find_session(&hash).await }.boxed(),
+            |store, hashes| async move { store.find_sessions(&hashes).await }.boxed(),
             Arc::clone(&log),
             breaker,
             cfg,
@@ -58,7 +68,10 @@ impl CachedKeyStore {
     }
 
     /// The API key with this secret hash (and its user's role), if any.
-    pub async fn api_key(&self, hash: &SecretHash) -> Result<Option<Arc<ApiKeyAuth>>, StoreError> {
+    pub async fn api_key(
+        &self,
+        hash: &SecretHash,
+    ) -> Result<Option<Arc<CachedApiKey>>, StoreError> {
         self.api_keys.get(hash).await
     }
 

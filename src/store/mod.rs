@@ -5,6 +5,7 @@
 //! honest and the change log bounded ([`spawn_invalidation`]) and record key
 //! usage ([`UsageRecorder`]).
 pub mod cache;
+mod cached_key;
 pub mod invalidation;
 mod limits;
 mod outage;
@@ -15,6 +16,7 @@ mod sql_audit;
 mod sql_changes;
 mod sql_connect;
 mod sql_error;
+mod sql_key_lookup;
 mod sql_keys;
 mod sql_limits;
 mod sql_removal;
@@ -25,6 +27,7 @@ pub(crate) mod testing;
 pub mod usage;
 
 pub use cache::{CacheConfig, CachedKeyStore};
+pub use cached_key::CachedApiKey;
 pub use invalidation::spawn_invalidation;
 pub use limits::{org_limit, LimitProblem, LimitSpec, OrgLimit, MAX_LIMIT_PER, MAX_LIMIT_REQUESTS};
 pub use outage::unavailable;
@@ -267,6 +270,34 @@ pub trait KeyStore: Send + Sync + 'static {
     /// The session with this token hash and its user's memberships, if any.
     /// Called on a cache miss or when a cached entry is older than `cache_ttl`.
     async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError>;
+    /// The keys with these secret hashes, each with its hash (unknown hashes
+    /// are left out). The cache asks for every miss waiting at the same
+    /// moment in one call; a store that can, answers them in one query.
+    async fn find_api_keys(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, ApiKeyAuth)>, StoreError> {
+        let found =
+            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_api_key(h))).await?;
+        Ok(hashes
+            .iter()
+            .zip(found)
+            .filter_map(|(h, auth)| Some((*h, auth?)))
+            .collect())
+    }
+    /// The sessions with these token hashes, as [`KeyStore::find_api_keys`].
+    async fn find_sessions(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, SessionAuth)>, StoreError> {
+        let found =
+            futures_util::future::try_join_all(hashes.iter().map(|h| self.find_session(h))).await?;
+        Ok(hashes
+            .iter()
+            .zip(found)
+            .filter_map(|(h, auth)| Some((*h, auth?)))
+            .collect())
+    }
     /// Cheap liveness check, called by readiness probes and, while the
     /// cache's circuit breaker is open, by its probe. Fails fast when the
     /// store refuses connections.

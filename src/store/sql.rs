@@ -254,6 +254,14 @@ impl KeyStore for SqlStore {
     async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
         self.find_session_by_hash(hash).await
     }
+
+    async fn find_api_keys(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, ApiKeyAuth)>, StoreError> {
+        self.find_api_keys_by_hashes(hashes).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async { conn.execute("SELECT 1").await.db().map(|_| ()) })

@@ -29,12 +29,13 @@ pub struct NewApiKey {
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
-const KEY_COLUMNS: &str = "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
+pub(super) const KEY_COLUMNS: &str =
+    "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
      k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by, \
      k.rate_limit_requests, k.rate_limit_per_ms";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].
-fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
     let scopes: String = row.try_get("scopes")?;
     Ok(ApiKeyRecord {
         id: row.try_get("id")?,

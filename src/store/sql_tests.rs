@@ -38,6 +38,7 @@ both_backends!(
     concurrent_rotations_make_one_successor,
     list_paginates_in_stable_order,
     auth_lookup_sees_current_role,
+    batch_lookup_answers_known_revoked_expired_and_non_members_and_skips_unknown,
     secret_is_never_stored,
     changes_feed_sees_every_invalidating_write,
     sessions_round_trip,
@@ -259,6 +260,71 @@ async fn auth_lookup_sees_current_role(store: &SqlStore) {
     assert_eq!(found.and_then(|a| a.role), Some("viewer".to_owned()));
     let unknown = store.find_api_key(&hash_secret("mpg_nope")).await;
     assert_eq!(unknown.ok(), Some(None));
+}
+
+async fn batch_lookup_answers_known_revoked_expired_and_non_members_and_skips_unknown(
+    store: &SqlStore,
+) {
+    seed(store).await;
+    store.create_user("bob", None).await.ok();
+    let now = unix_now();
+    let create = |name: &'static str, user: &'static str, expires_at: Option<i64>| {
+        let mut new = new_key(name);
+        new.user_id = user.into();
+        new.expires_at = expires_at;
+        store.create_api_key(new)
+    };
+    let Ok((active, active_rec)) = create("active", "alice", None).await else {
+        panic!("create failed")
+    };
+    let Ok((revoked, revoked_rec)) = create("revoked", "alice", None).await else {
+        panic!("create failed")
+    };
+    let Ok((expired, _)) = create("expired", "alice", Some(now - 10)).await else {
+        panic!("create failed")
+    };
+    let Ok((outsider, _)) = create("outsider", "bob", None).await else {
+        panic!("create failed")
+    };
+    assert!(store.revoke_api_key(&revoked_rec.id, now).await.is_ok());
+    // A batch as large as the cache sends, mostly unknown hashes.
+    let mut hashes: Vec<SecretHash> = (0..250)
+        .map(|i| hash_secret(&format!("mpg_unknown_{i}")))
+        .collect();
+    for secret in [&active, &revoked, &expired, &outsider] {
+        hashes.insert(hashes.len() / 2, hash_secret(secret));
+    }
+    let Ok(found) = store.find_api_keys(&hashes).await else {
+        panic!("batch lookup failed")
+    };
+    assert_eq!(found.len(), 4);
+    let of = |secret: &str| {
+        let hash = hash_secret(secret);
+        let hit = found.iter().find(|(h, _)| *h == hash);
+        hit.map(|(_, auth)| auth.clone())
+    };
+    let a = of(&active).unwrap_or_else(|| panic!("active key missing"));
+    assert_eq!(a.key, active_rec);
+    assert_eq!(a.role.as_deref(), Some("admin"));
+    let status = |secret: &str| of(secret).map(|a| a.key.status(now));
+    assert_eq!(status(&revoked), Some(KeyStatus::Revoked));
+    assert_eq!(status(&expired), Some(KeyStatus::Expired));
+    assert_eq!(of(&outsider).map(|a| a.role), Some(None));
+    // Each answer is the one its own lookup gives.
+    for secret in [&active, &revoked, &expired, &outsider] {
+        let one = store
+            .find_api_key(&hash_secret(secret))
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(one, of(secret));
+    }
+    let none = store.find_api_keys(&[hash_secret("mpg_nope")]).await;
+    assert_eq!(none.ok().map(|f| f.len()), Some(0));
+    assert_eq!(
+        store.find_api_keys(&[]).await.ok().map(|f| f.len()),
+        Some(0)
+    );
 }
 
 async fn secret_is_never_stored(store: &SqlStore) {

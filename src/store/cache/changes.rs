@@ -1,7 +1,7 @@
 //! What a cache invalidation touches: which cached values a [`Change`] makes
 //! wrong ([`Cached`]), and the numbered log of recent invalidations that a
 //! load racing one checks before it caches its answer ([`ChangeLog`]).
-use crate::store::{ApiKeyAuth, Change, SessionAuth};
+use crate::store::{CachedApiKey, Change, SessionAuth};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -21,17 +21,9 @@ pub(super) trait Cached: Send + Sync + 'static {
     fn affected_by(&self, change: &Change) -> bool;
 }
 
-impl Cached for ApiKeyAuth {
+impl Cached for CachedApiKey {
     fn affected_by(&self, change: &Change) -> bool {
-        match change {
-            Change::ApiKey { id } => self.key.id == *id,
-            Change::Member {
-                organization_id,
-                user_id,
-            } => self.key.organization_id == *organization_id && self.key.user_id == *user_id,
-            Change::Session { .. } => false,
-            Change::All => true,
-        }
+        CachedApiKey::affected_by(self, change)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The cache decorator's tests, against a fake store, on tokio's paused clock.
 use super::*;
 use crate::secret::hash_secret;
-use crate::store::{ApiKeyRecord, SessionRecord};
+use crate::store::{ApiKeyAuth, ApiKeyRecord, SessionRecord};
 use breaker::{OPEN_AFTER_FAILURES, PROBE_EVERY};
 use changes::{lock, RECENT_CHANGES};
 use std::collections::HashMap;
@@ -23,6 +23,8 @@ struct FakeStore {
     /// Pings fail while set.
     ping_fails: AtomicBool,
     pings: AtomicUsize,
+    /// The hashes of each API key query, in order.
+    batches: Mutex<Vec<Vec<SecretHash>>>,
 }
 
 impl FakeStore {
@@ -73,6 +75,31 @@ impl KeyStore for FakeStore {
     }
     async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
         self.answer(&self.sessions, hash).await
+    }
+    /// One query for the whole batch (one failure check, one delay), each
+    /// hash counted as a lookup.
+    async fn find_api_keys(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, ApiKeyAuth)>, StoreError> {
+        self.calls.fetch_add(hashes.len(), Ordering::SeqCst);
+        lock(&self.batches).push(hashes.to_vec());
+        let failure = lock(&self.failure).clone();
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let snapshot: Vec<_> = {
+            let keys = lock(&self.keys);
+            hashes
+                .iter()
+                .filter_map(|h| Some((*h, keys.get(h)?.clone())))
+                .collect()
+        };
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        Ok(snapshot)
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.pings.fetch_add(1, Ordering::SeqCst);
@@ -144,7 +171,7 @@ fn setup() -> (Arc<FakeStore>, CachedKeyStore) {
 
 async fn key_id(cache: &CachedKeyStore, secret: &str) -> Option<String> {
     let found = cache.api_key(&hash_secret(secret)).await;
-    found.ok().flatten().map(|a| a.key.id.clone())
+    found.ok().flatten().map(|a| a.id().to_owned())
 }
 
 #[tokio::test(start_paused = true)]
@@ -161,6 +188,136 @@ async fn burst_of_100_concurrent_lookups_makes_one_query() {
         assert_eq!(task.await.ok().flatten().as_deref(), Some("key_1"));
     }
     assert_eq!(store.calls(), 1);
+}
+
+/// Every hash the store was asked for, with how often.
+fn asked(store: &FakeStore) -> HashMap<SecretHash, usize> {
+    let mut asked = HashMap::new();
+    for hash in lock(&store.batches).iter().flatten() {
+        *asked.entry(*hash).or_insert(0) += 1;
+    }
+    asked
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_of_new_keys_is_batched_and_asks_for_each_key_once() {
+    let store = Arc::new(FakeStore::default());
+    const N: usize = 1000;
+    for i in (0..N).step_by(2) {
+        let k = key(&format!("key_{i}"), "acme", "alice", "admin");
+        lock(&store.keys).insert(hash_secret(&format!("s{i}")), k);
+    }
+    store.delay_ms.store(5, Ordering::SeqCst);
+    let cache = CachedKeyStore::new(store.clone(), CFG);
+    // Every key looked up twice at once: the second joins the first.
+    let tasks: Vec<_> = (0..2 * N)
+        .map(|n| {
+            let cache = cache.clone();
+            let i = n % N;
+            tokio::spawn(async move { (i, key_id(&cache, &format!("s{i}")).await) })
+        })
+        .collect();
+    for task in tasks {
+        let (i, found) = task.await.unwrap_or_default();
+        let want = (i % 2 == 0).then(|| format!("key_{i}"));
+        assert_eq!(found, want, "s{i}");
+    }
+    let batches = lock(&store.batches).len();
+    assert!(batches <= N / 100, "{batches} queries for {N} keys");
+    assert!(lock(&store.batches)
+        .iter()
+        .all(|b| b.len() <= tier::MAX_BATCH));
+    let asked = asked(&store);
+    assert_eq!(asked.len(), N);
+    assert!(asked.values().all(|n| *n == 1), "a key was asked for twice");
+    assert_eq!(cache.negative_count(), N as u64 / 2);
+    // All cached: no more queries.
+    assert_eq!(key_id(&cache, "s0").await.as_deref(), Some("key_0"));
+    assert_eq!(key_id(&cache, "s1").await, None);
+    assert_eq!(lock(&store.batches).len(), batches);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_in_flight_is_not_asked_for_again_by_the_next_batch() {
+    let (store, cache) = setup();
+    store.delay_ms.store(100, Ordering::SeqCst);
+    let spawn = |secret: &'static str| {
+        let cache = cache.clone();
+        tokio::spawn(async move { key_id(&cache, secret).await })
+    };
+    let first = spawn("k1");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // k1's query is running: these wait, k2 and the unknown one for the next batch.
+    let later = [spawn("k1"), spawn("k2"), spawn("nope"), spawn("k1")];
+    assert_eq!(first.await.ok().flatten().as_deref(), Some("key_1"));
+    let mut answers = Vec::new();
+    for task in later {
+        answers.push(task.await.ok().flatten());
+    }
+    let want = [Some("key_1"), Some("key_2"), None, Some("key_1")].map(|a| a.map(String::from));
+    assert_eq!(answers, want);
+    let batches = lock(&store.batches).clone();
+    assert_eq!(
+        batches,
+        [
+            vec![hash_secret("k1")],
+            vec![hash_secret("k2"), hash_secret("nope")]
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_fails_each_waiter_once_and_the_next_lookup_asks_again() {
+    let (store, cache) = setup();
+    store.fail_with(Some(StoreError::Timeout));
+    store.delay_ms.store(10, Ordering::SeqCst);
+    let tasks: Vec<_> = ["k1", "k2", "k1"]
+        .into_iter()
+        .map(|s| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.api_key(&hash_secret(s)).await.map(|f| f.is_some()) })
+        })
+        .collect();
+    for task in tasks {
+        assert!(matches!(task.await, Ok(Err(StoreError::Timeout))));
+    }
+    assert_eq!(lock(&store.batches).len(), 1);
+    store.fail_with(None);
+    assert_eq!(key_id(&cache, "k1").await.as_deref(), Some("key_1"));
+    assert_eq!(lock(&store.batches).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalidation_racing_a_batch_sends_only_the_keys_it_touches_back() {
+    let (store, cache) = setup();
+    store.delay_ms.store(100, Ordering::SeqCst);
+    let spawn = |secret: &'static str| {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            let found = cache.api_key(&hash_secret(secret)).await;
+            found
+                .ok()
+                .flatten()
+                .and_then(|a| a.role().map(str::to_owned))
+        })
+    };
+    let (k1, k2) = (spawn("k1"), spawn("k2"));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    lock(&store.keys).insert(hash_secret("k1"), key("key_1", "acme", "alice", "viewer"));
+    cache.invalidate(&Change::Member {
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+    });
+    assert_eq!(k1.await.ok().flatten().as_deref(), Some("viewer"));
+    assert_eq!(k2.await.ok().flatten().as_deref(), Some("admin"));
+    let batches = lock(&store.batches).clone();
+    assert_eq!(
+        batches,
+        [
+            vec![hash_secret("k1"), hash_secret("k2")],
+            vec![hash_secret("k1")]
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -247,7 +404,10 @@ async fn invalidate_by_member_drops_that_users_keys_and_sessions() {
         user_id: "alice".into(),
     });
     let k1 = cache.api_key(&hash_secret("k1")).await.ok().flatten();
-    assert_eq!(k1.and_then(|a| a.role.clone()).as_deref(), Some("viewer"));
+    assert_eq!(
+        k1.and_then(|a| a.role().map(str::to_owned)).as_deref(),
+        Some("viewer")
+    );
     assert!(cache.session(&hash_secret("s1")).await.is_ok());
     assert_eq!(store.calls(), 6);
     // bob's entries stayed.
@@ -278,7 +438,10 @@ async fn invalidation_during_a_load_is_not_undone_by_it() {
     let c = cache.clone();
     let lookup = tokio::spawn(async move {
         let found = c.api_key(&hash_secret("k1")).await;
-        found.ok().flatten().and_then(|a| a.role.clone())
+        found
+            .ok()
+            .flatten()
+            .and_then(|a| a.role().map(str::to_owned))
     });
     // Let the load take its snapshot, then change the role under it.
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -290,7 +453,7 @@ async fn invalidation_during_a_load_is_not_undone_by_it() {
     assert_eq!(lookup.await.ok().flatten().as_deref(), Some("viewer"));
     let again = cache.api_key(&hash_secret("k1")).await.ok().flatten();
     assert_eq!(
-        again.and_then(|a| a.role.clone()).as_deref(),
+        again.and_then(|a| a.role().map(str::to_owned)).as_deref(),
         Some("viewer")
     );
     assert_eq!(store.calls(), 2);

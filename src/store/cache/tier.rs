@@ -4,15 +4,20 @@
 //! loading on a miss or refresh, stale serving while the store is down (at
 //! once while the [`Breaker`] is open), and the guard that keeps a load
 //! racing an invalidation from caching what the invalidation removed.
+//!
+//! Misses are batched: the hashes that miss while the tier's store queries
+//! run wait in a queue, and the next query asks for all of them at once (up
+//! to [`MAX_BATCH`]), at most [`MAX_QUERIES`] queries in flight per tier. A
+//! storm of new keys thus costs one round trip per batch, not per key, and a
+//! hash already queued or in flight is never asked for twice.
 use super::breaker::{Breaker, CircuitOpen};
-use super::changes::{lock, Cached, ChangeLog};
+use super::changes::{Cached, ChangeLog};
 use super::negative::Negatives;
 use crate::secret::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::BoxFuture;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::UnitWeighter;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -37,14 +42,24 @@ pub struct CacheConfig {
 pub(crate) const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
 /// A load retried this often when invalidations keep racing it; the last
 /// result is then returned uncached.
-const MAX_LOAD_ATTEMPTS: usize = 3;
+const MAX_LOAD_ATTEMPTS: u8 = 3;
+/// At most this many hashes in one store query; more wait for the next.
+pub(super) const MAX_BATCH: usize = 256;
+/// Store queries in flight per tier at most. More than one, so that a query
+/// hung on a dead connection does not hold up the lookup that finds the
+/// store down (and opens the breaker); few, so that a storm's misses gather
+/// into batches instead of taking one connection each.
+pub(super) const MAX_QUERIES: usize = 2;
 
-/// Fetches one value from the store (a `KeyStore` method, boxed to `'static`).
-pub(super) type Loader<T> =
-    fn(Arc<dyn KeyStore>, SecretHash) -> BoxFuture<'static, Result<Option<T>, StoreError>>;
+/// Fetches the values of a batch of hashes from the store, each with its
+/// hash, unknown ones left out (a `KeyStore` method, boxed to `'static`).
+pub(super) type Loader<T> = fn(
+    Arc<dyn KeyStore>,
+    Vec<SecretHash>,
+) -> BoxFuture<'static, Result<Vec<(SecretHash, T)>, StoreError>>;
 
-/// A shared in-flight load every concurrent caller awaits.
-type Flight<T> = Shared<BoxFuture<'static, Result<Option<Arc<T>>, StoreError>>>;
+/// What a lookup answers.
+type Answer<T> = Result<Option<Arc<T>>, StoreError>;
 
 /// A cached answer and when the store gave it (tokio clock, so tests can
 /// advance time instead of sleeping).
@@ -76,11 +91,13 @@ impl<T> Slot<T> {
     }
 }
 
+mod batch;
+
 /// One cache tier.
 pub(super) struct Tier<T> {
     entries: Entries<T>,
     negatives: Arc<Negatives>,
-    inflight: Mutex<HashMap<SecretHash, Flight<T>>>,
+    inflight: Mutex<batch::InFlight<T>>,
     store: Arc<dyn KeyStore>,
     loader: Loader<T>,
     log: Arc<ChangeLog>,
@@ -131,7 +148,7 @@ impl<T: Cached> Tier<T> {
         Arc::new(Tier {
             entries,
             negatives: Negatives::new(cfg.negative_capacity, cfg.negative_ttl),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::default(),
             store,
             loader,
             log,
@@ -199,84 +216,6 @@ impl<T: Cached> Tier<T> {
             }
             _ => Err(err),
         }
-    }
-
-    /// Joins the in-flight load of `hash` or starts one. The load runs as its
-    /// own task, so it completes (and leaves the in-flight map) even if every
-    /// caller gives up.
-    async fn load(self: &Arc<Self>, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
-        let flight = {
-            let mut inflight = lock(&self.inflight);
-            match inflight.get(&hash) {
-                Some(flight) => flight.clone(),
-                None => {
-                    let tier = Arc::clone(self);
-                    let task = tokio::spawn(async move {
-                        let result = tier.fetch(hash).await;
-                        lock(&tier.inflight).remove(&hash);
-                        result
-                    });
-                    let flight = async move {
-                        task.await
-                            .unwrap_or_else(|e| Err(StoreError::Unavailable(Arc::new(e))))
-                    }
-                    .boxed()
-                    .shared();
-                    inflight.insert(hash, flight.clone());
-                    flight
-                }
-            }
-        };
-        flight.await
-    }
-
-    /// Queries the store and caches the answer, unless an invalidation that
-    /// touches it arrived meanwhile (then asks again).
-    async fn fetch(&self, hash: SecretHash) -> Result<Option<Arc<T>>, StoreError> {
-        let mut last = None;
-        for _ in 0..MAX_LOAD_ATTEMPTS {
-            let start_epoch = self.log.epoch();
-            let started = Instant::now();
-            let value = match (self.loader)(Arc::clone(&self.store), hash).await {
-                Ok(value) => value,
-                Err(e) => {
-                    self.breaker.failed(&e);
-                    return Err(e);
-                }
-            };
-            self.breaker.succeeded();
-            let Some(value) = value.map(Arc::new) else {
-                // Gone (deleted since it was cached) or never there.
-                if self.entries.contains_key(&hash) {
-                    self.entries.remove(&hash);
-                }
-                self.negatives.insert(hash, started);
-                return Ok(None);
-            };
-            let raced = || {
-                self.log
-                    .changed_since(start_epoch, |c| value.affected_by(c))
-            };
-            if raced() {
-                last = Some(value);
-                continue;
-            }
-            self.negatives.remove(&hash);
-            let slot = Slot {
-                loaded_at: started,
-                value: Arc::clone(&value),
-            };
-            self.entries.insert(hash, slot);
-            // An invalidation between the check and the insert would miss
-            // the new entry: look once more now that it is visible.
-            if raced() {
-                self.entries.remove(&hash);
-                last = Some(value);
-                continue;
-            }
-            return Ok(Some(value));
-        }
-        last.map(Some).ok_or(StoreError::Timeout)
     }
 
     /// Drops every entry `change` affects.

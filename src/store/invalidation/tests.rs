@@ -87,7 +87,7 @@ async fn cached_key(db: &TestDb) -> (SqlStore, CachedKeyStore, String, String) {
 
 async fn status(cache: &CachedKeyStore, secret: &str) -> Option<KeyStatus> {
     let found = cache.api_key(&hash_secret(secret)).await.ok().flatten();
-    found.map(|a| a.key.status(unix_now()))
+    found.map(|a| a.status(unix_now()))
 }
 
 /// Waits (on real I/O, bounded) until the cache shows `want`.

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The cold key store: a gateway on PostgreSQL (workers = 1, pinned to core 0) with N keys
+# seeded (100 000 by default). Each round starts a fresh gateway, sends every key once
+# (cold: each key seen for the first time, so a store lookup each), then every key once
+# more (warm: all cached), back to back, with wrk on core 1. Prints, per round, both
+# throughputs and their ratio, the PostgreSQL transactions per key during the cold pass
+# (pg_stat_database: every lookup query is one; the usage stamps add a few), and the
+# gateway's RSS after the warm pass. A pass is timed from its first response to its last.
+#
+# usage: benches/load/cold_store.sh [--rounds N] [--keys N] [--conns N]
+#   GW=PATH      the gateway binary (default: target/release/mpg-gateway, built if absent)
+#   PG_URL=URL   the PostgreSQL server (default: $MPG_TEST_PG_URL, else
+#                postgres://postgres@127.0.0.1:5432/test); a database of its own is
+#                created there and dropped at the end.
+# Everything listens on 127.0.0.1. Needs wrk, nginx, psql, python3, taskset.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/../lib.sh"
+LOG_TAG=cold_store
+ROUNDS=3 KEYS=100000 CONNS=64
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    --keys) KEYS="$2"; shift 2 ;;
+    --conns) CONNS="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "$SCRIPT: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+PG_URL="${PG_URL:-${MPG_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}}"
+GW="${GW:-$ROOT/target/release/mpg-gateway}"
+[ -x "$GW" ] || { log "building the gateway"; build_gateway; }
+
+work_dir cold_store
+raise_nofile
+DB="mpg_cold_$$"
+SERVER="${PG_URL%/*}"
+DB_URL="$SERVER/$DB"
+psql -q "$PG_URL" -c "CREATE DATABASE $DB" >/dev/null
+on_exit() { psql -q "$PG_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1; }
+
+UP_PORT="$(free_port)" GW_PORT="$(free_port)"
+upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
+taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
+PIDS+=($!)
+wait_port "$UP_PORT"
+
+cat >"$WORK/gw.toml" <<EOF
+[server]
+listen = "127.0.0.1:$GW_PORT"
+workers = 1
+insecure_http = true
+
+[admin]
+enabled = false
+
+[log]
+level = "warn"
+
+[store]
+kind = "postgres"
+url = "$DB_URL"
+cache_ttl = "10m"
+negative_cache_ttl = "10m"
+
+[rate_limit]
+backend = "local"
+
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$UP_PORT"]
+
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+seed_account "$WORK/gw.toml"
+
+log "seeding $KEYS keys into PostgreSQL"
+python3 - "$HERE" "$KEYS" "$WORK/keys.txt" "$WORK/rows.csv" <<'EOF'
+import hashlib, sys, time
+sys.path.insert(0, sys.argv[1])
+from seed import base62, new_key
+n, keys_out, rows_out = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+now = int(time.time())
+with open(keys_out, "w") as keys, open(rows_out, "w") as rows:
+    for i in range(n):
+        key = new_key()
+        keys.write(key + "\n")
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        rows.write(f"key_{base62(16)},{digest},{key[4:12]},bench-{i},acme,alice,clusters:read,{now}\n")
+EOF
+psql -q "$DB_URL" -c "\\copy api_keys (id, key_hash, prefix, name, organization_id, user_id, scopes, created_at) FROM '$WORK/rows.csv' WITH (FORMAT csv)"
+psql -q "$DB_URL" -c "VACUUM ANALYZE api_keys" >/dev/null
+
+# One pass over the keys: each key sent once. wrk waits out -d after the thread stops, and
+# its own figures would count that wait: the pass is timed by the two files it touches,
+# at the first response and at the last one.
+cat >"$WORK/pass.lua" <<'EOF'
+local reqs = {}
+for key in io.lines(os.getenv("BENCH_KEYS")) do
+  reqs[#reqs + 1] = wrk.format("GET", nil, { ["Host"] = wrk.host .. ":" .. wrk.port, ["Authorization"] = "Bearer " .. key })
+end
+local i, seen, bad = 0, 0, 0
+request = function()
+  i = i % #reqs + 1
+  return reqs[i]
+end
+response = function(status, headers, body)
+  seen = seen + 1
+  if status ~= 200 then bad = bad + 1 end
+  if seen == 1 then io.open(os.getenv("BENCH_OUT") .. ".start", "w"):close() end
+  if seen == #reqs then
+    local f = io.open(os.getenv("BENCH_OUT") .. ".done", "w")
+    f:write(string.format("%d %d\n", seen, bad))
+    f:close()
+    wrk.thread:stop()
+  end
+end
+EOF
+xacts() { psql -Atq "$DB_URL" -c "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"; }
+# pass NAME: one pass over the keys; sets NAME_rps (responses after the first, over the
+# time from the first response to the last), NAME_n and NAME_err (responses not 200).
+pass() {
+  local out="$WORK/$1" wrk_pid n bad
+  rm -f "$out.start" "$out.done"
+  BENCH_KEYS="$WORK/keys.txt" BENCH_OUT="$out" taskset -c 1 wrk -t1 -c"$CONNS" -d300s \
+    -s "$WORK/pass.lua" "http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme" \
+    >/dev/null 2>&1 &
+  wrk_pid=$!
+  for _ in $(seq 3000); do [ -e "$out.done" ] && break; kill -0 "$wrk_pid" 2>/dev/null || break; sleep 0.1; done
+  stop "$wrk_pid"
+  [ -e "$out.done" ] || { echo "$SCRIPT: the $1 pass did not finish" >&2; exit 1; }
+  read -r n bad <"$out.done"
+  printf -v "$1_rps" %s "$(python3 -c 'import os,sys; s,d,n=sys.argv[1:]; print(round((int(n)-1)/((os.stat(d).st_mtime_ns-os.stat(s).st_mtime_ns)/1e9)))' "$out.start" "$out.done" "$n")"
+  printf -v "$1_err" %s "$bad"
+  printf -v "$1_n" %s "$n"
+}
+
+printf '%-6s %10s %10s %7s %10s %9s\n' round cold_rps warm_rps ratio xacts/key rss_mib
+for round in $(seq "$ROUNDS"); do
+  run_gateway "$WORK/gw.toml" "$GW_PORT" "$WORK/gw.log" taskset -c 0
+  before="$(xacts)"
+  pass cold
+  sleep 1 # the statistics collector reports with a delay
+  after="$(xacts)"
+  pass warm
+  rss="$(rss_kib "$GW_PID")"
+  stop "$GW_PID"
+  [ "$cold_err" = 0 ] && [ "$warm_err" = 0 ] ||
+    log "round $round: $cold_err cold and $warm_err warm errors"
+  awk -v r="$round" -v c="$cold_rps" -v w="$warm_rps" -v x=$((after - before)) -v n="$cold_n" \
+    -v rss="$rss" \
+    'BEGIN {printf "%-6s %10d %10d %7.2f %10.3f %9.1f\n", r, c, w, c / w, x / n, rss / 1024}'
+done

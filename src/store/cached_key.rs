@@ -1,0 +1,139 @@
+//! [`CachedApiKey`]: what the key cache keeps of an [`ApiKeyAuth`], the fields
+//! authentication reads and nothing else, its strings in one allocation. A
+//! cached key costs two allocations (this struct in its `Arc`, and its text)
+//! instead of a full record's nine; its name, prefix, timestamps and
+//! `replaced_by` are never read per request and are not kept.
+use super::{ApiKeyAuth, Change, KeyStatus, LimitSpec, OrgLimit};
+
+/// An API key as the hot path sees it (built from an [`ApiKeyAuth`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedApiKey {
+    /// The key id, organization id, user id and role, then the scopes
+    /// space-separated (scopes never hold whitespace).
+    text: Box<str>,
+    /// Where the key id, organization id, user id and role end in `text`.
+    ends: [u32; 4],
+    /// Expiry time (unix seconds), if any.
+    expires_at: Option<i64>,
+    /// Revoked (wins over expired).
+    revoked: bool,
+    /// The user is a member of the key's organization (`role` is meaningful).
+    member: bool,
+    /// The key's own limit, if it has one.
+    rate_limit: Option<LimitSpec>,
+    /// The organization's overrides of policy quotas (usually none: no allocation).
+    org_limits: Box<[OrgLimit]>,
+}
+
+impl CachedApiKey {
+    /// The key id.
+    pub fn id(&self) -> &str {
+        self.part(0)
+    }
+
+    /// The organization the key acts for.
+    pub fn organization_id(&self) -> &str {
+        self.part(1)
+    }
+
+    /// The user who owns the key.
+    pub fn user_id(&self) -> &str {
+        self.part(2)
+    }
+
+    /// The user's current role in the key's organization (None: no member).
+    pub fn role(&self) -> Option<&str> {
+        self.member.then(|| self.part(3))
+    }
+
+    /// The key's scopes, space-separated.
+    pub fn scopes(&self) -> &str {
+        let start = self.ends[3] as usize;
+        self.text.get(start..).unwrap_or_default().trim_start()
+    }
+
+    /// Each scope, in the order given at creation.
+    pub fn scope_list(&self) -> impl Iterator<Item = &str> {
+        self.scopes().split_ascii_whitespace()
+    }
+
+    /// The key's status at `now` (unix seconds); revoked wins over expired.
+    pub fn status(&self, now: i64) -> KeyStatus {
+        if self.revoked {
+            KeyStatus::Revoked
+        } else if self.expires_at.is_some_and(|at| at <= now) {
+            KeyStatus::Expired
+        } else {
+            KeyStatus::Active
+        }
+    }
+
+    /// The key's own limit, if it has one.
+    pub fn rate_limit(&self) -> Option<&LimitSpec> {
+        self.rate_limit.as_ref()
+    }
+
+    /// The key's organization's overrides of policy quotas.
+    pub fn org_limits(&self) -> &[OrgLimit] {
+        &self.org_limits
+    }
+
+    /// True when `change` may make this entry wrong.
+    pub(crate) fn affected_by(&self, change: &Change) -> bool {
+        match change {
+            Change::ApiKey { id } => self.id() == id,
+            Change::Member {
+                organization_id,
+                user_id,
+            } => self.organization_id() == organization_id && self.user_id() == user_id,
+            Change::Session { .. } => false,
+            Change::All => true,
+        }
+    }
+
+    /// Part `i` of `text` (0: id, 1: organization, 2: user, 3: role).
+    fn part(&self, i: usize) -> &str {
+        let start = match i {
+            0 => 0,
+            _ => self.ends[i - 1] as usize,
+        };
+        self.text
+            .get(start..self.ends[i] as usize)
+            .unwrap_or_default()
+    }
+}
+
+impl From<&ApiKeyAuth> for CachedApiKey {
+    fn from(auth: &ApiKeyAuth) -> Self {
+        let key = &auth.key;
+        let role = auth.role.as_deref().unwrap_or_default();
+        let scopes_len: usize = key.scopes.iter().map(|s| s.len() + 1).sum();
+        let mut text = String::with_capacity(
+            key.id.len() + key.organization_id.len() + key.user_id.len() + role.len() + scopes_len,
+        );
+        let mut ends = [0u32; 4];
+        for (end, part) in
+            ends.iter_mut()
+                .zip([key.id.as_str(), &key.organization_id, &key.user_id, role])
+        {
+            text.push_str(part);
+            *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
+        }
+        for scope in &key.scopes {
+            text.push(' ');
+            text.push_str(scope);
+        }
+        CachedApiKey {
+            text: text.into_boxed_str(),
+            ends,
+            expires_at: key.expires_at,
+            revoked: key.revoked_at.is_some(),
+            member: auth.role.is_some(),
+            rate_limit: key.rate_limit.clone(),
+            org_limits: auth.org_limits.clone().into_boxed_slice(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+//! The batched auth lookup of [`SqlStore`]: the keys of many secret hashes,
+//! each with its user's current role, in one query. The cache sends every
+//! miss waiting at the same moment here, so a storm of new keys costs one
+//! round trip per batch instead of one per key.
+use super::schema::Dialect;
+use super::sql::SqlStore;
+use super::sql_error::Db;
+use super::sql_keys::{record_from_row, KEY_COLUMNS};
+use super::sql_limits::org_limits_of;
+use super::{ApiKeyAuth, StoreError};
+use crate::secret::SecretHash;
+use sqlx::Row;
+use std::fmt::Write as _;
+
+/// The batched auth lookup on PostgreSQL: the hashes come as one text array.
+const BATCH_LOOKUP_PG: &str = "= ANY($1::text[])";
+/// The batched auth lookup on SQLite: the hashes come as one JSON array.
+const BATCH_LOOKUP_SQLITE: &str = "IN (SELECT value FROM json_each($1))";
+
+/// `hashes` as the one parameter of the batched lookup: `{h1,h2}` (a
+/// PostgreSQL array literal) or `["h1","h2"]` (JSON). Hex needs no quoting.
+fn hash_list(dialect: Dialect, hashes: &[SecretHash]) -> String {
+    let (open, quote, close) = match dialect {
+        Dialect::Postgres => ('{', "", '}'),
+        Dialect::Sqlite => ('[', "\"", ']'),
+    };
+    let mut list = String::with_capacity(2 + hashes.len() * 67);
+    list.push(open);
+    for (i, hash) in hashes.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        let _ = write!(list, "{quote}{}{quote}", hash.to_hex());
+    }
+    list.push(close);
+    list
+}
+
+/// The hash a `key_hash` column holds (64 lowercase hex digits).
+fn hash_from_hex(hex: &str) -> Option<SecretHash> {
+    let mut out = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(SecretHash(out))
+}
+
+impl SqlStore {
+    /// The batched auth lookup: every key whose hash is in `hashes`, with
+    /// its user's current role, in one query (one statement whatever the
+    /// batch size, so it is prepared once per connection).
+    pub(super) async fn find_api_keys_by_hashes(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, ApiKeyAuth)>, StoreError> {
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let matching = match self.dialect {
+            Dialect::Postgres => BATCH_LOOKUP_PG,
+            Dialect::Sqlite => BATCH_LOOKUP_SQLITE,
+        };
+        let list = hash_list(self.dialect, hashes);
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let rows = sqlx::query(&format!(
+                "SELECT {KEY_COLUMNS}, k.key_hash, m.role FROM api_keys k \
+                 LEFT JOIN memberships m \
+                 ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
+                 WHERE k.key_hash {matching}"
+            ))
+            .bind(list)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+            let mut found = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let hex: String = row.try_get("key_hash").db()?;
+                let Some(hash) = hash_from_hex(&hex) else {
+                    continue;
+                };
+                let auth = ApiKeyAuth {
+                    key: record_from_row(row).db()?,
+                    role: row.try_get("role").db()?,
+                    org_limits: Vec::new(),
+                };
+                found.push((hash, auth));
+            }
+            // The organizations' overrides, for the whole batch in one more query.
+            let mut orgs: Vec<String> = found
+                .iter()
+                .map(|(_, auth)| auth.key.organization_id.clone())
+                .collect();
+            orgs.sort_unstable();
+            orgs.dedup();
+            let limits = org_limits_of(&mut conn, &orgs).await.db()?;
+            if !limits.is_empty() {
+                for (_, auth) in &mut found {
+                    auth.org_limits = limits
+                        .iter()
+                        .filter(|l| l.organization_id == auth.key.organization_id)
+                        .cloned()
+                        .collect();
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::hash_secret;
+
+    #[test]
+    fn hash_lists_and_hex_round_trip() {
+        let (a, b) = (hash_secret("a"), hash_secret("b"));
+        let pg = hash_list(Dialect::Postgres, &[a, b]);
+        assert_eq!(pg, format!("{{{},{}}}", a.to_hex(), b.to_hex()));
+        let json = hash_list(Dialect::Sqlite, &[a]);
+        assert_eq!(json, format!("[\"{}\"]", a.to_hex()));
+        assert!(hash_from_hex(&a.to_hex()) == Some(a));
+        assert!(hash_from_hex("zz").is_none());
+        assert!(hash_from_hex(&"g".repeat(64)).is_none());
+    }
+}
