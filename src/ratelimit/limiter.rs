@@ -198,26 +198,29 @@ impl RateLimiter {
     }
 
     async fn decide(&self, policy: PolicyId, key: &str, op: Op, auth_guard: bool) -> Decision {
-        match self.gcras.get(policy.0) {
-            Some(gcra) => self.decide_with(policy, key, *gcra, op, auth_guard).await,
-            None => gcra::unknown_policy_decision(self.now()),
-        }
+        let Some(remote) = &self.remote else {
+            return self.local_op(policy, key, op);
+        };
+        let Some(gcra) = self.gcras.get(policy.0) else {
+            return gcra::unknown_policy_decision(self.now());
+        };
+        // Boxed: the Redis path's state (its timer, its answer's channel) would otherwise
+        // make every decision's future, local ones too, that large to move on each request.
+        Box::pin(self.decide_remote(remote, policy, key, *gcra, op, auth_guard)).await
     }
 
-    /// [`Self::decide`] with the bucket's parameters given: a request's own quota (or the
-    /// policy's) reaches Redis and the deny/allow fallbacks as `gcra`. The in-process
-    /// limiter (backend or fallback) counts with the policy's own parameters.
-    async fn decide_with(
+    /// A decision by Redis, or by the fallback while Redis fails. The bucket's parameters
+    /// are given (`gcra`): a request's own quota, or the policy's, reaches Redis and the
+    /// deny/allow fallbacks; the in-process fallback counts with the policy's own.
+    async fn decide_remote(
         &self,
+        remote: &Remote,
         policy: PolicyId,
         key: &str,
         gcra: Gcra,
         op: Op,
         auth_guard: bool,
     ) -> Decision {
-        let Some(remote) = &self.remote else {
-            return self.local_op(policy, key, op);
-        };
         let now = self.now();
         if remote.may_try(now) {
             match remote.run(policy, key, gcra, op).await {
@@ -288,8 +291,8 @@ impl Remote {
         let limiter = match self.limiter.load_full() {
             Some(limiter) => limiter,
             None => {
-                // Boxed: a connect's state is kilobytes, and inline it would make every
-                // decision's future that large to move on each request.
+                // Boxed: a connect's state is kilobytes, which every decision's
+                // (boxed) future would otherwise carry and move.
                 let limiter = Box::pin(self.connect()).await?;
                 self.limiter.store(Some(limiter.clone()));
                 limiter
