@@ -228,25 +228,25 @@ fn answer(batch: &mut Vec<Pending>, result: Result<Vec<Answer>, LimiterError>) {
     }
 }
 
-/// Runs the script on `batch` within `timeout`, loading it again after NOSCRIPT (a Redis
-/// restart or `SCRIPT FLUSH`): a NOSCRIPT call ran nothing, so the retry counts each
-/// decision once.
+/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart, `SCRIPT
+/// FLUSH`, a new cluster node) the batch goes again as EVAL with the script's text, which
+/// also caches it: a NOSCRIPT call ran nothing, so each decision still counts once, and
+/// unlike a SCRIPT LOAD followed by EVALSHA no flush in between can fail it again.
 async fn call(
     conn: &mut RedisConn,
     hash: &str,
     timeout: Duration,
     batch: &[Pending],
 ) -> Result<Vec<Answer>, LimiterError> {
-    let cmd = evalsha(hash, batch);
     let run = async {
-        match cmd.query_async::<Value>(conn).await {
+        match script_cmd("EVALSHA", hash, batch)
+            .query_async::<Value>(conn)
+            .await
+        {
             Err(err) if err.kind() == ErrorKind::NoScriptError => {
-                ::redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(SCRIPT)
-                    .exec_async(conn)
-                    .await?;
-                cmd.query_async::<Value>(conn).await
+                script_cmd("EVAL", SCRIPT, batch)
+                    .query_async::<Value>(conn)
+                    .await
             }
             other => other,
         }
@@ -257,9 +257,10 @@ async fn call(
     Ok(parse(value, batch.len())?)
 }
 
-fn evalsha(hash: &str, batch: &[Pending]) -> Cmd {
-    let mut cmd = ::redis::cmd("EVALSHA");
-    cmd.arg(hash).arg(batch.len());
+/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision.
+fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
+    let mut cmd = ::redis::cmd(verb);
+    cmd.arg(script).arg(batch.len());
     for pending in batch {
         cmd.arg(pending.key.as_str());
     }
