@@ -188,7 +188,7 @@ impl Task {
 
     /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
     async fn send_by_slot(&self, batch: &mut Vec<Pending>) {
-        batch.sort_by_key(|p| get_slot(p.key.as_bytes()));
+        batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
         let mut groups = Vec::new();
         let mut rest = std::mem::take(batch);
         while !rest.is_empty() {
