@@ -231,10 +231,26 @@ impl RateLimiter {
         let Some(remote) = &self.remote else {
             return self.local_op(policy, key, op, quota);
         };
-        let now = self.now();
+        // Boxed: the Redis path's state (its timer, its answer's channel) would otherwise
+        // make every decision's future, local ones too, that large to move on each request.
+        Box::pin(self.decide_remote(remote, policy, key, op, auth_guard, quota)).await
+    }
+
+    /// A decision by Redis, or by the fallback while Redis fails, with `quota`'s
+    /// parameters (a request's own) if given, else the policy's.
+    async fn decide_remote(
+        &self,
+        remote: &Remote,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        auth_guard: bool,
+        quota: Option<&Gcra>,
+    ) -> Decision {
         let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
-            return gcra::unknown_policy_decision(now);
+            return gcra::unknown_policy_decision(self.now());
         };
+        let now = self.now();
         if remote.may_try(now) {
             match remote.run(policy, key, gcra, op).await {
                 Ok(decision) => {
@@ -309,8 +325,8 @@ impl Remote {
         let limiter = match self.limiter.load_full() {
             Some(limiter) => limiter,
             None => {
-                // Boxed: a connect's state is kilobytes, and inline it would make every
-                // decision's future that large to move on each request.
+                // Boxed: a connect's state is kilobytes, which every decision's
+                // (boxed) future would otherwise carry and move.
                 let limiter = Box::pin(self.connect()).await?;
                 self.limiter.store(Some(limiter.clone()));
                 limiter

@@ -12,14 +12,14 @@
 //! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
 //! applied in the order they were asked; each caller still waits at most the configured
 //! timeout for its own answer. Calls go over one reconnecting, multiplexed connection
-//! (`redis_target.rs`) as EVALSHA, and the script is loaded again after NOSCRIPT (a Redis
-//! restart or `SCRIPT FLUSH`).
+//! (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
+//! call goes again as EVAL with the script's text, which caches it again.
 //!
 //! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
 //! bucket is full again, so idle keys vanish by themselves. On a Redis Cluster a call holds
 //! the keys of one slot, so it runs on the node owning that slot; buckets spread over the
-//! slots. SCRIPT LOAD goes to every node, and a primary that lacks the script (a failover,
-//! a new node) answers NOSCRIPT and gets it again.
+//! slots. SCRIPT LOAD goes to every node at connect, and a primary that lacks the script
+//! (a failover, a new node) answers NOSCRIPT and gets it with the EVAL.
 
 mod batch;
 

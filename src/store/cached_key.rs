@@ -129,7 +129,7 @@ impl From<&ApiKeyAuth> for CachedApiKey {
             expires_at: key.expires_at,
             revoked: key.revoked_at.is_some(),
             member: auth.role.is_some(),
-            rate_limit: key.rate_limit.clone(),
+            rate_limit: key.rate_limit,
             org_limits: auth.org_limits.clone().into_boxed_slice(),
         }
     }

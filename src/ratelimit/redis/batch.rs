@@ -188,7 +188,7 @@ impl Task {
 
     /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
     async fn send_by_slot(&self, batch: &mut Vec<Pending>) {
-        batch.sort_by_key(|p| get_slot(p.key.as_bytes()));
+        batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
         let mut groups = Vec::new();
         let mut rest = std::mem::take(batch);
         while !rest.is_empty() {
@@ -228,10 +228,10 @@ fn answer(batch: &mut Vec<Pending>, result: Result<Vec<Answer>, LimiterError>) {
     }
 }
 
-/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart or `SCRIPT
-/// FLUSH`) the retry sends the script's text with EVAL, which also caches it again: a second
-/// flush between a reload and the retry cannot fail it. A NOSCRIPT call ran nothing, so the
-/// retry counts each decision once.
+/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart, `SCRIPT
+/// FLUSH`, a new cluster node) the batch goes again as EVAL with the script's text, which
+/// also caches it: a NOSCRIPT call ran nothing, so each decision still counts once, and
+/// unlike a SCRIPT LOAD followed by EVALSHA no flush in between can fail it again.
 async fn call(
     conn: &mut RedisConn,
     hash: &str,
@@ -239,12 +239,12 @@ async fn call(
     batch: &[Pending],
 ) -> Result<Vec<Answer>, LimiterError> {
     let run = async {
-        match script_call("EVALSHA", hash, batch)
+        match script_cmd("EVALSHA", hash, batch)
             .query_async::<Value>(conn)
             .await
         {
             Err(err) if err.kind() == ErrorKind::NoScriptError => {
-                script_call("EVAL", SCRIPT, batch)
+                script_cmd("EVAL", SCRIPT, batch)
                     .query_async::<Value>(conn)
                     .await
             }
@@ -257,8 +257,8 @@ async fn call(
     Ok(parse(value, batch.len())?)
 }
 
-/// `EVALSHA hash …` or `EVAL script …` with the batch's keys and arguments.
-fn script_call(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
+/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision.
+fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
     let mut cmd = ::redis::cmd(verb);
     cmd.arg(script).arg(batch.len());
     for pending in batch {

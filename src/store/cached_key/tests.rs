@@ -91,7 +91,7 @@ fn keeps_the_keys_own_limit_and_its_organizations_overrides() {
         policy: "per_key".into(),
         limit: LimitSpec::parse(1000, "1m").unwrap(),
     };
-    a.key.rate_limit = Some(own.clone());
+    a.key.rate_limit = Some(own);
     a.org_limits = vec![plan.clone()];
     let k = CachedApiKey::from(&a);
     assert_eq!(k.rate_limit(), Some(&own));
