@@ -6,10 +6,10 @@ use super::schema::Dialect;
 use super::sql::SqlStore;
 use super::sql_error::Db;
 use super::sql_keys::{record_from_row, KEY_COLUMNS};
-use super::sql_limits::org_limits_of;
-use super::{ApiKeyAuth, StoreError};
+use super::{ApiKeyAuth, LimitSpec, OrgLimit, StoreError};
 use crate::secret::SecretHash;
 use sqlx::Row;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// The batched auth lookup on PostgreSQL: the hashes come as one text array.
@@ -66,45 +66,57 @@ impl SqlStore {
         let list = hash_list(self.dialect, hashes);
         let mut conn = self.conn().await?;
         self.timed(async {
+            // Each key comes with its organization's overrides (usually none):
+            // one row per override, or one with nulls.
             let rows = sqlx::query(&format!(
-                "SELECT {KEY_COLUMNS}, k.key_hash, m.role FROM api_keys k \
+                "SELECT {KEY_COLUMNS}, k.key_hash, m.role, l.policy AS limit_policy, \
+                 l.requests AS limit_requests, l.per_ms AS limit_per_ms FROM api_keys k \
                  LEFT JOIN memberships m \
                  ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
+                 LEFT JOIN org_rate_limits l ON l.organization_id = k.organization_id \
                  WHERE k.key_hash {matching}"
             ))
             .bind(list)
             .fetch_all(&mut *conn)
             .await
             .db()?;
-            let mut found = Vec::with_capacity(rows.len());
+            let mut found: Vec<(SecretHash, ApiKeyAuth)> = Vec::with_capacity(rows.len());
+            let mut at: HashMap<[u8; 32], usize> = HashMap::with_capacity(rows.len());
             for row in &rows {
                 let hex: String = row.try_get("key_hash").db()?;
                 let Some(hash) = hash_from_hex(&hex) else {
                     continue;
                 };
-                let auth = ApiKeyAuth {
-                    key: record_from_row(row).db()?,
-                    role: row.try_get("role").db()?,
-                    org_limits: Vec::new(),
+                let i = match at.get(&hash.0) {
+                    Some(&i) => i,
+                    None => {
+                        let auth = ApiKeyAuth {
+                            key: record_from_row(row).db()?,
+                            role: row.try_get("role").db()?,
+                            org_limits: Vec::new(),
+                        };
+                        at.insert(hash.0, found.len());
+                        found.push((hash, auth));
+                        found.len() - 1
+                    }
                 };
-                found.push((hash, auth));
-            }
-            // The organizations' overrides, for the whole batch in one more query.
-            let mut orgs: Vec<String> = found
-                .iter()
-                .map(|(_, auth)| auth.key.organization_id.clone())
-                .collect();
-            orgs.sort_unstable();
-            orgs.dedup();
-            let limits = org_limits_of(&mut conn, &orgs).await.db()?;
-            if !limits.is_empty() {
-                for (_, auth) in &mut found {
-                    auth.org_limits = limits
-                        .iter()
-                        .filter(|l| l.organization_id == auth.key.organization_id)
-                        .cloned()
-                        .collect();
+                let policy: Option<String> = row.try_get("limit_policy").db()?;
+                let limit = LimitSpec::from_columns(
+                    row.try_get("limit_requests").db()?,
+                    row.try_get("limit_per_ms").db()?,
+                );
+                if let (Some(policy), Some(limit), Some((_, auth))) =
+                    (policy, limit, found.get_mut(i))
+                {
+                    auth.org_limits.push(OrgLimit {
+                        organization_id: auth.key.organization_id.clone(),
+                        policy,
+                        limit,
+                    });
                 }
+            }
+            for (_, auth) in &mut found {
+                auth.org_limits.sort_by(|a, b| a.policy.cmp(&b.policy));
             }
             Ok(found)
         })

@@ -858,6 +858,18 @@ async fn org_limits_travel_with_keys_and_sessions(store: &SqlStore) {
         crate::store::org_limit(&limits, "acme", "default"),
         Some(&twenty)
     );
+    // The batched lookup brings the same overrides, two of them on one key.
+    assert!(store.set_org_limit("acme", "burst", ten).await.is_ok());
+    let batch = store.find_api_keys(&[hash_secret(&secret)]).await;
+    let batch: Vec<_> = batch.ok().into_iter().flatten().map(|(_, a)| a).collect();
+    let one = store
+        .find_api_key(&hash_secret(&secret))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(batch.first().map(|a| a.org_limits.len()), Some(2));
+    assert_eq!(batch.first(), one.as_ref());
+    assert!(store.unset_org_limit("acme", "burst").await.is_ok());
     let session = store
         .find_session(&hash_secret(&token))
         .await
