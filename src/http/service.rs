@@ -190,12 +190,20 @@ impl Stamp {
     }
 
     /// Sets the fields in `headers`, replacing any of the same name.
+    ///
+    /// The request id differs on every response: it is marked never to be
+    /// indexed, so that HTTP/2's header compression sends it as a literal
+    /// instead of adding it to the connection's table, where each new id
+    /// would evict the fields that repeat (the content type, the limit) and
+    /// cost a search of the ids before it.
     pub fn add_to(self, headers: &mut HeaderMap) {
         if let Some(d) = &self.decision {
             d.write_headers(headers, self.ietf);
         }
         if let Some(id) = self.request_id {
-            headers.insert(X_REQUEST_ID, id.into_header_value());
+            let mut id = id.into_header_value();
+            id.set_sensitive(true);
+            headers.insert(X_REQUEST_ID, id);
         }
     }
 }
