@@ -97,8 +97,16 @@ impl Reply {
     /// never over them.
     pub fn into_response(self) -> Response<Body> {
         let mut res = self.res;
+        let relayed = res.body_mut().take_relayed();
+        // Room for every field at once: the map would otherwise grow (and
+        // rehash) as the relayed fields go in after the stamped ones.
+        let more = self.stamp.names().count() + relayed.as_ref().map_or(0, |r| r.len());
+        res.headers_mut().reserve(more);
         self.stamp.add_to(res.headers_mut());
-        into_header_map(res)
+        if let Some(relayed) = relayed {
+            relayed.add_to(res.headers_mut());
+        }
+        res
     }
 }
 
