@@ -723,3 +723,52 @@ async fn real_clients_get_every_answer_over_every_protocol() {
     assert!(failures.is_empty(), "{summary}\n\nfailures:\n{failures}");
     println!("{summary}");
 }
+
+/// Node.js over HTTP/2: `node never_indexed.js URL AUTH` prints the status,
+/// the fields received as never-indexed HPACK literals, and X-RateLimit-Limit.
+const NEVER_INDEXED_CLIENT: &str = r#"
+const http2 = require('node:http2');
+const [url, auth] = process.argv.slice(2);
+const u = new URL(url);
+const session = http2.connect(u.origin, { rejectUnauthorized: false });
+session.on('error', (e) => { console.error('session error:', e); process.exitCode = 1; });
+const req = session.request({ ':path': u.pathname + u.search, authorization: auth });
+req.on('response', (h) => {
+  const sensitive = [...h[http2.sensitiveHeaders]].sort();
+  console.log(JSON.stringify({ status: h[':status'], sensitive, limit: h['x-ratelimit-limit'] }));
+});
+req.on('data', () => {});
+req.on('end', () => session.close());
+"#;
+
+#[tokio::test]
+async fn http2_answers_send_the_fields_that_change_on_every_response_never_indexed() {
+    // The request id and the remaining count differ on every response:
+    // HPACK gets them as never-indexed literals, which keep them out of the
+    // connection's table. Node.js lists such fields in `sensitiveHeaders`.
+    let w = world_with(|c| {
+        c.set("server.insecure_http", false);
+        c.set("server.tls.self_signed", true);
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("never_indexed.js");
+    std::fs::write(&script, NEVER_INDEXED_CLIENT).unwrap();
+    let url = format!(
+        "{}/api/v1/clusters?organization_id=acme",
+        base_url(&w, true)
+    );
+    let mut cmd = Command::new("node");
+    cmd.arg(&script)
+        .arg(&url)
+        .arg(format!("Bearer {}", w.seed.key));
+    let out = output(cmd).await.unwrap();
+    let got: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(got["status"], 200, "{got}");
+    assert_eq!(
+        got["sensitive"],
+        serde_json::json!(["x-ratelimit-remaining", "x-request-id"]),
+        "{got}"
+    );
+    assert_eq!(got["limit"], "100000", "{got}");
+}

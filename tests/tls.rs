@@ -226,3 +226,97 @@ async fn failed_handshakes_are_one_incident_in_the_log_not_a_line_each() {
         lines[0]
     );
 }
+
+// === session resumption ===
+
+/// How resuming clients come back: TLS 1.3 (tickets), TLS 1.2 with tickets,
+/// and TLS 1.2 by session id (the server's session cache).
+fn resumption_modes() -> [(&'static str, rustls::client::Tls12Resumption, bool); 3] {
+    use rustls::client::Tls12Resumption as R;
+    [
+        ("TLS 1.3", R::SessionIdOrTickets, true),
+        ("TLS 1.2, tickets", R::SessionIdOrTickets, false),
+        ("TLS 1.2, session id", R::SessionIdOnly, false),
+    ]
+}
+
+/// A client config for one mode of [`resumption_modes`], with its own
+/// session store: connections made with it resume each other's sessions.
+fn resuming_client(
+    tls12: rustls::client::Tls12Resumption,
+    tls13: bool,
+) -> Arc<rustls::ClientConfig> {
+    let version = match tls13 {
+        true => &rustls::version::TLS13,
+        false => &rustls::version::TLS12,
+    };
+    let mut config = tls_client_config(
+        rustls::crypto::ring::default_provider(),
+        &[version],
+        b"http/1.1",
+        Arc::default(),
+    );
+    config.resumption = rustls::client::Resumption::in_memory_sessions(8).tls12_resumption(tls12);
+    Arc::new(config)
+}
+
+/// One request on a new connection made with `config`, read to its end (a
+/// TLS 1.3 ticket comes after the handshake); whether the handshake resumed.
+async fn resumed(addr: std::net::SocketAddr, config: &Arc<rustls::ClientConfig>) -> bool {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let kind = tls.get_ref().1.handshake_kind();
+    tls.write_all(b"GET /nope HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 404"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    kind == Some(rustls::HandshakeKind::Resumed)
+}
+
+#[tokio::test]
+async fn a_client_resumes_its_session_on_tls_1_3_and_1_2() {
+    let (_up, _cfg, gw) = tls_gateway("10s").await;
+    for (mode, tls12, tls13) in resumption_modes() {
+        let client = resuming_client(tls12, tls13);
+        assert!(
+            !resumed(gw.addr, &client).await,
+            "{mode}: the first handshake resumed"
+        );
+        assert!(
+            resumed(gw.addr, &client).await,
+            "{mode}: the second handshake did not resume"
+        );
+        assert!(
+            resumed(gw.addr, &client).await,
+            "{mode}: the third handshake did not resume"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sessions_resume_after_hundreds_of_other_clients() {
+    // More clients than rustls's default session cache (256 sessions)
+    // holds: tickets hold no server memory, and the session cache for
+    // TLS 1.2 clients without tickets is larger.
+    let (_up, _cfg, gw) = tls_gateway("10s").await;
+    for (mode, tls12, tls13) in resumption_modes() {
+        let first = resuming_client(tls12, tls13);
+        assert!(!resumed(gw.addr, &first).await, "{mode}");
+        for _ in 0..300 {
+            resumed(gw.addr, &resuming_client(tls12, tls13)).await;
+        }
+        assert!(
+            resumed(gw.addr, &first).await,
+            "{mode}: the first client's session is gone"
+        );
+    }
+}

@@ -131,9 +131,16 @@ impl Decision {
     ///
     /// Integers go through `HeaderValue::from` (itoa formatting, no `String`), and a
     /// value equal to the thread's last one for the field is shared ([`number`]).
+    ///
+    /// The fields that count down with every request (`X-RateLimit-Remaining`,
+    /// and the IETF `RateLimit`, which carries the same number) are marked
+    /// never to be indexed: HTTP/2's header compression then sends them as
+    /// literals instead of adding a new value to the connection's table on
+    /// each response (see `Stamp::add_to`). The limit, the policy and the
+    /// reset second repeat, and stay indexed.
     pub fn write_headers(&self, headers: &mut HeaderMap, ietf: bool) {
         self.each(ietf, |f, value| {
-            let value = match value {
+            let mut value = match value {
                 Value::Number(Some(slot), n) => number(slot, n),
                 Value::Number(None, n) => HeaderValue::from(n),
                 Value::Text(text) => match HeaderValue::from_bytes(text) {
@@ -141,6 +148,9 @@ impl Decision {
                     Err(_) => return,
                 },
             };
+            if std::ptr::eq(f, &F_REMAINING) || std::ptr::eq(f, &F_RATELIMIT) {
+                value.set_sensitive(true);
+            }
             headers.insert(f.name.clone(), value);
         });
     }
@@ -228,6 +238,32 @@ mod tests {
         assert_eq!(get(&h, "retry-after"), Some("9"));
         assert_eq!(get(&h, "ratelimit"), None);
         assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn the_fields_that_count_down_are_never_indexed_and_the_rest_are() {
+        let mut h = HeaderMap::new();
+        decision(false).write_headers(&mut h, true);
+        let sensitive: Vec<&str> = h
+            .iter()
+            .filter(|(_, v)| v.is_sensitive())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(sensitive, ["x-ratelimit-remaining", "ratelimit"]);
+        assert_eq!(h.len(), 6);
+    }
+
+    #[test]
+    fn a_stamped_request_id_is_never_indexed() {
+        let stamp = crate::http::service::Stamp {
+            request_id: Some(crate::http::service::RequestId::Made([b'a'; 32])),
+            decision: Some(decision(true)),
+            ietf: false,
+        };
+        let mut h = HeaderMap::new();
+        stamp.add_to(&mut h);
+        assert!(h["x-request-id"].is_sensitive());
+        assert!(!h["x-ratelimit-limit"].is_sensitive());
     }
 
     #[test]

@@ -97,8 +97,16 @@ impl Reply {
     /// never over them.
     pub fn into_response(self) -> Response<Body> {
         let mut res = self.res;
+        let relayed = res.body_mut().take_relayed();
+        // Room for every field at once: the map would otherwise grow (and
+        // rehash) as the relayed fields go in after the stamped ones.
+        let more = self.stamp.names().count() + relayed.as_ref().map_or(0, |r| r.len());
+        res.headers_mut().reserve(more);
         self.stamp.add_to(res.headers_mut());
-        into_header_map(res)
+        if let Some(relayed) = relayed {
+            relayed.add_to(res.headers_mut());
+        }
+        res
     }
 }
 
@@ -190,12 +198,20 @@ impl Stamp {
     }
 
     /// Sets the fields in `headers`, replacing any of the same name.
+    ///
+    /// The request id differs on every response: it is marked never to be
+    /// indexed, so that HTTP/2's header compression sends it as a literal
+    /// instead of adding it to the connection's table, where each new id
+    /// would evict the fields that repeat (the content type, the limit) and
+    /// cost a search of the ids before it.
     pub fn add_to(self, headers: &mut HeaderMap) {
         if let Some(d) = &self.decision {
             d.write_headers(headers, self.ietf);
         }
         if let Some(id) = self.request_id {
-            headers.insert(X_REQUEST_ID, id.into_header_value());
+            let mut id = id.into_header_value();
+            id.set_sensitive(true);
+            headers.insert(X_REQUEST_ID, id);
         }
     }
 }

@@ -1,13 +1,14 @@
 //! rustls server configuration: certificate loading (PEM files, or a
 //! self-signed localhost certificate for development), TLS 1.2/1.3 only,
-//! ALPN `h2` and `http/1.1`. The certificate sits behind a swappable resolver
+//! ALPN `h2` and `http/1.1`, session resumption by stateless tickets and a
+//! bounded session cache. The certificate sits behind a swappable resolver
 //! so a reload can replace it without touching open connections.
 pub mod pem;
 
 use arc_swap::ArcSwap;
 use rustls::crypto::ring::default_provider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use std::path::Path;
@@ -65,8 +66,20 @@ pub fn server_config(
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     // The server's order of suites, not the client's: see `provider`.
     config.ignore_client_order = true;
+    // Resumption: TLS 1.3 clients, and TLS 1.2 ones that take tickets, get
+    // stateless tickets (ChaCha20-Poly1305 under a random key of this
+    // process, rotated every 6 hours), which hold no server memory however
+    // many clients there are; TLS 1.2 clients without ticket support resume
+    // by session id from a bounded cache. A reload keeps both: only the
+    // certificate is swapped.
+    config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_SIZE);
     Ok((Arc::new(config), resolver))
 }
+
+/// TLS 1.2 sessions kept for resumption by session id, the oldest dropped
+/// first: HAProxy's default size, a few MiB when full.
+pub const SESSION_CACHE_SIZE: usize = 20_000;
 
 /// ring's suites with AES-128-GCM (SHA-256) ahead of AES-256-GCM (SHA-384),
 /// each version's otherwise in ring's order. Clients (OpenSSL's default
@@ -136,35 +149,4 @@ pub fn self_signed_pem() -> Result<(String, String), TlsError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn self_signed_builds_a_config_with_alpn() {
-        let (config, _) = server_config(self_signed().unwrap()).unwrap();
-        assert_eq!(
-            config.alpn_protocols,
-            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-        );
-    }
-
-    #[test]
-    fn pem_files_load_and_a_mismatched_key_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = self_signed_pem().unwrap();
-        let (_, other_key) = self_signed_pem().unwrap();
-        let (c, k, o) = (
-            dir.path().join("c.pem"),
-            dir.path().join("k.pem"),
-            dir.path().join("o.pem"),
-        );
-        std::fs::write(&c, cert).unwrap();
-        std::fs::write(&k, key).unwrap();
-        std::fs::write(&o, other_key).unwrap();
-        assert!(load_pem(&c, &k).is_ok());
-        let err = load_pem(&c, &o).unwrap_err();
-        assert!(matches!(err, TlsError::KeyMismatch(_)), "{err}");
-        let err = load_pem(&k, &k).unwrap_err().to_string();
-        assert!(err.contains("k.pem"), "{err}");
-    }
-}
+mod tests;

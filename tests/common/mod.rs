@@ -717,14 +717,26 @@ pub fn tls_connector(
     alpn: &[u8],
     seen: Arc<Mutex<Vec<u8>>>,
 ) -> tokio_rustls::TlsConnector {
+    let config = tls_client_config(provider, rustls::DEFAULT_VERSIONS, alpn, seen);
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// The client config of [`tls_connector`], limited to `versions`: fields
+/// such as `resumption` can be changed before it is used.
+pub fn tls_client_config(
+    provider: rustls::crypto::CryptoProvider,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[u8],
+    seen: Arc<Mutex<Vec<u8>>>,
+) -> rustls::ClientConfig {
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Remember(seen)))
         .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    config
 }
 
 /// A TLS connection to `addr` offering `provider`'s suites in its order and

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The tail of TLS keep-alive beside plain HTTP's, back to back: two gateways
+# (`workers = 1`, core 0), one plain and one TLS, the load generator and the
+# nginx upstream on core 1, as in run.sh's saturation rounds: 50 keep-alive
+# connections each sending its next request as soon as its answer is in.
+# Rounds alternate plain and TLS so that a slow spell of a shared machine
+# lands on both alike. The load is h2load --h1 with a per-request log, so the
+# tail is given twice: over all requests, and over those begun after the
+# first 200 ms (once every connection is open: with TLS, the 50 handshakes
+# at the start, the gateway's and the client's, delay the first requests).
+#
+#   benches/load/tls_tail.sh                        # 5 rounds x 5 s each
+#   ROUNDS=3 DURATION=3 benches/load/tls_tail.sh
+#   GW=path/to/mpg-gateway benches/load/tls_tail.sh  # another build
+#
+# Prints one line per run: requests/s, p50, p99, p99.9 and max (µs), the same
+# after the first 200 ms, then the medians of each.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/../lib.sh"
+ROUNDS=${ROUNDS:-5} DURATION=${DURATION:-5} CONNS=${CONNS:-50}
+for tool in h2load nginx openssl taskset; do
+  command -v "$tool" >/dev/null || { echo "tls_tail.sh: needs $tool" >&2; exit 1; }
+done
+if [ -z "${GW:-}" ]; then
+  build_gateway
+  GW="$ROOT/target/release/mpg-gateway"
+fi
+
+on_exit() { [ ! -f "$WORK/up/nginx.pid" ] || kill "$(cat "$WORK/up/nginx.pid")" 2>/dev/null; }
+work_dir mpg-tls-tail
+UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port)
+
+upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
+taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
+wait_port "$UP_PORT"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+
+cat >"$WORK/base.toml" <<EOT
+[admin]
+enabled = false
+[log]
+level = "warn"
+[store]
+kind = "sqlite"
+path = "$WORK/gateway.db"
+[rate_limit]
+backend = "local"
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$UP_PORT"]
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOT
+{ printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = 1\ninsecure_http = true\n' "$GW_PORT"
+  cat "$WORK/base.toml"; } >"$WORK/plain.toml"
+{ printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = 1\n[server.tls]\ncert = "%s"\nkey = "%s"\n' \
+    "$GWS_PORT" "$WORK/cert.pem" "$WORK/key.pem"
+  cat "$WORK/base.toml"; } >"$WORK/tls.toml"
+seed_account "$WORK/plain.toml"
+python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+KEY="$(head -n 1 "$WORK/keys.txt")"
+Q="/api/v1/clusters?organization_id=acme"
+run_gateway "$WORK/plain.toml" "$GW_PORT" "$WORK/gw.log" taskset -c 0
+PLAIN_PID=$GW_PID
+run_gateway "$WORK/tls.toml" "$GWS_PORT" "$WORK/gw.log" taskset -c 0
+TLS_PID=$GW_PID
+# Warm both (key cache, connections to the upstream).
+for url in "http://127.0.0.1:$GW_PORT$Q" "https://127.0.0.1:$GWS_PORT$Q"; do
+  taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D 1 -H "Authorization: Bearer $KEY" "$url" >/dev/null
+done
+: >"$WORK/results.txt"
+for r in $(seq "$ROUNDS"); do
+  for kind in plain tls; do
+    case $kind in
+      plain) url="http://127.0.0.1:$GW_PORT$Q" ;;
+      tls) url="https://127.0.0.1:$GWS_PORT$Q" ;;
+    esac
+    rm -f "$WORK/req.log" # h2load appends to it
+    taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D "$DURATION" -H "Authorization: Bearer $KEY" \
+      --log-file="$WORK/req.log" "$url" >"$WORK/h2load.out" 2>&1
+    python3 - "$WORK/req.log" "$kind" "$r" "$DURATION" >>"$WORK/results.txt" <<'EOT'
+import sys
+rows = [line.split("\t") for line in open(sys.argv[1])]
+bad = sum(1 for r in rows if r[1] != "200")
+if bad or not rows:
+    sys.exit(f"tls_tail.sh: {bad} of {len(rows)} requests failed")
+t0 = min(int(r[0]) for r in rows)
+def stats(lat):
+    lat = sorted(lat)
+    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
+    return [q(0.5), q(0.99), q(0.999), lat[-1]]
+lat = [int(r[2]) for r in rows]
+late = [int(r[2]) for r in rows if int(r[0]) - t0 >= 200_000]
+print(sys.argv[2], int(len(rows) / float(sys.argv[4])), *stats(lat), *stats(late))
+EOT
+    tail -n 1 "$WORK/results.txt" | awk -v r="$r" '{printf "%-5s round %d: %6d req/s  p50 %6d  p99 %6d  p99.9 %6d  max %6d µs | after 200 ms: p99 %6d  p99.9 %6d  max %6d\n", $1, r, $2, $3, $4, $5, $6, $8, $9, $10}'
+  done
+done
+python3 - "$WORK/results.txt" <<'EOT'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    kind, *v = line.split()
+    rows.setdefault(kind, []).append([int(x) for x in v])
+for kind, vs in rows.items():
+    m = [statistics.median(col) for col in zip(*vs)]
+    print(f"{kind:5} median: {m[0]:.0f} req/s  p50 {m[1]:.0f}  p99 {m[2]:.0f}  p99.9 {m[3]:.0f}  max {m[4]:.0f} µs"
+          f" | after 200 ms: p99 {m[6]:.0f}  p99.9 {m[7]:.0f}  max {m[8]:.0f} µs")
+EOT
