@@ -1,5 +1,5 @@
-# Shell helpers shared by the bench and fault scripts (benches/load/run.sh,
-# benches/load/instructions.sh, benches/faults/store.sh, benches/faults/serving.sh).
+# Shell helpers shared by the bench and fault scripts (benches/load/*.sh,
+# benches/faults/store.sh, benches/faults/serving.sh).
 # Sourced after the script's own `set -euo pipefail`; defines functions and ROOT, runs
 # nothing else. Everything it starts listens on 127.0.0.1.
 
@@ -121,3 +121,48 @@ hold_open() {
 }
 # hold_close: closes hold_conns.py's stdin, on which it closes every connection and exits.
 hold_close() { exec 7>&-; stop "$HOLD_PID"; }
+
+# bench_config FILE GW_PORT UP_PORT STORE RATE_LIMIT [SERVER]: the gateway config of the
+# single-scenario scripts: one worker, no admin listener, warn logs, a policy too large
+# ever to fire (the figures are the cost of deciding) and the one route GET
+# /api/v1/clusters to the upstream on UP_PORT. STORE and RATE_LIMIT are the bodies of
+# [store] and [rate_limit]; SERVER ends [server] (default: plain HTTP).
+bench_config() {
+  local file="$1" gw_port="$2" up_port="$3" store="$4" limiter="$5"
+  local server="${6:-insecure_http = true}"
+  cat >"$file" <<EOF
+[server]
+listen = "127.0.0.1:$gw_port"
+workers = 1
+$server
+[admin]
+enabled = false
+[log]
+level = "warn"
+[store]
+$store
+[rate_limit]
+$limiter
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$up_port"]
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+}
+
+# self_signed DIR: DIR/cert.pem and DIR/key.pem, an ECDSA P-256 certificate for
+# localhost and 127.0.0.1 (the load suite's TLS certificate).
+self_signed() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
+}

@@ -45,43 +45,9 @@ taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
 PIDS+=($!)
 wait_port "$UP_PORT"
 
-cat >"$WORK/gw.toml" <<EOF
-[server]
-listen = "127.0.0.1:$GW_PORT"
-workers = 1
-insecure_http = true
-
-[admin]
-enabled = false
-
-[log]
-level = "warn"
-
-[store]
-kind = "postgres"
-url = "$DB_URL"
-cache_ttl = "10m"
-negative_cache_ttl = "10m"
-
-[rate_limit]
-backend = "local"
-
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
-EOF
+bench_config "$WORK/gw.toml" "$GW_PORT" "$UP_PORT" \
+  "$(printf 'kind = "postgres"\nurl = "%s"\ncache_ttl = "10m"\nnegative_cache_ttl = "10m"' "$DB_URL")" \
+  'backend = "local"'
 seed_account "$WORK/gw.toml"
 
 log "seeding $KEYS keys into PostgreSQL"

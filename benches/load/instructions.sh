@@ -39,34 +39,8 @@ nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
 wait_port "$UP_PORT"
 
 CFG="$WORK/gw.toml"
-cat >"$CFG" <<EOF
-[server]
-listen = "127.0.0.1:$GW_PORT"
-workers = 1
-insecure_http = true
-[admin]
-enabled = false
-[log]
-level = "warn"
-[store]
-kind = "sqlite"
-path = "$WORK/gateway.db"
-[rate_limit]
-backend = "local"
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
-EOF
+STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
+bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local"'
 seed_account "$CFG"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"

@@ -57,44 +57,9 @@ wait_port "$REDIS_PORT"
 rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
 
 for backend in local redis; do
-  cat >"$WORK/gw-$backend.toml" <<EOF
-[server]
-listen = "127.0.0.1:$GW_PORT"
-workers = 1
-insecure_http = true
-
-[admin]
-enabled = false
-
-[log]
-level = "warn"
-
-[store]
-kind = "sqlite"
-path = "$WORK/gateway.db"
-cache_ttl = "10m"
-
-[rate_limit]
-backend = "$backend"
-redis_url = "redis://127.0.0.1:$REDIS_PORT"
-
-# Large enough never to fire: the figures are the cost of deciding.
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
-EOF
+  bench_config "$WORK/gw-$backend.toml" "$GW_PORT" "$UP_PORT" \
+    "$(printf 'kind = "sqlite"\npath = "%s"\ncache_ttl = "10m"' "$WORK/gateway.db")" \
+    "$(printf 'backend = "%s"\nredis_url = "redis://127.0.0.1:%s"' "$backend" "$REDIS_PORT")"
 done
 # The local config names no Redis url.
 sed -i '/^redis_url = /d' "$WORK/gw-local.toml"

@@ -301,9 +301,7 @@ grep -q "^listen = \"127.0.0.1:$ADM_PORT\"" "$WORK/gw-admin.toml" ||
 grep -q '^backend = "redis"' "$WORK/gw-redis.toml" && grep -q '^kind = "postgres"' "$WORK/gw-pg.toml" &&
   grep -q "^url = " "$WORK/gw-pg.toml" && grep -q "^listen = \"127.0.0.1:$ADMP_PORT\"" "$WORK/gw-pg.toml" ||
   { echo "run.sh: gw-base.toml no longer has the lines gw-redis.toml and gw-pg.toml replace" >&2; exit 1; }
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+self_signed "$WORK"
 cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
 
 seed_account "$WORK/gw-plain.toml"

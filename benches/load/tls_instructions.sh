@@ -36,41 +36,12 @@ upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
 wait_port "$UP_PORT"
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+self_signed "$WORK"
 
 CFG="$WORK/gw.toml"
-cat >"$CFG" <<EOT
-[server]
-listen = "127.0.0.1:$GW_PORT"
-workers = 1
-[server.tls]
-cert = "$WORK/cert.pem"
-key = "$WORK/key.pem"
-[admin]
-enabled = false
-[log]
-level = "warn"
-[store]
-kind = "sqlite"
-path = "$WORK/gateway.db"
-[rate_limit]
-backend = "local"
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
-EOT
+STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
+bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local"' \
+  "$(printf '[server.tls]\ncert = "%s"\nkey = "%s"' "$WORK/cert.pem" "$WORK/key.pem")"
 seed_account "$CFG"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"

@@ -34,39 +34,12 @@ UP_PORT=$(free_port); GW_PORT=$(free_port); GWS_PORT=$(free_port)
 upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
 taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
 wait_port "$UP_PORT"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+self_signed "$WORK"
 
-cat >"$WORK/base.toml" <<EOT
-[admin]
-enabled = false
-[log]
-level = "warn"
-[store]
-kind = "sqlite"
-path = "$WORK/gateway.db"
-[rate_limit]
-backend = "local"
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
-EOT
-{ printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = 1\ninsecure_http = true\n' "$GW_PORT"
-  cat "$WORK/base.toml"; } >"$WORK/plain.toml"
-{ printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = 1\n[server.tls]\ncert = "%s"\nkey = "%s"\n' \
-    "$GWS_PORT" "$WORK/cert.pem" "$WORK/key.pem"
-  cat "$WORK/base.toml"; } >"$WORK/tls.toml"
+STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
+bench_config "$WORK/plain.toml" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local"'
+bench_config "$WORK/tls.toml" "$GWS_PORT" "$UP_PORT" "$STORE" 'backend = "local"' \
+  "$(printf '[server.tls]\ncert = "%s"\nkey = "%s"' "$WORK/cert.pem" "$WORK/key.pem")"
 seed_account "$WORK/plain.toml"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"

@@ -128,6 +128,11 @@ impl<'a> Scopes<'a> {
 
     /// The permissions space-separated, as pieces in order.
     fn pieces(&self, mut put: impl FnMut(&[u8])) {
+        // A key's scopes, all kept: already written out, one space apart.
+        if !self.star && self.items.is_empty() && self.keep.is_none() {
+            put(self.words.as_bytes());
+            return;
+        }
         for (i, s) in self.iter().enumerate() {
             if i > 0 {
                 put(b" ");

@@ -9,7 +9,7 @@ use super::{ApiKeyAuth, Change, KeyStatus, LimitSpec, OrgLimit};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedApiKey {
     /// The key id, organization id, user id and role, then the scopes
-    /// space-separated (scopes never hold whitespace).
+    /// one space apart (scopes never hold whitespace).
     text: Box<str>,
     /// Where the key id, organization id, user id and role end in `text`.
     ends: [u32; 4],
@@ -49,7 +49,7 @@ impl CachedApiKey {
     /// The key's scopes, space-separated.
     pub fn scopes(&self) -> &str {
         let start = self.ends[3] as usize;
-        self.text.get(start..).unwrap_or_default().trim_start()
+        self.text.get(start..).unwrap_or_default()
     }
 
     /// Each scope, in the order given at creation.
@@ -119,8 +119,13 @@ impl From<&ApiKeyAuth> for CachedApiKey {
             text.push_str(part);
             *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
         }
-        for scope in &key.scopes {
-            text.push(' ');
+        // Only visible ASCII: the scopes are written into a header as they are kept, so
+        // a hand-edited row holding spaces or control bytes cannot split or inject one.
+        let visible = |s: &&String| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
+        for (i, scope) in key.scopes.iter().filter(visible).enumerate() {
+            if i > 0 {
+                text.push(' ');
+            }
             text.push_str(scope);
         }
         CachedApiKey {

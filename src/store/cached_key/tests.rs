@@ -97,3 +97,13 @@ fn keeps_the_keys_own_limit_and_its_organizations_overrides() {
     assert_eq!(k.rate_limit(), Some(&own));
     assert_eq!(k.org_limits(), [plan]);
 }
+
+#[test]
+fn scopes_with_spaces_or_control_bytes_are_not_kept() {
+    let k = CachedApiKey::from(&auth(
+        &["a:read", "b c", "", "d\r\nX-Evil: 1", "e:write"],
+        None,
+    ));
+    assert_eq!(k.scopes(), "a:read e:write");
+    assert_eq!(k.scope_list().collect::<Vec<_>>(), ["a:read", "e:write"]);
+}
