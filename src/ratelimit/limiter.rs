@@ -471,22 +471,25 @@ mod tests {
         assert_eq!(l.check_with(PolicyId(9), "k", &quota(9, 60)).await.limit, 0);
     }
 
+    /// A Redis-backed limiter under `prefix` with one policy of `capacity` a minute (and an
+    /// auth guard of 2): two of them share their buckets.
+    async fn shared(prefix: &str, capacity: u32) -> RateLimiter {
+        RateLimiter::redis(
+            target(&redis_url()),
+            prefix,
+            vec![quota(capacity, 60)],
+            quota(2, 60),
+            OnBackendError::Deny,
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn redis_counts_a_quota_of_its_own_across_instances() {
         let prefix = random_prefix();
-        let url = redis_url();
-        let make = || {
-            RateLimiter::redis(
-                target(&url),
-                &prefix,
-                vec![quota(100, 60)],
-                quota(2, 60),
-                OnBackendError::Deny,
-                Duration::from_secs(2),
-            )
-        };
-        let a = make().await.unwrap();
-        let b = make().await.unwrap();
+        let (a, b) = (shared(&prefix, 100).await, shared(&prefix, 100).await);
         let own = a.own_limit_policy();
         let q = quota(2, 60);
         let d = a.check_with(own, "key_1", &q).await;
@@ -531,19 +534,7 @@ mod tests {
     #[tokio::test]
     async fn redis_backend_decides_and_shares_state() {
         let prefix = random_prefix();
-        let url = redis_url();
-        let make = || {
-            RateLimiter::redis(
-                target(&url),
-                &prefix,
-                vec![quota(3, 60)],
-                quota(2, 60),
-                OnBackendError::Deny,
-                Duration::from_secs(2),
-            )
-        };
-        let a = make().await.unwrap();
-        let b = make().await.unwrap();
+        let (a, b) = (shared(&prefix, 3).await, shared(&prefix, 3).await);
         assert_eq!(a.backend(), "redis");
         assert!(a.healthy());
         // Two instances share one bucket.
