@@ -1044,7 +1044,7 @@ mkdir -p "$OUT"
 cp "$RAW" "$OUT/raw.jsonl"
 META=$(python3 -c "
 import json, os, platform, subprocess
-cpu = next((l.split(':',1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
+cpu = platform.machine()  # the architecture; the report names no host model
 try:
     cc = open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()
 except OSError:  # no net sysctls here (some containers): the report leaves it out
