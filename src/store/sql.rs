@@ -270,5 +270,5 @@ impl KeyStore for SqlStore {
 }
 
 #[cfg(test)]
-#[path = "sql_tests.rs"]
+#[path = "sql_tests/mod.rs"]
 mod tests;

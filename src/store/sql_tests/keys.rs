@@ -1,0 +1,364 @@
+//! API keys in the SQL store: their lifecycle, rotation, listing, the auth
+//! lookups (one and batched), and the limits that travel with them.
+use super::*;
+
+pub(super) async fn api_key_lifecycle(store: &SqlStore) {
+    let mut missing = new_key("x");
+    missing.organization_id = "ghost".into();
+    assert!(matches!(
+        store.create_api_key(missing).await,
+        Err(StoreError::NotFound(m)) if m == "organization ghost"
+    ));
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    assert_eq!(rec.prefix, &secret[4..12]);
+    assert_eq!(
+        store.get_api_key(&rec.id).await.ok().flatten(),
+        Some(rec.clone())
+    );
+    let first = store.revoke_api_key(&rec.id, 1000).await.ok().flatten();
+    assert_eq!(first.as_ref().and_then(|r| r.revoked_at), Some(1000));
+    let again = store.revoke_api_key(&rec.id, 2000).await.ok().flatten();
+    assert_eq!(again.as_ref().and_then(|r| r.revoked_at), Some(1000));
+    assert_eq!(again.map(|r| r.status(3000)), Some(KeyStatus::Revoked));
+    assert_eq!(store.revoke_api_key("key_none", 1).await.ok(), Some(None));
+    assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(true));
+    assert_eq!(store.delete_api_key(&rec.id).await.ok(), Some(false));
+    assert_eq!(store.get_api_key(&rec.id).await.ok(), Some(None));
+}
+
+pub(super) async fn rotation_keeps_the_earlier_expiry_and_happens_once(store: &SqlStore) {
+    seed(store).await;
+    let now = unix_now();
+    let mut short = new_key("short");
+    short.expires_at = Some(now + 10);
+    let Ok((_, rec)) = store.create_api_key(short).await else {
+        panic!("create failed")
+    };
+    // The grace would outlast the key: its own expiry stays.
+    let Ok(Some(r)) = store.rotate_api_key(&rec.id, 3600, now).await else {
+        panic!("rotate failed")
+    };
+    assert_eq!(
+        (r.old.expires_at, r.new.expires_at),
+        (Some(now + 10), Some(now + 10))
+    );
+    assert_eq!(r.new.name, "short");
+    assert_eq!(r.new.scopes, rec.scopes);
+    let stored = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(stored, Some(r.old.clone()));
+    assert!(matches!(
+        store.rotate_api_key(&rec.id, 0, now).await,
+        Err(StoreError::Conflict(m)) if m.contains(&r.new.id)
+    ));
+    // A shorter grace wins over a later expiry.
+    let Ok(Some(r2)) = store.rotate_api_key(&r.new.id, 5, now).await else {
+        panic!("rotate failed")
+    };
+    assert_eq!(r2.old.expires_at, Some(now + 5));
+    assert_eq!(r2.new.expires_at, Some(now + 10));
+    assert_eq!(
+        store
+            .rotate_api_key("key_none", 0, now)
+            .await
+            .ok()
+            .map(|r| r.is_none()),
+        Some(true)
+    );
+}
+
+pub(super) async fn concurrent_rotations_make_one_successor(store: &SqlStore) {
+    seed(store).await;
+    let Ok((_, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let now = unix_now();
+    let (a, b) = tokio::join!(
+        store.rotate_api_key(&rec.id, 60, now),
+        store.rotate_api_key(&rec.id, 60, now)
+    );
+    let won: Vec<_> = [a, b]
+        .into_iter()
+        .filter_map(|r| r.ok().flatten())
+        .collect();
+    assert_eq!(won.len(), 1, "both or neither rotation won");
+    let (page, _) = store
+        .list_api_keys("acme", 100, None)
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        page.len(),
+        2,
+        "the losing rotation left a key behind: {page:?}"
+    );
+    let stored = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(
+        stored.and_then(|r| r.replaced_by),
+        Some(won[0].new.id.clone())
+    );
+}
+
+pub(super) async fn list_paginates_in_stable_order(store: &SqlStore) {
+    seed(store).await;
+    let mut created = Vec::new();
+    for i in 0..5 {
+        if let Ok((_, rec)) = store.create_api_key(new_key(&format!("k{i}"))).await {
+            created.push(rec);
+        }
+    }
+    created.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let Ok((page, next)) = store.list_api_keys("acme", 2, cursor.as_deref()).await else {
+            panic!("list failed")
+        };
+        assert!(page.len() <= 2);
+        seen.extend(page);
+        pages += 1;
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, created);
+    assert!(matches!(
+        store.list_api_keys("acme", 2, Some("garbage")).await,
+        Err(StoreError::Invalid(m)) if m == "cursor"
+    ));
+    let other = store.list_api_keys("other", 10, None).await;
+    assert_eq!(other.ok().map(|(p, n)| (p.len(), n)), Some((0, None)));
+}
+
+pub(super) async fn auth_lookup_sees_current_role(store: &SqlStore) {
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let hash = hash_secret(&secret);
+    let found = store.find_api_key(&hash).await.ok().flatten();
+    assert_eq!(found.as_ref().map(|a| &a.key), Some(&rec));
+    assert_eq!(found.and_then(|a| a.role), Some("admin".to_owned()));
+    assert!(store.set_member("acme", "alice", "viewer").await.is_ok());
+    let found = store.find_api_key(&hash).await.ok().flatten();
+    assert_eq!(found.and_then(|a| a.role), Some("viewer".to_owned()));
+    let unknown = store.find_api_key(&hash_secret("mpg_nope")).await;
+    assert_eq!(unknown.ok(), Some(None));
+}
+
+pub(super) async fn batch_lookup_answers_known_revoked_expired_and_non_members_and_skips_unknown(
+    store: &SqlStore,
+) {
+    seed(store).await;
+    store.create_user("bob", None).await.ok();
+    let now = unix_now();
+    let create = |name: &'static str, user: &'static str, expires_at: Option<i64>| {
+        let mut new = new_key(name);
+        new.user_id = user.into();
+        new.expires_at = expires_at;
+        store.create_api_key(new)
+    };
+    let Ok((active, active_rec)) = create("active", "alice", None).await else {
+        panic!("create failed")
+    };
+    let Ok((revoked, revoked_rec)) = create("revoked", "alice", None).await else {
+        panic!("create failed")
+    };
+    let Ok((expired, _)) = create("expired", "alice", Some(now - 10)).await else {
+        panic!("create failed")
+    };
+    let Ok((outsider, _)) = create("outsider", "bob", None).await else {
+        panic!("create failed")
+    };
+    assert!(store.revoke_api_key(&revoked_rec.id, now).await.is_ok());
+    // A batch as large as the cache sends, mostly unknown hashes.
+    let mut hashes: Vec<SecretHash> = (0..250)
+        .map(|i| hash_secret(&format!("mpg_unknown_{i}")))
+        .collect();
+    for secret in [&active, &revoked, &expired, &outsider] {
+        hashes.insert(hashes.len() / 2, hash_secret(secret));
+    }
+    let Ok(found) = store.find_api_keys(&hashes).await else {
+        panic!("batch lookup failed")
+    };
+    assert_eq!(found.len(), 4);
+    let of = |secret: &str| {
+        let hash = hash_secret(secret);
+        let hit = found.iter().find(|(h, _)| *h == hash);
+        hit.map(|(_, auth)| auth.clone())
+    };
+    let a = of(&active).unwrap_or_else(|| panic!("active key missing"));
+    assert_eq!(a.key, active_rec);
+    assert_eq!(a.role.as_deref(), Some("admin"));
+    let status = |secret: &str| of(secret).map(|a| a.key.status(now));
+    assert_eq!(status(&revoked), Some(KeyStatus::Revoked));
+    assert_eq!(status(&expired), Some(KeyStatus::Expired));
+    assert_eq!(of(&outsider).map(|a| a.role), Some(None));
+    // Each answer is the one its own lookup gives.
+    for secret in [&active, &revoked, &expired, &outsider] {
+        let one = store
+            .find_api_key(&hash_secret(secret))
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(one, of(secret));
+    }
+    let none = store.find_api_keys(&[hash_secret("mpg_nope")]).await;
+    assert_eq!(none.ok().map(|f| f.len()), Some(0));
+    assert_eq!(
+        store.find_api_keys(&[]).await.ok().map(|f| f.len()),
+        Some(0)
+    );
+}
+
+pub(super) async fn secret_is_never_stored(store: &SqlStore) {
+    seed(store).await;
+    let Ok((secret, rec)) = store.create_api_key(new_key("ci")).await else {
+        panic!("create failed")
+    };
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let rows = sqlx::query("SELECT * FROM api_keys")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+    assert_eq!(rows.len(), 1);
+    let body = &secret[4..];
+    for i in 0..rows[0].len() {
+        if let Ok(Some(text)) = rows[0].try_get::<Option<String>, _>(i) {
+            assert!(!text.contains(body), "column {i} holds the secret");
+        }
+    }
+    let stored: String = rows[0].try_get("key_hash").unwrap_or_default();
+    assert_eq!(stored, hash_secret(&secret).to_hex());
+    assert_eq!(rec.prefix.len(), 8);
+}
+
+pub(super) async fn a_keys_own_limit_is_stored_shown_and_rotated(store: &SqlStore) {
+    seed(store).await;
+    let limit = crate::store::LimitSpec::parse(7, "90s").ok();
+    let mut new = new_key("limited");
+    new.rate_limit = limit;
+    let Ok((secret, rec)) = store.create_api_key(new).await else {
+        panic!("create failed")
+    };
+    assert_eq!(rec.rate_limit, limit);
+    let got = store.get_api_key(&rec.id).await.ok().flatten();
+    assert_eq!(got.as_ref().and_then(|r| r.rate_limit), limit);
+    assert_eq!(
+        got.map(|r| r.to_json(0)["rate_limit"].clone()),
+        Some(json!({"requests": 7, "per": "90s"}))
+    );
+    let found = store
+        .find_api_key(&hash_secret(&secret))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(found.and_then(|a| a.key.rate_limit), limit);
+    let (page, _) = store
+        .list_api_keys("acme", 10, None)
+        .await
+        .unwrap_or_default();
+    assert_eq!(page.first().and_then(|r| r.rate_limit), limit);
+    let rotation = store.rotate_api_key(&rec.id, 0, unix_now()).await;
+    let Ok(Some(rotation)) = rotation else {
+        panic!("rotate failed")
+    };
+    assert_eq!(rotation.new.rate_limit, limit);
+    let rotated = store.get_api_key(&rotation.new.id).await.ok().flatten();
+    assert_eq!(rotated.and_then(|r| r.rate_limit), limit);
+    // A key without one shows null.
+    let Ok((_, plain)) = store.create_api_key(new_key("plain")).await else {
+        panic!("create failed")
+    };
+    assert_eq!(plain.to_json(0)["rate_limit"], serde_json::Value::Null);
+}
+
+pub(super) async fn org_limits_travel_with_keys_and_sessions(store: &SqlStore) {
+    use crate::store::LimitSpec;
+    seed(store).await;
+    store.create_organization("globex", None).await.ok();
+    store.set_member("globex", "alice", "viewer").await.ok();
+    let ten = LimitSpec::parse(10, "1m").unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(matches!(
+        store.set_org_limit("ghost", "default", ten).await,
+        Err(StoreError::NotFound(m)) if m == "organization ghost"
+    ));
+    let Ok((secret, _)) = store.create_api_key(new_key("k")).await else {
+        panic!("create failed")
+    };
+    let Ok((token, _)) = store
+        .create_session("alice", Duration::from_secs(600))
+        .await
+    else {
+        panic!("session failed")
+    };
+    let key_limits = || async {
+        let found = store.find_api_key(&hash_secret(&secret)).await;
+        found
+            .ok()
+            .flatten()
+            .map(|a| a.org_limits)
+            .unwrap_or_default()
+    };
+    assert!(key_limits().await.is_empty());
+    assert!(store.set_org_limit("acme", "default", ten).await.is_ok());
+    let twenty = LimitSpec::parse(20, "1s").unwrap_or_else(|e| panic!("{e:?}"));
+    let set = store.set_org_limit("acme", "default", twenty).await;
+    assert_eq!(
+        set.ok().map(|l| l.to_json()),
+        Some(json!({
+            "organization_id": "acme", "policy": "default", "requests": 20, "per": "1s"
+        }))
+    );
+    assert!(store.set_org_limit("globex", "burst", ten).await.is_ok());
+    let limits = key_limits().await;
+    assert_eq!(limits.len(), 1, "only the key's organization: {limits:?}");
+    assert_eq!(
+        crate::store::org_limit(&limits, "acme", "default"),
+        Some(&twenty)
+    );
+    // The batched lookup brings the same overrides, two of them on one key.
+    assert!(store.set_org_limit("acme", "burst", ten).await.is_ok());
+    let batch = store.find_api_keys(&[hash_secret(&secret)]).await;
+    let batch: Vec<_> = batch.ok().into_iter().flatten().map(|(_, a)| a).collect();
+    let one = store
+        .find_api_key(&hash_secret(&secret))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(batch.first().map(|a| a.org_limits.len()), Some(2));
+    assert_eq!(batch.first(), one.as_ref());
+    assert!(store.unset_org_limit("acme", "burst").await.is_ok());
+    let session = store
+        .find_session(&hash_secret(&token))
+        .await
+        .ok()
+        .flatten();
+    let session_limits = session.map(|s| s.org_limits).unwrap_or_default();
+    assert_eq!(session_limits.len(), 2, "every member organization's");
+    assert_eq!(
+        crate::store::org_limit(&session_limits, "globex", "burst"),
+        Some(&ten)
+    );
+    assert_eq!(
+        store.list_org_limits("acme").await.map(|l| l.len()).ok(),
+        Some(1)
+    );
+    let removed = store.unset_org_limit("acme", "default").await;
+    assert_eq!(removed.ok().flatten().map(|l| l.limit), Some(twenty));
+    assert_eq!(
+        store.unset_org_limit("acme", "default").await.ok(),
+        Some(None)
+    );
+    assert!(key_limits().await.is_empty());
+    // Deleting the organization takes its overrides with it.
+    assert!(store.delete_organization("globex").await.is_ok());
+    assert_eq!(
+        store.list_org_limits("globex").await.map(|l| l.len()).ok(),
+        Some(0)
+    );
+}
