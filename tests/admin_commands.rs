@@ -8,7 +8,6 @@ mod common;
 use common::scale::{within, PgDb};
 use common::*;
 use serde_json::Value;
-use std::path::Path;
 use std::time::Duration;
 
 /// A config on SQLite or on a PostgreSQL database of its own.
@@ -20,31 +19,6 @@ async fn config_on(pg: bool, upstream: std::net::SocketAddr) -> (TestConfig, Opt
     let db = PgDb::create().await;
     cfg.postgres(&db.url);
     (cfg, Some(db))
-}
-
-/// Runs an admin command off the async runtime's threads.
-async fn admin(path: &Path, args: &[&str]) -> (i32, Value, String) {
-    let path = path.to_path_buf();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        cli(&path, &args)
-    })
-    .await
-    .unwrap()
-}
-
-async fn admin_ok(path: &Path, args: &[&str]) -> Value {
-    let (code, json, err) = admin(path, args).await;
-    assert_eq!(code, 0, "{args:?} failed: {err}");
-    json
-}
-
-/// Exit 2 and a message holding `words`.
-async fn refused(path: &Path, args: &[&str], words: &str) {
-    let (code, out, err) = admin(path, args).await;
-    assert_eq!(code, 2, "{args:?} was accepted: {out}");
-    assert!(err.contains(words), "{args:?}: {err}");
 }
 
 fn ids(list: &Value, field: &str) -> Vec<String> {

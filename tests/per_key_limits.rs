@@ -22,31 +22,6 @@ fn config(up: &MockUpstream) -> TestConfig {
     cfg
 }
 
-/// Runs an admin command off the async runtime's threads.
-async fn admin(path: &Path, args: &[&str]) -> (i32, Value, String) {
-    let path = path.to_path_buf();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        cli(&path, &args)
-    })
-    .await
-    .unwrap()
-}
-
-async fn admin_ok(path: &Path, args: &[&str]) -> Value {
-    let (code, json, err) = admin(path, args).await;
-    assert_eq!(code, 0, "{args:?} failed: {err}");
-    json
-}
-
-/// Exit 2 and a message holding `words`.
-async fn refused(path: &Path, args: &[&str], words: &str) {
-    let (code, out, err) = admin(path, args).await;
-    assert_eq!(code, 2, "{args:?} was accepted: {out}");
-    assert!(err.contains(words), "{args:?}: {err}");
-}
-
 /// A limited key of alice in acme, made by `keys create --rate-limit`.
 async fn limited_key(path: &Path, limit: &str) -> (String, Value) {
     let key = admin_ok(

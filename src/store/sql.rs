@@ -52,6 +52,22 @@ fn sqlite_path(url: &str) -> Option<&str> {
     (!path.is_empty() && path != ":memory:").then_some(path)
 }
 
+/// A page fetched with `LIMIT limit + 1`: its first `limit` rows, and the cursor of the
+/// last of them when there were more.
+pub(super) fn split_page<T>(
+    mut rows: Vec<T>,
+    limit: u32,
+    cursor: impl FnOnce(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() <= limit {
+        return (rows, None);
+    }
+    rows.truncate(limit);
+    let next = rows.last().map(cursor);
+    (rows, next)
+}
+
 /// Ids become headers and change-log subjects: keep them short and plain.
 pub(super) fn check_id(what: &str, id: &str) -> Result<(), StoreError> {
     let ok = !id.is_empty()

@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::sql::SqlStore;
+use super::sql::{split_page, SqlStore};
 use super::sql_error::Db;
 use super::{rfc3339, StoreError};
 use crate::clock::unix_now;
@@ -134,7 +134,7 @@ impl SqlStore {
             None => i64::MAX,
         };
         let mut conn = self.conn().await?;
-        let mut page = self
+        let page = self
             .timed(async {
                 sqlx::query(
                     "SELECT seq, action, key_id, organization_id, actor, request_id, client, at \
@@ -153,15 +153,9 @@ impl SqlStore {
                 .db()
             })
             .await?;
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let next = if page.len() > limit {
-            page.truncate(limit);
-            page.last()
-                .map(|e| e.id.trim_start_matches("evt_").to_owned())
-        } else {
-            None
-        };
-        Ok((page, next))
+        Ok(split_page(page, limit, |e| {
+            e.id.trim_start_matches("evt_").to_owned()
+        }))
     }
 
     /// Deletes events recorded before `before` (unix seconds); returns how many.

@@ -1,6 +1,6 @@
 //! The API key half of [`SqlStore`]: create, list (keyset pagination with an
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
-use super::sql::SqlStore;
+use super::sql::{split_page, SqlStore};
 use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
 use super::sql_limits::org_limits_of;
@@ -198,7 +198,7 @@ impl SqlStore {
             None => (i64::MIN, String::new()),
         };
         let mut conn = self.conn().await?;
-        let mut page = self
+        let page = self
             .timed(async {
                 sqlx::query(&format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.organization_id = $1 \
@@ -218,14 +218,7 @@ impl SqlStore {
                 .db()
             })
             .await?;
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let next = if page.len() > limit {
-            page.truncate(limit);
-            page.last().map(encode_cursor)
-        } else {
-            None
-        };
-        Ok((page, next))
+        Ok(split_page(page, limit, encode_cursor))
     }
 
     /// The key with this id, if any.

@@ -388,6 +388,32 @@ pub fn cli_ok(config: &Path, args: &[&str]) -> Value {
     json
 }
 
+/// [`cli`] off the async runtime's threads, for tests that keep a gateway running.
+pub async fn admin(config: &Path, args: &[&str]) -> (i32, Value, String) {
+    let config = config.to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cli(&config, &args)
+    })
+    .await
+    .unwrap()
+}
+
+/// [`admin`] that must succeed; returns stdout JSON.
+pub async fn admin_ok(config: &Path, args: &[&str]) -> Value {
+    let (code, json, err) = admin(config, args).await;
+    assert_eq!(code, 0, "{args:?} failed: {err}");
+    json
+}
+
+/// [`admin`] that must exit 2 with a message holding `words`.
+pub async fn refused(config: &Path, args: &[&str], words: &str) {
+    let (code, out, err) = admin(config, args).await;
+    assert_eq!(code, 2, "{args:?} was accepted: {out}");
+    assert!(err.contains(words), "{args:?}: {err}");
+}
+
 /// Organization, user, membership, session and key, made with the CLI.
 pub struct Seed {
     pub session: String,

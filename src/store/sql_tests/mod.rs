@@ -151,3 +151,15 @@ async fn sessions_round_trip(store: &SqlStore) {
         Some(None)
     );
 }
+
+#[test]
+fn a_page_past_its_limit_is_cut_and_names_its_last_row() {
+    let cursor = |n: &u32| n.to_string();
+    assert_eq!(
+        split_page(vec![1, 2, 3], 2, cursor),
+        (vec![1, 2], Some("2".into()))
+    );
+    assert_eq!(split_page(vec![1, 2], 2, cursor), (vec![1, 2], None));
+    assert_eq!(split_page(Vec::<u32>::new(), 0, cursor), (vec![], None));
+    assert_eq!(split_page(vec![7], 0, cursor), (vec![], None));
+}
