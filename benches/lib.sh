@@ -122,15 +122,36 @@ hold_open() {
 # hold_close: closes hold_conns.py's stdin, on which it closes every connection and exits.
 hold_close() { exec 7>&-; stop "$HOLD_PID"; }
 
+# bench_route UP_PORT: the end of every bench config, on stdout: the policy `bench`, too
+# large ever to fire (the figures are the cost of deciding), and the one route GET
+# /api/v1/clusters, keyed and limited by it, to the upstream on UP_PORT.
+bench_route() {
+  cat <<EOF
+[rate_limit.policies.bench]
+requests = 4000000000
+per = "1s"
+[upstreams.clusters]
+targets = ["http://127.0.0.1:$1"]
+[[routes]]
+method = "GET"
+path = "/api/v1/clusters"
+auth = "api_key"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+}
+
 # bench_config FILE GW_PORT UP_PORT STORE RATE_LIMIT [SERVER]: the gateway config of the
-# single-scenario scripts: one worker, no admin listener, warn logs, a policy too large
-# ever to fire (the figures are the cost of deciding) and the one route GET
-# /api/v1/clusters to the upstream on UP_PORT. STORE and RATE_LIMIT are the bodies of
-# [store] and [rate_limit]; SERVER ends [server] (default: plain HTTP).
+# single-scenario scripts: one worker, no admin listener, warn logs and [bench_route].
+# STORE and RATE_LIMIT are the bodies of [store] and [rate_limit]; SERVER ends [server]
+# (default: plain HTTP).
 bench_config() {
   local file="$1" gw_port="$2" up_port="$3" store="$4" limiter="$5"
   local server="${6:-insecure_http = true}"
-  cat >"$file" <<EOF
+  {
+    cat <<EOF
 [server]
 listen = "127.0.0.1:$gw_port"
 workers = 1
@@ -143,20 +164,9 @@ level = "warn"
 $store
 [rate_limit]
 $limiter
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$up_port"]
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
 EOF
+    bench_route "$up_port"
+  } >"$file"
 }
 
 # self_signed DIR: DIR/cert.pem and DIR/key.pem, an ECDSA P-256 certificate for

@@ -139,24 +139,12 @@ stale_if_error = "60s"
 query_timeout = "2s"
 [rate_limit]
 backend = "local"
-[rate_limit.policies.bench]
-requests = 4000000000
-per = "1s"
 # A flood from many addresses: the per-IP guard would stop one address's flood early.
 [rate_limit.auth_failures]
 requests = 4000000000
 per = "1s"
-[upstreams.clusters]
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-method = "GET"
-path = "/api/v1/clusters"
-auth = "api_key"
-scope = "clusters:read"
-organization = "query:organization_id"
-upstream = "clusters"
-rate_limit = "bench"
 EOF
+  bench_route "$UP_PORT"
 }
 config "$DIRECT_URL" >"$WORK/direct.toml"
 config "$PROXIED_URL" >"$WORK/proxied.toml"
