@@ -22,26 +22,48 @@ fn config(up: &MockUpstream) -> TestConfig {
     cfg
 }
 
+/// `orgs set-limit` for `org`'s override of `policy`.
+fn set_limit_args<'a>(
+    org: &'a str,
+    policy: &'a str,
+    requests: &'a str,
+    per: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "orgs",
+        "set-limit",
+        "--org",
+        org,
+        "--policy",
+        policy,
+        "--requests",
+        requests,
+        "--per",
+        per,
+    ]
+}
+
+/// `keys create` for alice in acme with `clusters:read`, then `extra`.
+fn create_key_args<'a>(name: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "keys",
+        "create",
+        "--org",
+        "acme",
+        "--user",
+        "alice",
+        "--name",
+        name,
+        "--scopes",
+        "clusters:read",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// A limited key of alice in acme, made by `keys create --rate-limit`.
 async fn limited_key(path: &Path, limit: &str) -> (String, Value) {
-    let key = admin_ok(
-        path,
-        &[
-            "keys",
-            "create",
-            "--org",
-            "acme",
-            "--user",
-            "alice",
-            "--name",
-            "own",
-            "--scopes",
-            "clusters:read",
-            "--rate-limit",
-            limit,
-        ],
-    )
-    .await;
+    let key = admin_ok(path, &create_key_args("own", &["--rate-limit", limit])).await;
     (key["key"].as_str().unwrap().to_owned(), key)
 }
 
@@ -257,22 +279,7 @@ async fn org_override(pg: bool) {
     assert_eq!(clusters(&gw, &seed.key).await.1, Some(100));
     assert_eq!(list_keys(&gw, &seed.session).await, (200, Some(100)));
 
-    let set = admin_ok(
-        &path,
-        &[
-            "orgs",
-            "set-limit",
-            "--org",
-            "acme",
-            "--policy",
-            "default",
-            "--requests",
-            "1000",
-            "--per",
-            "1m",
-        ],
-    )
-    .await;
+    let set = admin_ok(&path, &set_limit_args("acme", "default", "1000", "1m")).await;
     assert_eq!(
         set,
         json!({"organization_id": "acme", "policy": "default", "requests": 1000, "per": "1m"})
@@ -281,44 +288,12 @@ async fn org_override(pg: bool) {
     // A session acting for acme gets it too.
     eventually((200, Some(1000)), || list_keys(&gw, &seed.session)).await;
 
-    admin_ok(
-        &path,
-        &[
-            "orgs",
-            "set-limit",
-            "--org",
-            "acme",
-            "--policy",
-            "default",
-            "--requests",
-            "2",
-            "--per",
-            "1h",
-        ],
-    )
-    .await;
-    let (key, _) = {
-        let made = admin_ok(
-            &path,
-            &[
-                "keys",
-                "create",
-                "--org",
-                "acme",
-                "--user",
-                "alice",
-                "--name",
-                "fresh",
-                "--scopes",
-                "clusters:read",
-            ],
-        )
-        .await;
-        (made["key"].as_str().unwrap().to_owned(), made)
-    };
-    assert_eq!(clusters(&gw, &key).await, (200, Some(2), Some(1)));
-    assert_eq!(clusters(&gw, &key).await, (200, Some(2), Some(0)));
-    assert_eq!(clusters(&gw, &key).await.0, 429);
+    admin_ok(&path, &set_limit_args("acme", "default", "2", "1h")).await;
+    let made = admin_ok(&path, &create_key_args("fresh", &[])).await;
+    let key = made["key"].as_str().unwrap();
+    assert_eq!(clusters(&gw, key).await, (200, Some(2), Some(1)));
+    assert_eq!(clusters(&gw, key).await, (200, Some(2), Some(0)));
+    assert_eq!(clusters(&gw, key).await.0, 429);
 
     let unset = admin_ok(
         &path,
@@ -333,24 +308,9 @@ async fn org_override(pg: bool) {
     )
     .await;
     assert_eq!(unset["removed"], true);
-    eventually(Some(100), || async { clusters(&gw, &key).await.1 }).await;
+    eventually(Some(100), || async { clusters(&gw, key).await.1 }).await;
     // A key's own limit wins over its organization's override.
-    admin_ok(
-        &path,
-        &[
-            "orgs",
-            "set-limit",
-            "--org",
-            "acme",
-            "--policy",
-            "default",
-            "--requests",
-            "50",
-            "--per",
-            "1m",
-        ],
-    )
-    .await;
+    admin_ok(&path, &set_limit_args("acme", "default", "50", "1m")).await;
     let (own, _) = limited_key(&path, "5/1m").await;
     assert_eq!(clusters(&gw, &own).await.1, Some(5));
 }
@@ -361,38 +321,33 @@ async fn limit_commands_refuse_bad_input_naming_it() {
     let cfg = config(&up);
     let path = cfg.write();
     seed(&path, "acme", "alice", "owner", "clusters:read");
-    let set = |policy: &'static str, requests: &'static str, per: &'static str| {
-        vec![
-            "orgs",
-            "set-limit",
-            "--org",
-            "acme",
-            "--policy",
-            policy,
-            "--requests",
-            requests,
-            "--per",
-            per,
-        ]
-    };
-    refused(&path, &set("gold", "10", "1m"), "unknown policy \"gold\"").await;
-    refused(&path, &set("default", "0", "1m"), "--requests").await;
-    refused(&path, &set("default", "10", "1 minute"), "--per").await;
-    refused(&path, &set("default", "10", "0s"), "--per").await;
     refused(
         &path,
-        &[
-            "orgs",
-            "set-limit",
-            "--org",
-            "ghost",
-            "--policy",
-            "default",
-            "--requests",
-            "1",
-            "--per",
-            "1s",
-        ],
+        &set_limit_args("acme", "gold", "10", "1m"),
+        "unknown policy \"gold\"",
+    )
+    .await;
+    refused(
+        &path,
+        &set_limit_args("acme", "default", "0", "1m"),
+        "--requests",
+    )
+    .await;
+    refused(
+        &path,
+        &set_limit_args("acme", "default", "10", "1 minute"),
+        "--per",
+    )
+    .await;
+    refused(
+        &path,
+        &set_limit_args("acme", "default", "10", "0s"),
+        "--per",
+    )
+    .await;
+    refused(
+        &path,
+        &set_limit_args("ghost", "default", "1", "1s"),
         "organization ghost not found",
     )
     .await;
@@ -418,20 +373,7 @@ async fn limit_commands_refuse_bad_input_naming_it() {
     for bad in ["10", "0/1m", "x/1m", "10/forever", "10/0s"] {
         refused(
             &path,
-            &[
-                "keys",
-                "create",
-                "--org",
-                "acme",
-                "--user",
-                "alice",
-                "--name",
-                "k",
-                "--scopes",
-                "clusters:read",
-                "--rate-limit",
-                bad,
-            ],
+            &create_key_args("k", &["--rate-limit", bad]),
             "--rate-limit",
         )
         .await;
