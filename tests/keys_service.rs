@@ -48,9 +48,14 @@ async fn call(
     token: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = client()
+    let req = client()
         .request(method, w.gw.url(target))
         .bearer_auth(token);
+    exchange(req, body).await
+}
+
+/// Sends `req` with `body` as JSON, if any: (status, body as JSON or Null).
+async fn exchange(mut req: reqwest::RequestBuilder, body: Option<Value>) -> (u16, Value) {
     if let Some(b) = body {
         req = req.json(&b);
     }
@@ -582,17 +587,11 @@ async fn call_as(
     request_id: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = client()
+    let req = client()
         .request(method, w.gw.url(target))
         .bearer_auth(&w.seed.session)
         .header("x-request-id", request_id);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    exchange(req, body).await
 }
 
 const AUDIT: &str = "/api/v1/audit-events?organization_id=acme";
