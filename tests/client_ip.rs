@@ -222,6 +222,17 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, bytes: &[u8]) -> 
     got
 }
 
+/// A gateway whose every connection starts with a PROXY header from 127.0.0.1, and
+/// that waits at most a second for it.
+async fn behind_a_local_proxy() -> World {
+    behind(|c| {
+        c.set("server.proxy_protocol", true);
+        c.set("server.limits.header_read_timeout", "1s");
+        trust(c, &["127.0.0.1"]);
+    })
+    .await
+}
+
 async fn proxied(addr: SocketAddr, header: &[u8], request: &[u8]) -> RawResponse {
     let s = TcpStream::connect(addr).await.unwrap();
     RawResponse::parse(&exchange(s, &[header, request].concat()).await)
@@ -229,12 +240,7 @@ async fn proxied(addr: SocketAddr, header: &[u8], request: &[u8]) -> RawResponse
 
 #[tokio::test]
 async fn behind_the_proxy_protocol_the_header_names_the_client_over_h1_and_h2c() {
-    let w = behind(|c| {
-        c.set("server.proxy_protocol", true);
-        c.set("server.limits.header_read_timeout", "1s");
-        trust(c, &["127.0.0.1"]);
-    })
-    .await;
+    let w = behind_a_local_proxy().await;
     let addr = w.gw.addr;
     for (header, client) in [
         (v1("198.51.100.7"), "198.51.100.7"),
@@ -294,12 +300,7 @@ async fn behind_the_proxy_protocol_the_header_names_the_client_over_h1_and_h2c()
 
 #[tokio::test]
 async fn behind_the_proxy_protocol_anything_but_a_header_is_closed_without_an_answer() {
-    let w = behind(|c| {
-        c.set("server.proxy_protocol", true);
-        c.set("server.limits.header_read_timeout", "1s");
-        trust(c, &["127.0.0.1"]);
-    })
-    .await;
+    let w = behind_a_local_proxy().await;
     let addr = w.gw.addr;
     let before = w.up.count();
     // No header: a plain request is not answered.
