@@ -74,6 +74,19 @@ impl SecretHash {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The hash `to_hex` wrote (64 hex digits), if `text` is one.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        if text.len() != 64 {
+            return None;
+        }
+        let nibble = |b: u8| char::from(b).to_digit(16);
+        for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+            *byte = u8::try_from(nibble(pair[0])? << 4 | nibble(pair[1])?).ok()?;
+        }
+        Some(SecretHash(out))
+    }
 }
 
 impl fmt::Debug for SecretHash {
@@ -233,6 +246,20 @@ pub fn generate_id(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_round_trips_and_nothing_else_parses() {
+        let h = hash_secret("a");
+        assert!(SecretHash::from_hex(&h.to_hex()) == Some(h));
+        assert!(SecretHash::from_hex(&h.to_hex().to_uppercase()) == Some(h));
+        for bad in [
+            "zz".to_owned(),
+            "g".repeat(64),
+            format!("+f{}", &h.to_hex()[2..]),
+        ] {
+            assert!(SecretHash::from_hex(&bad).is_none(), "{bad}");
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -36,18 +36,6 @@ fn hash_list(dialect: Dialect, hashes: &[SecretHash]) -> String {
     list
 }
 
-/// The hash a `key_hash` column holds (64 lowercase hex digits).
-fn hash_from_hex(hex: &str) -> Option<SecretHash> {
-    let mut out = [0u8; 32];
-    if hex.len() != 64 {
-        return None;
-    }
-    for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(SecretHash(out))
-}
-
 impl SqlStore {
     /// The batched auth lookup: every key whose hash is in `hashes`, with
     /// its user's current role, in one query (one statement whatever the
@@ -81,13 +69,13 @@ impl SqlStore {
             .await
             .db()?;
             let mut found: Vec<(SecretHash, ApiKeyAuth)> = Vec::with_capacity(rows.len());
-            let mut at: HashMap<[u8; 32], usize> = HashMap::with_capacity(rows.len());
+            let mut at: HashMap<SecretHash, usize> = HashMap::with_capacity(rows.len());
             for row in &rows {
                 let hex: String = row.try_get("key_hash").db()?;
-                let Some(hash) = hash_from_hex(&hex) else {
+                let Some(hash) = SecretHash::from_hex(&hex) else {
                     continue;
                 };
-                let i = match at.get(&hash.0) {
+                let i = match at.get(&hash) {
                     Some(&i) => i,
                     None => {
                         let auth = ApiKeyAuth {
@@ -95,7 +83,7 @@ impl SqlStore {
                             role: row.try_get("role").db()?,
                             org_limits: Vec::new(),
                         };
-                        at.insert(hash.0, found.len());
+                        at.insert(hash, found.len());
                         found.push((hash, auth));
                         found.len() - 1
                     }
@@ -136,8 +124,5 @@ mod tests {
         assert_eq!(pg, format!("{{{},{}}}", a.to_hex(), b.to_hex()));
         let json = hash_list(Dialect::Sqlite, &[a]);
         assert_eq!(json, format!("[\"{}\"]", a.to_hex()));
-        assert!(hash_from_hex(&a.to_hex()) == Some(a));
-        assert!(hash_from_hex("zz").is_none());
-        assert!(hash_from_hex(&"g".repeat(64)).is_none());
     }
 }
