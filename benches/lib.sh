@@ -19,6 +19,19 @@ build_gateway() {
     || (cd "$ROOT" && cargo build --release --bin mpg-gateway "$@")
 }
 
+# build_bench NAME: builds the bench benches/NAME.rs (release, as the gateway) and
+# prints the path of its executable.
+build_bench() {
+  local out
+  out=$(cd "$ROOT" && cargo build --release --bench "$1" --message-format=json 2>/dev/null) ||
+    { (cd "$ROOT" && cargo build --release --bench "$1") >&2; return 1; }
+  python3 -c '
+import json, sys
+exe = [m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]]
+print(exe[-1])' "$1" <<<"$out"
+}
+
 # work_dir NAME: a fresh $WORK (/tmp/NAME.XXXXXX) and an empty $PIDS. On exit, and on
 # INT or TERM, every process in $PIDS is ended and waited for, then the script's own
 # `on_exit` runs if it defines one, then $WORK is removed (kept if KEEP_WORK=1).

@@ -158,6 +158,11 @@ else
   GW="$ROOT/target/release/mpg-gateway"
 fi
 
+# The load generator of the new and resumed TLS connection scenarios (wrk and
+# openssl s_time spend more on a handshake than the servers do).
+log "building the TLS connection generator (benches/tls_connect.rs)"
+TLS_CONNECT="$(build_bench tls_connect)"
+
 # The suite's own time, builds excluded (the profile-guided build's are taken off below).
 SUITE_T0=$(date +%s) BUILD_S=0
 
@@ -630,42 +635,38 @@ EOF
   log "  $scenario/$target run $r: $(grep -o 'finished in.*req/s' "$WORK/h2.out")"
 }
 
-# The request of the resumption scenario, as `openssl s_time -www` sends it: s_time
-# writes "GET <page> HTTP/1.0\r\n\r\n", so the page carries the rest of an HTTP/1.1
-# request (the bench key, Connection: close) and its last field takes the " HTTP/1.0".
-RESUME_REQ="$PATH_Q HTTP/1.1"$'\r\n'"Host: 127.0.0.1"$'\r\n'"$AUTH"$'\r\n'"Connection: close"$'\r\n'"X-Pad:"
-# resume_check NAME PORT: the request s_time sends is answered 200 there.
-resume_check() {
-  local status
-  status=$(printf 'GET %s HTTP/1.0\r\n\r\n' "$RESUME_REQ" |
-    timeout 10 openssl s_client -quiet -connect "127.0.0.1:$2" 2>/dev/null | head -n 1 | tr -d '\r')
-  [[ "$status" == "HTTP/1.1 200"* ]] || { echo "run.sh: $1 answered '$status' to the resumption request, not 200" >&2; exit 1; }
-}
-# resume_once SCENARIO TARGET PORT SERVER_PID RUN: a new TLS connection per request,
-# each resuming the first one's session (`openssl s_time -reuse`: one client, one
-# connection at a time; wrk and h2load never resume). Connections per second, the
-# server's CPU per connection, and the share of connections that did resume.
-resume_once() {
-  local scenario=$1 target=$2 port=$3 pid=$4 r=$5
-  local pids t0 t1 w0 w1 fields
+# connect_once SCENARIO TARGET URL SERVER_PID RUN [--resume]: a new TLS connection per
+# request (benches/tls_connect.rs, CONNS loops on core 1), each a full handshake or, with
+# --resume, resuming its loop's previous TLS 1.3 session. Connections per second, the
+# server's CPU per connection, and the connections that resumed.
+connect_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 r=$5; shift 5
+  local pids t0 t1 out
   pids=$(tree_pids "$pid")
-  t0=$(ticks $pids); w0=$(date +%s%N)
-  taskset -c 1 openssl s_time -connect "127.0.0.1:$port" -reuse -time "$DURATION" -www "$RESUME_REQ" \
-    >"$WORK/stime.out" 2>&1 || { cat "$WORK/stime.out" >&2; exit 1; }
-  w1=$(date +%s%N); t1=$(ticks $pids)
-  fields=$(python3 - "$WORK/stime.out" "$w0" "$w1" <<'EOF'
-import re, sys
-t = open(sys.argv[1]).read()
-n = int(re.search(r"(\d+) connections in [\d.]+ real seconds", t).group(1))
-per = int(re.search(r"(\d+) bytes read per connection", t).group(1))
-# s_time prints one character per connection: "r" when it resumed
-marks = "".join(l for l in t.splitlines() if re.fullmatch(r"[r*123]+", l))
-print(f'"tool":"s_time","requests":{n},"duration_us":{(int(sys.argv[3]) - int(sys.argv[2])) // 1000},'
-      f'"errors":0,"non_2xx":0,"resumed":{marks.count("r")},"marked":{len(marks)},"bytes_per_conn":{per}')
-EOF
-)
-  record "$scenario" "$target" "$r" "$(tick_fields "$t0" "$t1"),$fields"
-  log "  $scenario/$target run $r: $(grep -o '[0-9]* connections in [0-9]* real seconds' "$WORK/stime.out"), $(sed 's/.*"resumed":\([0-9]*\),"marked":\([0-9]*\).*/\1 of \2 resumed/' <<<"$fields")"
+  t0=$(ticks $pids)
+  taskset -c 1 "$TLS_CONNECT" --bench --url "$url" -H "$AUTH" -c "$CONNS" -d "$DURATION" "$@" \
+    >"$WORK/tc.out" 2>&1 || { cat "$WORK/tc.out" >&2; exit 1; }
+  t1=$(ticks $pids)
+  out=$(grep '^WRKJSON ' "$WORK/tc.out" | sed 's/^WRKJSON {//; s/}$//')
+  record "$scenario" "$target" "$r" "\"tool\":\"tls_connect\",$(tick_fields "$t0" "$t1"),$out"
+  log "  $scenario/$target run $r: $(python3 -c "import json,sys;d=json.loads('{'+sys.argv[1]+'}');print(round(d['requests']/d['duration_us']*1e6), 'conn/s,', d['resumed'], 'of', d['requests'], 'resumed')" "$out")"
+}
+
+# tail_once SCENARIO TARGET URL SERVER_PID RUN: keep-alive at saturation (h2load --h1,
+# CONNS connections, a log line per request); tail.py gives the latency of the requests
+# begun once every connection is open, and over all of them.
+tail_once() {
+  local scenario=$1 target=$2 url=$3 pid=$4 r=$5
+  local pids t0 t1 out
+  pids=$(tree_pids "$pid")
+  t0=$(ticks $pids)
+  rm -f "$WORK/req.log" # h2load appends to it
+  taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D "$DURATION" -H "$AUTH" --log-file="$WORK/req.log" "$url" \
+    >"$WORK/h2tail.out" 2>&1 || { cat "$WORK/h2tail.out" >&2; exit 1; }
+  t1=$(ticks $pids)
+  out=$(python3 "$HERE/tail.py" "$WORK/req.log")
+  record "$scenario" "$target" "$r" "\"tool\":\"h2load\",$(tick_fields "$t0" "$t1"),$out"
+  log "  $scenario/$target run $r: $(python3 -c "import json,sys;d=json.loads('{'+sys.argv[1]+'}');print('p99.9', d['p999_us'], 'us once open,', d['p999_all_us'], 'us in all')" "$out")"
 }
 
 # record_fixed SCENARIO TARGET RATE RUN TICKS0 TICKS1 FIELDS: one fixed-load run's
@@ -965,24 +966,29 @@ fi
 
 # (3), (4), (5) and resumption: the gateway, nginx and HAProxy over TLS, one of each
 # per round in a rotating order, every TLS scenario for each: keep-alive (wrk), a new
-# connection per request (wrk, `Connection: close`), a resumed session per request
-# (openssl s_time -reuse), HTTP/2 (h2load, 10 connections x 32 streams).
-log "TLS, interleaved: gateway, nginx, HAProxy in each round: keep-alive, new connection per request, resumed session per request, HTTP/2"
+# connection per request and a resumed TLS 1.3 session per request (tls_connect), HTTP/2
+# (h2load, 10 connections x 32 streams). In the same rounds, the gateway's keep-alive
+# tail over TLS and over plain HTTP, measured alike (tail_once).
+log "TLS, interleaved: gateway, nginx, HAProxy in each round: keep-alive, new connection per request, resumed session per request, HTTP/2; the gateway's keep-alive tail, TLS and plain"
+start_gateway "$WORK/gw-plain.toml" "$GW_PORT"
+PLAIN_PID=$GW_PID
 start_gateway "$WORK/gw-tls.toml" "$GWS_PORT"
 same_job "gateway (TLS)" "$GWS_PORT" https
 TLS_TARGETS=("gateway $GWS_PORT $GW_PID" "nginx $NGXS_PORT $NGX_PID" "haproxy $HAPS_PORT $HAP_PID")
-for t in "${TLS_TARGETS[@]}"; do read -r name port pid <<<"$t"; resume_check "$name" "$port"; done
 for r in $(seq "$RUNS"); do
   for k in "${!TLS_TARGETS[@]}"; do
     read -r name port pid <<<"${TLS_TARGETS[$(((k + r - 1) % ${#TLS_TARGETS[@]}))]}"
     url="https://127.0.0.1:$port$PATH_Q"
     wrk_once tls_keepalive "$name" "$url" "$pid" "$r" -H "$AUTH" -s "$WORK/report.lua"
-    wrk_once tls_new_conn "$name" "$url" "$pid" "$r" -H "$AUTH" -H "Connection: close" -s "$WORK/report.lua"
-    resume_once tls_resume "$name" "$port" "$pid" "$r"
+    connect_once tls_new_conn "$name" "$url" "$pid" "$r"
+    connect_once tls_resume "$name" "$url" "$pid" "$r" --resume
     h2load_once http2 "$name" "$url" "$pid" "$r"
   done
+  tail_once tail_tls gateway "https://127.0.0.1:$GWS_PORT$PATH_Q" "$GW_PID" "$r"
+  tail_once tail_plain gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$PLAIN_PID" "$r"
 done
 stop "$GW_PID"
+stop "$PLAIN_PID"
 
 stop "$NGX_PID"
 stop "$HAP_PID"

@@ -13,8 +13,9 @@
 #   ROUNDS=3 DURATION=3 benches/load/tls_tail.sh
 #   GW=path/to/mpg-gateway benches/load/tls_tail.sh  # another build
 #
-# Prints one line per run: requests/s, p50, p99, p99.9 and max (µs), the same
-# after the first 200 ms, then the medians of each.
+# Prints one line per run (tail.py reads h2load's log): requests/s, p99.9 and
+# max over all requests, p50, p99 and p99.9 after the first 200 ms; then the
+# medians of each. run.sh measures the same way in its keep-alive tail scenario.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
@@ -62,32 +63,25 @@ for r in $(seq "$ROUNDS"); do
     rm -f "$WORK/req.log" # h2load appends to it
     taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D "$DURATION" -H "Authorization: Bearer $KEY" \
       --log-file="$WORK/req.log" "$url" >"$WORK/h2load.out" 2>&1
-    python3 - "$WORK/req.log" "$kind" "$r" "$DURATION" >>"$WORK/results.txt" <<'EOT'
-import sys
-rows = [line.split("\t") for line in open(sys.argv[1])]
-bad = sum(1 for r in rows if r[1] != "200")
-if bad or not rows:
-    sys.exit(f"tls_tail.sh: {bad} of {len(rows)} requests failed")
-t0 = min(int(r[0]) for r in rows)
-def stats(lat):
-    lat = sorted(lat)
-    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
-    return [q(0.5), q(0.99), q(0.999), lat[-1]]
-lat = [int(r[2]) for r in rows]
-late = [int(r[2]) for r in rows if int(r[0]) - t0 >= 200_000]
-print(sys.argv[2], int(len(rows) / float(sys.argv[4])), *stats(lat), *stats(late))
+    fields=$(python3 "$HERE/tail.py" "$WORK/req.log")
+    echo "{\"kind\":\"$kind\",$fields}" >>"$WORK/results.txt"
+    python3 - "$WORK/results.txt" "$r" <<'EOT'
+import json, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+if d["errors"] or d["non_2xx"]:
+    sys.exit(f"tls_tail.sh: {d['errors'] + d['non_2xx']} of {d['requests']} requests failed")
+print(f"{d['kind']:5} round {sys.argv[2]}: {d['requests'] / d['duration_us'] * 1e6:6.0f} req/s  all: p99.9 {d['p999_all_us']:6d}  max {d['max_us']:6d} µs"
+      f" | after 200 ms: p50 {d['p50_us']:6d}  p99 {d['p99_us']:6d}  p99.9 {d['p999_us']:6d} µs")
 EOT
-    tail -n 1 "$WORK/results.txt" | awk -v r="$r" '{printf "%-5s round %d: %6d req/s  p50 %6d  p99 %6d  p99.9 %6d  max %6d µs | after 200 ms: p99 %6d  p99.9 %6d  max %6d\n", $1, r, $2, $3, $4, $5, $6, $8, $9, $10}'
   done
 done
 python3 - "$WORK/results.txt" <<'EOT'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    kind, *v = line.split()
-    rows.setdefault(kind, []).append([int(x) for x in v])
-for kind, vs in rows.items():
-    m = [statistics.median(col) for col in zip(*vs)]
-    print(f"{kind:5} median: {m[0]:.0f} req/s  p50 {m[1]:.0f}  p99 {m[2]:.0f}  p99.9 {m[3]:.0f}  max {m[4]:.0f} µs"
-          f" | after 200 ms: p99 {m[6]:.0f}  p99.9 {m[7]:.0f}  max {m[8]:.0f} µs")
+import json, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+for kind in ("plain", "tls"):
+    rs = [r for r in runs if r["kind"] == kind]
+    m = lambda f: statistics.median(f(r) for r in rs)
+    print(f"{kind:5} median: {m(lambda r: r['requests'] / r['duration_us'] * 1e6):.0f} req/s  all: p99.9 {m(lambda r: r['p999_all_us']):.0f}"
+          f"  max {m(lambda r: r['max_us']):.0f} µs | after 200 ms: p50 {m(lambda r: r['p50_us']):.0f}  p99 {m(lambda r: r['p99_us']):.0f}"
+          f"  p99.9 {m(lambda r: r['p999_us']):.0f} µs")
 EOT
