@@ -335,7 +335,12 @@ impl RateLimiter {
         op: Op,
         quota: Option<&Gcra>,
     ) -> Result<Decision, Decision> {
-        let guard = (self.auth_policy, client_ip, self.gcras[self.auth_policy.0], Op::Peek);
+        let guard = (
+            self.auth_policy,
+            client_ip,
+            self.gcras[self.auth_policy.0],
+            Op::Peek,
+        );
         let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
             return Ok(gcra::unknown_policy_decision(self.now()));
         };

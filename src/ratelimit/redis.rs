@@ -111,7 +111,9 @@ impl RedisLimiter {
         gcra: Gcra,
         op: Op,
     ) -> Result<Decision, LimiterError> {
-        let answer = self.send(self.redis_key(policy, key), gcra, op, None).await?;
+        let answer = self
+            .send(self.redis_key(policy, key), gcra, op, None)
+            .await?;
         Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
     }
 
