@@ -566,6 +566,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn guarded_ops_on_the_local_backend_take_nothing_after_a_guard_refusal() {
+        let clock = clock();
+        let l = RateLimiter::local_with_clock(vec![quota(3, 60)], quota(2, 60), clock.clone());
+        let d = l.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2));
+        let d = l.guarded_check(IP, P, "acme", Some(&quota(9, 60))).await;
+        assert_eq!(d.map(|d| (d.limit, d.remaining)), Ok((9, 8)));
+        let own = l.own_limit_policy();
+        let d = l.guarded_check(IP, own, "key_1", Some(&quota(1, 60))).await;
+        assert_eq!(d.map(|d| (d.allowed, d.limit)), Ok((true, 1)));
+        // Two failures recorded (one token back every 30 s), then the guard refuses.
+        assert_eq!(l.guarded_auth_failure(IP).await, None);
+        assert_eq!(l.guarded_auth_failure(IP).await, None);
+        clock.advance(Duration::from_secs(10));
+        for _ in 0..2 {
+            // Recording nothing: a recorded failure would put the wait back to 30 s.
+            let refused = l.guarded_auth_failure(IP).await.unwrap();
+            assert_eq!(
+                (refused.allowed, refused.retry_after_secs),
+                (false, Some(20))
+            );
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!((refused.limit, refused.retry_after_secs), (2, Some(20)));
+        }
+        assert_eq!(l.check(P, "k").await.remaining, 1, "no token taken");
+        assert!(l.guarded_check("::1", P, "k", None).await.is_ok());
+        // As check and check_with: no guard index, no unknown policy.
+        for (policy, q) in [(PolicyId(1), None), (PolicyId(1), Some(quota(9, 60)))] {
+            let d = l
+                .guarded_check("::1", policy, "k", q.as_ref())
+                .await
+                .unwrap();
+            assert_eq!((d.allowed, d.limit), (false, 0));
+        }
+        assert!(
+            !l.guarded_check("::1", own, "k", None)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+
+    #[tokio::test]
     async fn a_quota_of_its_own_replaces_the_policys() {
         let l = RateLimiter::local_with_clock(vec![quota(100, 60)], quota(3, 60), clock());
         // An organization's override: the policy's buckets, the override's capacity.
@@ -664,6 +707,63 @@ mod tests {
         assert!(a.auth_failures_exceeded(IP).await.is_some());
         assert_eq!(a.backend_errors() + b.backend_errors(), 0);
         cleanup(&prefix).await;
+    }
+
+    #[tokio::test]
+    async fn redis_guarded_ops_share_the_guard_and_take_nothing_after_its_refusal() {
+        let prefix = random_prefix();
+        let (a, b) = (shared(&prefix, 3).await, shared(&prefix, 3).await);
+        let d = a.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2));
+        let d = b.guarded_check(IP, P, "acme", Some(&quota(9, 60))).await;
+        assert_eq!(d.map(|d| (d.limit, d.remaining)), Ok((9, 8)));
+        assert_eq!(a.guarded_auth_failure(IP).await, None);
+        assert_eq!(b.guarded_auth_failure(IP).await, None);
+        for l in [&a, &b] {
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!((refused.allowed, refused.limit), (false, 2));
+            assert!(l.guarded_auth_failure(IP).await.is_some());
+        }
+        assert_eq!(b.check(P, "k").await.remaining, 1, "no token taken");
+        assert_eq!(
+            a.guarded_check("::1", P, "k", None)
+                .await
+                .unwrap()
+                .remaining,
+            0
+        );
+        assert_eq!(a.backend_errors() + b.backend_errors(), 0);
+        cleanup(&prefix).await;
+    }
+
+    #[tokio::test]
+    async fn guarded_ops_with_redis_unreachable_guard_locally_and_fall_back_per_policy() {
+        let deny = unreachable(OnBackendError::Deny, clock()).await;
+        let d = deny.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!(
+            (d.allowed, d.limit, d.retry_after_secs),
+            (false, 2, Some(1))
+        );
+        let allow = unreachable(OnBackendError::Allow, clock()).await;
+        let local = unreachable(OnBackendError::Local, clock()).await;
+        assert!(allow.guarded_check(IP, P, "k", None).await.unwrap().allowed);
+        assert_eq!(
+            local
+                .guarded_check(IP, P, "k", None)
+                .await
+                .unwrap()
+                .remaining,
+            1
+        );
+        // The guard (one failure an hour) counts in process whatever the policy's fallback.
+        for l in [&deny, &allow, &local] {
+            assert_eq!(l.guarded_auth_failure(IP).await, None);
+            assert!(l.guarded_auth_failure(IP).await.is_some());
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!(refused.limit, 1);
+            assert_eq!(l.backend_errors(), 1, "no call within the probe interval");
+        }
+        assert_eq!(local.check(P, "k").await.remaining, 0, "no token taken");
     }
 
     async fn unreachable(on_error: OnBackendError, clock: Arc<ManualClock>) -> RateLimiter {

@@ -25,8 +25,9 @@ use super::super::gcra::{Gcra, Op};
 use super::super::redis_target::RedisConn;
 use super::super::LimiterError;
 
-/// Most decisions in one script call: a script blocks Redis while it runs, so a call is
-/// kept to tens of microseconds there; the rest of a longer queue goes in the next call.
+/// Most queued decisions in one script call (a pair counts once, so at most twice as many
+/// keys): a script blocks Redis while it runs, so a call is kept to tens of microseconds
+/// there; the rest of a longer queue goes in the next call.
 const MAX_BATCH: usize = 256;
 
 /// KEYS: the buckets, one per decision (repeats allowed). ARGV: three per key, in order:
