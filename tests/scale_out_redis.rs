@@ -397,7 +397,15 @@ async fn a_cached_credential_takes_one_redis_call_and_a_guard_refusal_spends_no_
     let gws = [Gateway::start(&path), Gateway::start(&path)];
     let (a, b) = (&gws[0], &gws[1]);
     let (blocked, other) = ("198.51.100.1", "198.51.100.2");
-    let bad = format!("mpg_{}", "x".repeat(38));
+    // Well-formed but unknown here (issued by another store): looked up, then cached as not found.
+    let bad = common::seed(
+        &TestConfig::new(up.addr).write(),
+        "o",
+        "u",
+        "owner",
+        "clusters:read",
+    )
+    .key;
     // Redis calls made by `gw` so far (each timed once, whatever it holds).
     let calls = |gw: &Gateway| {
         let admin = gw.admin.unwrap();
