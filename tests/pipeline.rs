@@ -446,10 +446,19 @@ async fn ips_that_pile_up_401s_get_429_before_any_lookup() {
         c.set("rate_limit.auth_failures.requests", 3);
     })
     .await;
-    for _ in 0..3 {
-        assert_eq!(get(&w, CLUSTERS, Some("mpg_garbage")).await.status(), 401);
+    // The valid key is cached by a first request; a well-formed unknown one by its first 401.
+    assert_eq!(get(&w, CLUSTERS, Some(&w.seed.key)).await.status(), 200);
+    let unknown = {
+        let other = TestConfig::new(w.up.addr);
+        seed(&other.write(), "o", "u", "owner", "clusters:read").key
+    };
+    assert_eq!(get(&w, CLUSTERS, Some("mpg_garbage")).await.status(), 401);
+    for _ in 0..2 {
+        assert_eq!(get(&w, CLUSTERS, Some(&unknown)).await.status(), 401);
     }
-    // Even a valid key from that IP now waits.
+    // The unknown key, cached or not, and even a valid (cached) key from that IP now wait.
+    let status = get(&w, CLUSTERS, Some(&unknown)).await.status();
+    assert_eq!(status, 429);
     let (status, headers, _) = error_of(get(&w, CLUSTERS, Some(&w.seed.key)).await).await;
     assert_eq!(status, 429);
     assert!(headers.contains_key("retry-after"));

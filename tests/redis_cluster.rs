@@ -155,3 +155,55 @@ async fn check_config_reads_a_cluster_url_as_the_limiter_does() {
     );
     assert!(!err.contains("s3cret"), "{err}");
 }
+
+/// An authenticated route: each request's auth-failure guard (keyed by client address)
+/// and its key's policy bucket are in the cluster, mostly in different slots, so the two
+/// decisions go as two calls, the second only when the guard allows. Both instances hold
+/// one guard and one bucket, and a guard refusal takes no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_and_the_policy_hold_across_slots_and_instances() {
+    let cluster = RedisCluster::start(3);
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up, &cluster.url());
+    cfg.set("rate_limit.policies.default.requests", 100);
+    cfg.set("rate_limit.policies.default.per", "1h");
+    cfg.set("rate_limit.policies.default.key", "credential");
+    cfg.set("rate_limit.auth_failures.requests", 2);
+    cfg.set("rate_limit.auth_failures.per", "1h");
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gws = [Gateway::start(&path), Gateway::start(&path)];
+    let bad = format!("mpg_{}", "x".repeat(38));
+    let target = "/api/v1/clusters?organization_id=acme";
+    let mut admitted = 0;
+    for last in 10..20u8 {
+        let client = client_from(last);
+        let mut seen = Vec::new();
+        for (i, key) in [&seed.key, &bad, &seed.key, &bad, &seed.key, &bad]
+            .into_iter()
+            .enumerate()
+        {
+            let gw = &gws[(usize::from(last) + i) % 2];
+            let res = client.get(gw.url(target)).bearer_auth(key).send().await;
+            seen.push(res.unwrap().status().as_u16());
+        }
+        assert_eq!(
+            seen,
+            [200, 401, 200, 401, 429, 429],
+            "client 127.0.0.{last}"
+        );
+        admitted += 2;
+    }
+    let res = client_from(30)
+        .get(gws[1].url(target))
+        .bearer_auth(&seed.key)
+        .send()
+        .await
+        .unwrap();
+    let remaining = res.headers()["x-ratelimit-remaining"].to_str().unwrap();
+    assert_eq!(remaining, (100 - admitted - 1).to_string());
+    for gw in &gws {
+        let log = gw.log_text();
+        assert!(!log.contains("rate-limit backend redis"), "{log}");
+    }
+}

@@ -355,3 +355,105 @@ async fn a_script_flush_is_survived_without_falling_back() {
         0.0
     );
 }
+
+/// [`get`] from the client address `ip` (the gateways trust the loopback's `X-Forwarded-For`).
+async fn get_from(gw: &Gateway, target: &str, key: Option<&str>, ip: &str) -> Limited {
+    let mut req = client().get(gw.url(target)).header("x-forwarded-for", ip);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let res = req.send().await.unwrap();
+    let h = |name: &str| {
+        res.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    Limited {
+        status: res.status().as_u16(),
+        limit: h("x-ratelimit-limit"),
+        remaining: h("x-ratelimit-remaining"),
+        reset: h("x-ratelimit-reset").map(|v| v.parse().unwrap()),
+        retry_after: h("retry-after"),
+        policy: h("ratelimit-policy"),
+        ratelimit: h("ratelimit"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_credential_takes_one_redis_call_and_a_guard_refusal_spends_no_token() {
+    let prefix = RedisPrefix::new();
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up, 5, "1h");
+    cfg.set("rate_limit.auth_failures.requests", 2);
+    cfg.set("rate_limit.auth_failures.per", "1h");
+    cfg.set("store.negative_cache_ttl", "1h");
+    cfg.set(
+        "server.client_ip.trusted_proxies",
+        vec!["127.0.0.1".to_string()],
+    );
+    cfg.redis(&redis_url(), &prefix.0).admin_on();
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gws = [Gateway::start(&path), Gateway::start(&path)];
+    let (a, b) = (&gws[0], &gws[1]);
+    let (blocked, other) = ("198.51.100.1", "198.51.100.2");
+    // Well-formed but unknown here (issued by another store): looked up, then cached as not found.
+    let bad = common::seed(
+        &TestConfig::new(up.addr).write(),
+        "o",
+        "u",
+        "owner",
+        "clusters:read",
+    )
+    .key;
+    // Redis calls made by `gw` so far (each timed once, whatever it holds).
+    let calls = |gw: &Gateway| {
+        let admin = gw.admin.unwrap();
+        async move {
+            let text = metrics(admin).await;
+            metric_sum(&text, "mpg_rate_limit_backend_duration_seconds_count", &[])
+        }
+    };
+    // Not cached yet: the guard's peek first, then the lookup, then the policy or the failure.
+    let r = get_from(a, CLUSTERS, Some(&seed.key), other).await;
+    assert_eq!((r.status, r.remaining.as_deref()), (200, Some("4")));
+    assert_eq!(get_from(a, CLUSTERS, Some(&bad), blocked).await.status, 401);
+    assert_eq!(calls(a).await, 4.0);
+    // Cached: one call per request, the guard's peek with the policy or the failure.
+    let r = get_from(a, CLUSTERS, Some(&seed.key), other).await;
+    assert_eq!((r.status, r.remaining.as_deref()), (200, Some("3")));
+    assert_eq!(calls(a).await, 5.0);
+    assert_eq!(get_from(a, CLUSTERS, Some(&bad), blocked).await.status, 401);
+    assert_eq!(calls(a).await, 6.0);
+    // Two failures: that address is refused with the guard's decision, cached key valid
+    // or not, no credential at all, and on the instance that has nothing cached.
+    for (gw, key) in [
+        (a, Some(&seed.key)),
+        (a, Some(&bad)),
+        (a, None),
+        (b, Some(&seed.key)),
+    ] {
+        let r = get_from(gw, CLUSTERS, key.map(String::as_str), blocked).await;
+        assert_eq!(
+            (r.status, r.limit.as_deref(), r.remaining.as_deref()),
+            (429, Some("2"), Some("0")),
+            "{key:?}"
+        );
+        assert!(r.retry_after.is_some());
+    }
+    assert_eq!(calls(a).await, 9.0);
+    // The refusals took no token of the key's policy, and counted no authentication.
+    let r = get_from(b, CLUSTERS, Some(&seed.key), other).await;
+    assert_eq!((r.status, r.remaining.as_deref()), (200, Some("2")));
+    let r = get_from(a, CLUSTERS, Some(&seed.key), other).await;
+    assert_eq!((r.status, r.remaining.as_deref()), (200, Some("1")));
+    let text = metrics(a.admin.unwrap()).await;
+    let auth = |result: &str| {
+        metric_sum(
+            &text,
+            "mpg_auth_decisions_total",
+            &[&format!("result=\"{result}\"")],
+        )
+    };
+    assert_eq!((auth("ok"), auth("refused")), (3.0, 2.0));
+}

@@ -1,7 +1,14 @@
 //! Stage 2: who is asking. The credential of the `Authorization` field,
 //! checked against the cached key store, with the brute-force guard per IP
 //! and the `mpg_auth_total` counts.
+//!
+//! The guard's peek protects the store, so it comes before any lookup. A
+//! credential the cache answers for at once (or none usable) needs no lookup:
+//! then the peek goes in one limiter call with the decision that follows it,
+//! stage 3's token or the failure a refusal records, which with Redis is one
+//! round trip instead of two. A guard refusal takes neither.
 use http::request;
+use std::sync::Arc;
 
 use super::table::{Pipeline, RouteEntry};
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
@@ -10,34 +17,77 @@ use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::rate_limit::Decision;
 use crate::ip::Client;
-use crate::secret::hash_secret;
-use crate::store::KeyStatus;
+use crate::secret::{hash_secret, SecretHash};
+use crate::store::{CachedApiKey, KeyStatus, SessionAuth};
+
+/// What the `Authorization` field comes to before any store lookup.
+enum Probe {
+    /// Known without the store: the principal, or why it is refused.
+    Known(Result<Principal, AuthReason>),
+    /// A well-formed API key the cache has no fresh answer for.
+    ApiKey(SecretHash),
+    /// A well-formed session token the cache has no fresh answer for.
+    Session(SecretHash),
+}
 
 impl Pipeline {
     /// Stage 2: the credential, checked against the cached key store. A
     /// refusal by the brute-force guard leaves its decision in `decided`,
-    /// so its 429 carries the rate-limit fields as any other does.
+    /// so its 429 carries the rate-limit fields as any other does. With the
+    /// principal comes stage 3's decision when it was taken with the guard's.
     pub(super) async fn authenticate(
         &self,
         entry: &RouteEntry,
         head: &request::Parts,
+        path_param: Option<&str>,
         client: &Client<'_>,
         decided: &mut Option<Decision>,
-    ) -> Result<Option<Principal>, GatewayError> {
+    ) -> Result<(Option<Principal>, Option<Decision>), GatewayError> {
         if entry.route.auth == AuthMode::None {
-            return Ok(None);
+            return Ok((None, None));
         }
         // IPv6 clients per /64: one host can take any address in its block.
         let ip = client.addr().limit_key();
-        // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
-        if let Some(d) = self.limiter.auth_failures_exceeded(ip).await {
-            let retry_after = d.retry_after_secs.unwrap_or(1);
-            *decided = Some(d);
-            return Err(GatewayError::TooManyRequests { retry_after });
-        }
-        let result = self.check_credential(entry, head).await;
+        let now = crate::clock::unix_now();
+        // Whether the 401 of a refused credential is counted by the guard yet.
+        let mut recorded = false;
+        let (result, taken) = match self.probe(entry, head, now) {
+            Probe::Known(Ok(principal)) => {
+                let taken =
+                    match self.limit_target(entry, Some(&principal), head, path_param, client) {
+                        Some(t) => Some(
+                            self.limiter
+                                .guarded_check(ip, t.policy, &t.key, t.quota.as_ref())
+                                .await
+                                .map_err(|refusal| guard_refusal(refusal, decided))?,
+                        ),
+                        None => {
+                            self.guard(ip, decided).await?;
+                            None
+                        }
+                    };
+                (Ok(principal), taken)
+            }
+            Probe::Known(Err(reason)) => {
+                if let Some(refusal) = self.limiter.guarded_auth_failure(ip).await {
+                    return Err(guard_refusal(refusal, decided));
+                }
+                recorded = true;
+                (Err(GatewayError::Unauthorized(reason)), None)
+            }
+            // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
+            probe => {
+                self.guard(ip, decided).await?;
+                (self.look_up(probe, now).await, None)
+            }
+        };
         match &result {
-            Ok(p) => self.auth_outcomes.increment(("ok", p.auth_kind())),
+            Ok(p) => {
+                self.auth_outcomes.increment(("ok", p.auth_kind()));
+                if let Principal::ApiKey(key) = p {
+                    self.usage.touch(key.id(), now);
+                }
+            }
             Err(GatewayError::Unauthorized(reason)) => {
                 self.auth_outcomes.increment(("refused", reason.as_str()));
                 tracing::debug!(
@@ -45,58 +95,87 @@ impl Pipeline {
                     reason = reason.as_str(),
                     "authentication failed"
                 );
-                self.limiter.record_auth_failure(ip).await;
+                if !recorded {
+                    self.limiter.record_auth_failure(ip).await;
+                }
             }
             Err(_) => self.auth_outcomes.increment(("error", "store_unavailable")),
         }
-        result.map(Some)
+        result.map(|p| (Some(p), taken))
     }
 
-    async fn check_credential(
-        &self,
-        entry: &RouteEntry,
-        head: &request::Parts,
-    ) -> Result<Principal, GatewayError> {
-        let credential = parse_authorization(&head.headers).map_err(|e| {
-            GatewayError::Unauthorized(match e {
-                CredentialError::Missing => AuthReason::Missing,
-                CredentialError::Malformed => AuthReason::Malformed,
-            })
-        })?;
-        let now = crate::clock::unix_now();
-        match (credential, entry.route.auth) {
-            (Credential::ApiKey(secret), AuthMode::ApiKey) => {
-                let found = self
-                    .keys
-                    .api_key(&hash_secret(secret))
-                    .await
-                    .map_err(crate::store::unavailable)?;
-                let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
-                match auth.status(now) {
-                    KeyStatus::Active => {}
-                    KeyStatus::Revoked => {
-                        return Err(GatewayError::Unauthorized(AuthReason::Revoked))
-                    }
-                    KeyStatus::Expired => {
-                        return Err(GatewayError::Unauthorized(AuthReason::Expired))
-                    }
-                }
-                self.usage.touch(auth.id(), now);
-                Ok(Principal::ApiKey(auth))
-            }
-            (Credential::Session(token), AuthMode::Session) => {
-                let found = self
-                    .keys
-                    .session(&hash_secret(token))
-                    .await
-                    .map_err(crate::store::unavailable)?;
-                let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::Invalid))?;
-                if auth.session.expires_at <= now {
-                    return Err(GatewayError::Unauthorized(AuthReason::Expired));
-                }
-                Ok(Principal::Session(auth))
-            }
-            _ => Err(GatewayError::Unauthorized(AuthReason::WrongCredentialType)),
+    /// `Err` with the guard's refusal when `ip` has used up its failures.
+    async fn guard(&self, ip: &str, decided: &mut Option<Decision>) -> Result<(), GatewayError> {
+        match self.limiter.auth_failures_exceeded(ip).await {
+            Some(refusal) => Err(guard_refusal(refusal, decided)),
+            None => Ok(()),
         }
     }
+
+    /// The credential as far as it is known without the store: parsed, its
+    /// kind matched to the route's, and its fresh cache entry if there is one.
+    fn probe(&self, entry: &RouteEntry, head: &request::Parts, now: i64) -> Probe {
+        let credential = match parse_authorization(&head.headers) {
+            Ok(credential) => credential,
+            Err(CredentialError::Missing) => return Probe::Known(Err(AuthReason::Missing)),
+            Err(CredentialError::Malformed) => return Probe::Known(Err(AuthReason::Malformed)),
+        };
+        match (credential, entry.route.auth) {
+            (Credential::ApiKey(secret), AuthMode::ApiKey) => {
+                let hash = hash_secret(secret);
+                match self.keys.fresh_api_key(&hash) {
+                    Some(found) => Probe::Known(api_key_status(found, now)),
+                    None => Probe::ApiKey(hash),
+                }
+            }
+            (Credential::Session(token), AuthMode::Session) => {
+                let hash = hash_secret(token);
+                match self.keys.fresh_session(&hash) {
+                    Some(found) => Probe::Known(session_status(found, now)),
+                    None => Probe::Session(hash),
+                }
+            }
+            _ => Probe::Known(Err(AuthReason::WrongCredentialType)),
+        }
+    }
+
+    /// The principal of `probe`, asking the (cached) store what it does not know.
+    async fn look_up(&self, probe: Probe, now: i64) -> Result<Principal, GatewayError> {
+        let known = match probe {
+            Probe::Known(known) => known,
+            Probe::ApiKey(hash) => {
+                let found = self.keys.api_key(&hash).await;
+                api_key_status(found.map_err(crate::store::unavailable)?, now)
+            }
+            Probe::Session(hash) => {
+                let found = self.keys.session(&hash).await;
+                session_status(found.map_err(crate::store::unavailable)?, now)
+            }
+        };
+        known.map_err(GatewayError::Unauthorized)
+    }
+}
+
+/// The 429 of a guard refusal, its decision left in `decided`.
+fn guard_refusal(refusal: Decision, decided: &mut Option<Decision>) -> GatewayError {
+    let retry_after = refusal.retry_after_secs.unwrap_or(1);
+    *decided = Some(refusal);
+    GatewayError::TooManyRequests { retry_after }
+}
+
+fn api_key_status(found: Option<Arc<CachedApiKey>>, now: i64) -> Result<Principal, AuthReason> {
+    let auth = found.ok_or(AuthReason::Invalid)?;
+    match auth.status(now) {
+        KeyStatus::Active => Ok(Principal::ApiKey(auth)),
+        KeyStatus::Revoked => Err(AuthReason::Revoked),
+        KeyStatus::Expired => Err(AuthReason::Expired),
+    }
+}
+
+fn session_status(found: Option<Arc<SessionAuth>>, now: i64) -> Result<Principal, AuthReason> {
+    let auth = found.ok_or(AuthReason::Invalid)?;
+    if auth.session.expires_at <= now {
+        return Err(AuthReason::Expired);
+    }
+    Ok(Principal::Session(auth))
 }

@@ -163,21 +163,33 @@ impl Pipeline {
             out.route = Some(index);
             let entry = &self.routes[index];
             // 2. Identity first: every later decision depends on who is asking.
-            out.principal = self
-                .authenticate(entry, head, client, &mut out.decision)
-                .await?;
-            let principal = out.principal.as_ref();
-            // 3. Limit before validation, so malformed requests still spend tokens.
-            out.shadow_limited = self
-                .rate_limit(
+            let (principal, taken) = self
+                .authenticate(
                     entry,
-                    principal,
                     head,
                     path_param.as_deref(),
                     client,
                     &mut out.decision,
                 )
                 .await?;
+            out.principal = principal;
+            let principal = out.principal.as_ref();
+            // 3. Limit before validation, so malformed requests still spend tokens
+            //    (the decision may have come with the guard's, in stage 2).
+            out.shadow_limited = match taken {
+                Some(decision) => self.settle_limit(entry, decision, &mut out.decision)?,
+                None => {
+                    self.rate_limit(
+                        entry,
+                        principal,
+                        head,
+                        path_param.as_deref(),
+                        client,
+                        &mut out.decision,
+                    )
+                    .await?
+                }
+            };
             // 4. Validate the organization the request is for (and the key it names).
             let mut validated = self.validate(entry, head, path_param).await?;
             out.organization = validated.organization.take();

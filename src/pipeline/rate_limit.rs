@@ -30,6 +30,14 @@ fn quota(limit: &LimitSpec) -> Quota {
     Quota::new(limit.requests, limit.per)
 }
 
+/// What stage 3 decides on: the bucket's policy (or the keys' own), its key,
+/// and the quota the request brings instead of the policy's, if any.
+pub(super) struct Target<'a> {
+    pub(super) policy: PolicyId,
+    pub(super) key: Cow<'a, str>,
+    pub(super) quota: Option<Quota>,
+}
+
 impl Pipeline {
     /// Stage 3: the route's policy, keyed as the policy says. `Ok(true)`:
     /// a shadow policy would have refused the request, and let it through.
@@ -42,54 +50,28 @@ impl Pipeline {
         client: &Client<'_>,
         decided: &mut Option<Decision>,
     ) -> Result<bool, GatewayError> {
-        let Some((policy, key_kind)) = entry.policy else {
+        let Some(target) = self.limit_target(entry, principal, head, path_param, client) else {
             return Ok(false);
         };
-        let user_key;
-        let key: &str = match (key_kind, principal) {
-            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => k.id(),
-            (PolicyKey::Credential, Some(Principal::Session(s))) => {
-                user_key = format!("user:{}", s.session.user_id);
-                &user_key
-            }
-            // One bucket per organization (its bare id), whichever
-            // credential spends it. A session has no organization of its
-            // own: it spends the one the request names directly when the
-            // user is a member of it (stage 5 has not run yet: a stranger
-            // naming it must not drain its bucket), else one of its user,
-            // as `user <id>` (ids hold no space, so no organization's).
-            (PolicyKey::Organization, Some(p)) => {
-                let named = || {
-                    requested_org_hint(entry, head, path_param)
-                        .filter(|org| p.role_in(org).is_some())
-                };
-                match p.home_organization().map(Cow::Borrowed).or_else(named) {
-                    Some(Cow::Borrowed(org)) => org,
-                    Some(Cow::Owned(org)) => {
-                        user_key = org;
-                        &user_key
-                    }
-                    None => {
-                        user_key = format!("user {}", p.user_id());
-                        &user_key
-                    }
-                }
-            }
-            // The client's address; an IPv6 client's /64.
-            _ => client.addr().limit_key(),
-        };
-        let own =
-            principal.and_then(|p| self.own_quota(p, policy, key_kind, entry, head, path_param));
-        let decision = match own {
-            None => self.limiter.check(policy, key).await,
-            Some(OwnQuota::Key(id, quota)) => {
-                let own_policy = self.limiter.own_limit_policy();
-                self.limiter.check_with(own_policy, id, &quota).await
-            }
-            Some(OwnQuota::Organization(quota)) => {
-                self.limiter.check_with(policy, key, &quota).await
+        let decision = match &target.quota {
+            None => self.limiter.check(target.policy, &target.key).await,
+            Some(quota) => {
+                self.limiter
+                    .check_with(target.policy, &target.key, quota)
+                    .await
             }
         };
+        self.settle_limit(entry, decision, decided)
+    }
+
+    /// Stage 3 for a `decision` already taken (with the guard's, in stage 2):
+    /// counted, and a refusal answered, as stage 3 does.
+    pub(super) fn settle_limit(
+        &self,
+        entry: &RouteEntry,
+        decision: Decision,
+        decided: &mut Option<Decision>,
+    ) -> Result<bool, GatewayError> {
         let allowed = decision.allowed;
         if let Some((ok, limited)) = &entry.limit_counters {
             if allowed {
@@ -116,6 +98,62 @@ impl Pipeline {
             ..decision
         });
         Ok(true)
+    }
+
+    /// The bucket the route's policy spends for this request; `None` on a
+    /// route without a policy.
+    pub(super) fn limit_target<'a>(
+        &self,
+        entry: &RouteEntry,
+        principal: Option<&'a Principal>,
+        head: &'a request::Parts,
+        path_param: Option<&'a str>,
+        client: &'a Client<'_>,
+    ) -> Option<Target<'a>> {
+        let (policy, key_kind) = entry.policy?;
+        let key: Cow<'a, str> = match (key_kind, principal) {
+            (PolicyKey::Credential, Some(Principal::ApiKey(k))) => Cow::Borrowed(k.id()),
+            (PolicyKey::Credential, Some(Principal::Session(s))) => {
+                Cow::Owned(format!("user:{}", s.session.user_id))
+            }
+            // One bucket per organization (its bare id), whichever
+            // credential spends it. A session has no organization of its
+            // own: it spends the one the request names directly when the
+            // user is a member of it (stage 5 has not run yet: a stranger
+            // naming it must not drain its bucket), else one of its user,
+            // as `user <id>` (ids hold no space, so no organization's).
+            (PolicyKey::Organization, Some(p)) => {
+                let named = || {
+                    requested_org_hint(entry, head, path_param)
+                        .filter(|org| p.role_in(org).is_some())
+                };
+                match p.home_organization().map(Cow::Borrowed).or_else(named) {
+                    Some(org) => org,
+                    None => Cow::Owned(format!("user {}", p.user_id())),
+                }
+            }
+            // The client's address; an IPv6 client's /64.
+            _ => Cow::Borrowed(client.addr().limit_key()),
+        };
+        let own =
+            principal.and_then(|p| self.own_quota(p, policy, key_kind, entry, head, path_param));
+        Some(match own {
+            None => Target {
+                policy,
+                key,
+                quota: None,
+            },
+            Some(OwnQuota::Key(id, quota)) => Target {
+                policy: self.limiter.own_limit_policy(),
+                key: Cow::Borrowed(id),
+                quota: Some(quota),
+            },
+            Some(OwnQuota::Organization(quota)) => Target {
+                policy,
+                key,
+                quota: Some(quota),
+            },
+        })
     }
 }
 

@@ -35,6 +35,16 @@ impl Op {
             Op::Consume => "2",
         }
     }
+
+    /// The code of the op made only if the decision before it in the script's call was
+    /// allowed (a skipped op takes nothing and reads nothing).
+    pub(crate) fn code_if_allowed(self) -> &'static str {
+        match self {
+            Op::Check => "3",
+            Op::Peek => "4",
+            Op::Consume => "5",
+        }
+    }
 }
 
 /// The result of applying an [`Op`] to a key's debt.

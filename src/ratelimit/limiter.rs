@@ -13,6 +13,11 @@
 //! counting (a per-instance brute-force guard beats none, and refusing everyone is stage 3's
 //! call, not this guard's).
 //!
+//! Where the guard's peek comes right before a request's other decision (its policy's
+//! token, or the failure it records), [`RateLimiter::guarded_check`] and
+//! [`RateLimiter::guarded_auth_failure`] make both: on the local backend one after the
+//! other, on Redis in one call, the second skipped there when the guard refuses.
+//!
 //! A request may also bring its own quota ([`RateLimiter::check_with`]): an organization's
 //! override of a policy (its buckets live among the policy's), or a key's own limit, whose
 //! buckets live under one more registered policy ([`RateLimiter::own_limit_policy`]), so a
@@ -193,6 +198,37 @@ impl RateLimiter {
             .await;
     }
 
+    /// [`Self::auth_failures_exceeded`] for `client_ip`, then, only if it is not,
+    /// [`Self::check`] (with `quota`: [`Self::check_with`]) of `key` under `policy`.
+    /// `Err` is the guard's refusal: then no token is taken. One call with Redis.
+    pub async fn guarded_check(
+        &self,
+        client_ip: &str,
+        policy: PolicyId,
+        key: &str,
+        quota: Option<&Quota>,
+    ) -> Result<Decision, Decision> {
+        let known = match quota {
+            None => policy.0 < self.auth_policy.0,
+            Some(_) => policy != self.auth_policy && policy.0 < self.gcras.len(),
+        };
+        if !known {
+            return Ok(gcra::unknown_policy_decision(self.now()));
+        }
+        let gcra = quota.map(Gcra::new);
+        self.after_guard(client_ip, policy, key, Op::Check, gcra.as_ref())
+            .await
+    }
+
+    /// [`Self::auth_failures_exceeded`] for `client_ip`, then, only if it is not,
+    /// [`Self::record_auth_failure`]: `Some(refusal)` when the guard refused (nothing is
+    /// recorded then). One call with Redis.
+    pub async fn guarded_auth_failure(&self, client_ip: &str) -> Option<Decision> {
+        self.after_guard(client_ip, self.auth_policy, client_ip, Op::Consume, None)
+            .await
+            .err()
+    }
+
     /// `"local"` or `"redis"` (the configured backend, for readiness and metrics).
     pub fn backend(&self) -> &'static str {
         match self.remote {
@@ -267,6 +303,69 @@ impl RateLimiter {
         }
     }
 
+    /// The guard's peek for `client_ip`, then `op` on `key` under `policy` (with `quota`'s
+    /// parameters if given) only if the guard allows: `Err` is the guard's refusal.
+    async fn after_guard(
+        &self,
+        client_ip: &str,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        quota: Option<&Gcra>,
+    ) -> Result<Decision, Decision> {
+        let Some(remote) = &self.remote else {
+            let guard = self.local.peek(self.auth_policy, client_ip);
+            if !guard.allowed {
+                return Err(guard);
+            }
+            return Ok(self.local_op(policy, key, op, quota));
+        };
+        // Boxed for the reason `decide` boxes.
+        Box::pin(self.after_guard_remote(remote, client_ip, policy, key, op, quota)).await
+    }
+
+    /// [`Self::after_guard`] in one Redis call; while Redis fails, the guard from the
+    /// in-process limiter and the decision after it as [`Self::decide_remote`] falls back.
+    async fn after_guard_remote(
+        &self,
+        remote: &Remote,
+        client_ip: &str,
+        policy: PolicyId,
+        key: &str,
+        op: Op,
+        quota: Option<&Gcra>,
+    ) -> Result<Decision, Decision> {
+        let guard = (
+            self.auth_policy,
+            client_ip,
+            self.gcras[self.auth_policy.0],
+            Op::Peek,
+        );
+        let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
+            return Ok(gcra::unknown_policy_decision(self.now()));
+        };
+        let now = self.now();
+        if remote.may_try(now) {
+            match remote.run_then(guard, (policy, key, gcra, op)).await {
+                Ok((guard, then)) => {
+                    remote.mark_up(now);
+                    return then.ok_or(guard);
+                }
+                Err(err) => remote.mark_down(now, &err),
+            }
+        }
+        let guard = self.local.peek(self.auth_policy, client_ip);
+        if !guard.allowed {
+            return Err(guard);
+        }
+        Ok(match remote.on_error {
+            _ if policy == self.auth_policy => self.local_op(policy, key, op, quota),
+            OnBackendError::Local => self.local_op(policy, key, op, quota),
+            OnBackendError::Deny => gcra.deny_decision(now),
+            OnBackendError::Allow => gcra.allow_decision(now),
+        })
+    }
+
     fn local_op(&self, policy: PolicyId, key: &str, op: Op, quota: Option<&Gcra>) -> Decision {
         if let Some(gcra) = quota {
             return self.local.run_with(policy, key, op, gcra);
@@ -315,6 +414,20 @@ impl Remote {
         Ok(Arc::new(limiter))
     }
 
+    /// The connected limiter, connecting first if there is none yet.
+    async fn limiter(&self) -> Result<Arc<RedisLimiter>, LimiterError> {
+        match self.limiter.load_full() {
+            Some(limiter) => Ok(limiter),
+            None => {
+                // Boxed: a connect's state is kilobytes, which every decision's
+                // (boxed) future would otherwise carry and move.
+                let limiter = Box::pin(self.connect()).await?;
+                self.limiter.store(Some(limiter.clone()));
+                Ok(limiter)
+            }
+        }
+    }
+
     async fn run(
         &self,
         policy: PolicyId,
@@ -322,20 +435,24 @@ impl Remote {
         gcra: Gcra,
         op: Op,
     ) -> Result<Decision, LimiterError> {
-        let limiter = match self.limiter.load_full() {
-            Some(limiter) => limiter,
-            None => {
-                // Boxed: a connect's state is kilobytes, which every decision's
-                // (boxed) future would otherwise carry and move.
-                let limiter = Box::pin(self.connect()).await?;
-                self.limiter.store(Some(limiter.clone()));
-                limiter
-            }
-        };
+        let limiter = self.limiter().await?;
         let started = std::time::Instant::now();
         let decision = limiter.decide(policy, key, gcra, op).await;
         self.latency.record(started.elapsed().as_secs_f64());
         decision
+    }
+
+    /// `first`, then `then` only if `first` is allowed ([`RedisLimiter::decide_then`]).
+    async fn run_then(
+        &self,
+        first: (PolicyId, &str, Gcra, Op),
+        then: (PolicyId, &str, Gcra, Op),
+    ) -> Result<(Decision, Option<Decision>), LimiterError> {
+        let limiter = self.limiter().await?;
+        let started = std::time::Instant::now();
+        let decisions = limiter.decide_then(first, then).await;
+        self.latency.record(started.elapsed().as_secs_f64());
+        decisions
     }
 
     /// Healthy: always. Failed: not before the probe time, then one caller at a time.
@@ -449,6 +566,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn guarded_ops_on_the_local_backend_take_nothing_after_a_guard_refusal() {
+        let clock = clock();
+        let l = RateLimiter::local_with_clock(vec![quota(3, 60)], quota(2, 60), clock.clone());
+        let d = l.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2));
+        let d = l.guarded_check(IP, P, "acme", Some(&quota(9, 60))).await;
+        assert_eq!(d.map(|d| (d.limit, d.remaining)), Ok((9, 8)));
+        let own = l.own_limit_policy();
+        let d = l.guarded_check(IP, own, "key_1", Some(&quota(1, 60))).await;
+        assert_eq!(d.map(|d| (d.allowed, d.limit)), Ok((true, 1)));
+        // Two failures recorded (one token back every 30 s), then the guard refuses.
+        assert_eq!(l.guarded_auth_failure(IP).await, None);
+        assert_eq!(l.guarded_auth_failure(IP).await, None);
+        clock.advance(Duration::from_secs(10));
+        for _ in 0..2 {
+            // Recording nothing: a recorded failure would put the wait back to 30 s.
+            let refused = l.guarded_auth_failure(IP).await.unwrap();
+            assert_eq!(
+                (refused.allowed, refused.retry_after_secs),
+                (false, Some(20))
+            );
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!((refused.limit, refused.retry_after_secs), (2, Some(20)));
+        }
+        assert_eq!(l.check(P, "k").await.remaining, 1, "no token taken");
+        assert!(l.guarded_check("::1", P, "k", None).await.is_ok());
+        // As check and check_with: no guard index, no unknown policy.
+        for (policy, q) in [(PolicyId(1), None), (PolicyId(1), Some(quota(9, 60)))] {
+            let d = l
+                .guarded_check("::1", policy, "k", q.as_ref())
+                .await
+                .unwrap();
+            assert_eq!((d.allowed, d.limit), (false, 0));
+        }
+        assert!(
+            !l.guarded_check("::1", own, "k", None)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+
+    #[tokio::test]
     async fn a_quota_of_its_own_replaces_the_policys() {
         let l = RateLimiter::local_with_clock(vec![quota(100, 60)], quota(3, 60), clock());
         // An organization's override: the policy's buckets, the override's capacity.
@@ -547,6 +707,63 @@ mod tests {
         assert!(a.auth_failures_exceeded(IP).await.is_some());
         assert_eq!(a.backend_errors() + b.backend_errors(), 0);
         cleanup(&prefix).await;
+    }
+
+    #[tokio::test]
+    async fn redis_guarded_ops_share_the_guard_and_take_nothing_after_its_refusal() {
+        let prefix = random_prefix();
+        let (a, b) = (shared(&prefix, 3).await, shared(&prefix, 3).await);
+        let d = a.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2));
+        let d = b.guarded_check(IP, P, "acme", Some(&quota(9, 60))).await;
+        assert_eq!(d.map(|d| (d.limit, d.remaining)), Ok((9, 8)));
+        assert_eq!(a.guarded_auth_failure(IP).await, None);
+        assert_eq!(b.guarded_auth_failure(IP).await, None);
+        for l in [&a, &b] {
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!((refused.allowed, refused.limit), (false, 2));
+            assert!(l.guarded_auth_failure(IP).await.is_some());
+        }
+        assert_eq!(b.check(P, "k").await.remaining, 1, "no token taken");
+        assert_eq!(
+            a.guarded_check("::1", P, "k", None)
+                .await
+                .unwrap()
+                .remaining,
+            0
+        );
+        assert_eq!(a.backend_errors() + b.backend_errors(), 0);
+        cleanup(&prefix).await;
+    }
+
+    #[tokio::test]
+    async fn guarded_ops_with_redis_unreachable_guard_locally_and_fall_back_per_policy() {
+        let deny = unreachable(OnBackendError::Deny, clock()).await;
+        let d = deny.guarded_check(IP, P, "k", None).await.unwrap();
+        assert_eq!(
+            (d.allowed, d.limit, d.retry_after_secs),
+            (false, 2, Some(1))
+        );
+        let allow = unreachable(OnBackendError::Allow, clock()).await;
+        let local = unreachable(OnBackendError::Local, clock()).await;
+        assert!(allow.guarded_check(IP, P, "k", None).await.unwrap().allowed);
+        assert_eq!(
+            local
+                .guarded_check(IP, P, "k", None)
+                .await
+                .unwrap()
+                .remaining,
+            1
+        );
+        // The guard (one failure an hour) counts in process whatever the policy's fallback.
+        for l in [&deny, &allow, &local] {
+            assert_eq!(l.guarded_auth_failure(IP).await, None);
+            assert!(l.guarded_auth_failure(IP).await.is_some());
+            let refused = l.guarded_check(IP, P, "k", None).await.unwrap_err();
+            assert_eq!(refused.limit, 1);
+            assert_eq!(l.backend_errors(), 1, "no call within the probe interval");
+        }
+        assert_eq!(local.check(P, "k").await.remaining, 0, "no token taken");
     }
 
     async fn unreachable(on_error: OnBackendError, clock: Arc<ManualClock>) -> RateLimiter {

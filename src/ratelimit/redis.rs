@@ -11,7 +11,8 @@
 //!
 //! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
 //! applied in the order they were asked; each caller still waits at most the configured
-//! timeout for its own answer. Calls go over one reconnecting, multiplexed connection
+//! timeout for its own answer. A decision made only if another is allowed (the request's
+//! guard, then its policy) goes in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one reconnecting, multiplexed connection
 //! (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
 //! call goes again as EVAL with the script's text, which caches it again.
 //!
@@ -25,10 +26,11 @@ mod batch;
 
 use std::time::Duration;
 
+use ::redis::cluster_routing::get_slot;
 use ::redis::Script;
 use tokio::sync::oneshot;
 
-use self::batch::{Batcher, Pending};
+use self::batch::{Answer, Batcher, Pending, Step};
 use super::gcra::{Gcra, Op};
 use super::redis_target::RedisTarget;
 use super::{Decision, LimiterError, PolicyId, Quota};
@@ -40,6 +42,8 @@ pub struct RedisLimiter {
     prefix: Box<str>,
     policies: Vec<Gcra>,
     timeout: Duration,
+    /// A Redis Cluster: one call holds the keys of one slot only.
+    cluster: bool,
 }
 
 impl RedisLimiter {
@@ -65,6 +69,7 @@ impl RedisLimiter {
             prefix: prefix.into(),
             policies: policies.iter().map(Gcra::new).collect(),
             timeout,
+            cluster,
         })
     }
 
@@ -106,21 +111,75 @@ impl RedisLimiter {
         gcra: Gcra,
         op: Op,
     ) -> Result<Decision, LimiterError> {
+        let answer = self
+            .send(self.redis_key(policy, key), gcra, op, None)
+            .await?;
+        Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
+    }
+
+    /// [`Self::decide`] for `first`, then for `then` only if `first` is allowed, in one
+    /// script call: `(first's decision, then's if made)`. On a cluster, keys of two slots
+    /// take two calls, the second only if needed.
+    pub(crate) async fn decide_then(
+        &self,
+        first: (PolicyId, &str, Gcra, Op),
+        then: (PolicyId, &str, Gcra, Op),
+    ) -> Result<(Decision, Option<Decision>), LimiterError> {
+        let (policy, key, gcra, op) = first;
+        let (then_policy, then_key, then_gcra, then_op) = then;
+        let first_key = self.redis_key(policy, key);
+        let then_key = self.redis_key(then_policy, then_key);
+        if self.cluster && get_slot(first_key.as_bytes()) != get_slot(then_key.as_bytes()) {
+            let answer = self.send(first_key, gcra, op, None).await?;
+            let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
+            if !decision.allowed {
+                return Ok((decision, None));
+            }
+            let answer = self.send(then_key, then_gcra, then_op, None).await?;
+            let then = then_gcra.decision(answer.now, &then_gcra.apply(then_op, answer.debt));
+            return Ok((decision, Some(then)));
+        }
+        let step = Step {
+            key: then_key,
+            gcra: then_gcra,
+            op: then_op,
+        };
+        let answer = self.send(first_key, gcra, op, Some(step)).await?;
+        let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
+        let then = match (decision.allowed, answer.then) {
+            (true, Some(debt)) => {
+                Some(then_gcra.decision(answer.now, &then_gcra.apply(then_op, debt)))
+            }
+            (false, None) => None,
+            // The script makes the second decision exactly when the first is allowed.
+            _ => return Err(unexpected_reply()),
+        };
+        Ok((decision, then))
+    }
+
+    /// Queues one decision (and its second, if any) and waits for its answer.
+    async fn send(
+        &self,
+        key: String,
+        gcra: Gcra,
+        op: Op,
+        then: Option<Step>,
+    ) -> Result<Answer, LimiterError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
-            key: self.redis_key(policy, key),
+            key,
             gcra,
             op,
+            then,
             reply,
         };
         if !self.batcher.send(pending) {
             return Err(LimiterError::Stopped);
         }
-        let answer = tokio::time::timeout(self.timeout, answer)
+        tokio::time::timeout(self.timeout, answer)
             .await
             .map_err(|_| LimiterError::Timeout)?
-            .map_err(|_| LimiterError::Stopped)??;
-        Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
+            .map_err(|_| LimiterError::Stopped)?
     }
 
     /// Script calls made so far (one per batch on a single server).
@@ -134,6 +193,14 @@ impl RedisLimiter {
     fn burst(&self, policy: PolicyId) -> Option<u64> {
         self.policies.get(policy.0).map(Gcra::burst)
     }
+}
+
+/// A script reply that contradicts itself.
+fn unexpected_reply() -> LimiterError {
+    LimiterError::Unavailable(std::sync::Arc::new(::redis::RedisError::from((
+        ::redis::ErrorKind::TypeError,
+        "unexpected rate-limit script reply",
+    ))))
 }
 
 impl std::fmt::Debug for RedisLimiter {

@@ -80,6 +80,17 @@ impl CachedKeyStore {
         self.sessions.get(hash).await
     }
 
+    /// The API key with this secret hash if the cache answers for it fresh (`Some(None)`:
+    /// fresh "not found"); `None` when [`Self::api_key`] would ask the store.
+    pub fn fresh_api_key(&self, hash: &SecretHash) -> Option<Option<Arc<CachedApiKey>>> {
+        self.api_keys.fresh(hash)
+    }
+
+    /// [`Self::fresh_api_key`] for sessions.
+    pub fn fresh_session(&self, hash: &SecretHash) -> Option<Option<Arc<SessionAuth>>> {
+        self.sessions.fresh(hash)
+    }
+
     /// Drops exactly the entries `change` affects (`All`: everything).
     pub fn invalidate(&self, change: &Change) {
         // Record first: a load that finishes after this sees the change.

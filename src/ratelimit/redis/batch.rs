@@ -8,8 +8,13 @@
 //! queue order with the same arithmetic as one call per decision, reading and writing each
 //! key once per call, and returns Redis's time and each decision's debt.
 //!
+//! A decision may carry a second one made only if it is allowed (the guard's peek, then the
+//! route's policy or the failure it records): both go in the same call, adjacent and in
+//! order, so a request's two decisions cost one round trip and one script run.
+//!
 //! A Redis Cluster runs a script only on keys of one slot, so there a batch is split by
-//! slot and the calls for the slots run concurrently.
+//! slot and the calls for the slots run concurrently; a decision and its second one are
+//! queued together only when their keys share a slot.
 
 use std::time::Duration;
 
@@ -20,13 +25,16 @@ use super::super::gcra::{Gcra, Op};
 use super::super::redis_target::RedisConn;
 use super::super::LimiterError;
 
-/// Most decisions in one script call: a script blocks Redis while it runs, so a call is
-/// kept to tens of microseconds there; the rest of a longer queue goes in the next call.
+/// Most queued decisions in one script call (a pair counts once, so at most twice as many
+/// keys): a script blocks Redis while it runs, so a call is kept to tens of microseconds
+/// there; the rest of a longer queue goes in the next call.
 const MAX_BATCH: usize = 256;
 
 /// KEYS: the buckets, one per decision (repeats allowed). ARGV: three per key, in order:
-/// emission interval T (ns), burst c*T (ns), op (0 check, 1 peek, 2 consume).
-/// Returns { now seconds, now microseconds, then each decision's debt before its op (ns) }.
+/// emission interval T (ns), burst c*T (ns), op (0 check, 1 peek, 2 consume; 3, 4, 5 the
+/// same made only if the decision just before was allowed, else skipped: no read, no
+/// write, and -1 in place of its debt). Returns { now seconds, now microseconds, then each
+/// decision's debt before its op (ns) }.
 ///
 /// Each key is read once, its debt kept in `debts` as a re-read would give it (`tat - now`,
 /// unclamped), and written once at the end if it changed (`written`, in `order`): the same
@@ -41,39 +49,46 @@ local out = { now_s, tonumber(t[2]) }
 local debts = {}
 local written = {}
 local order = {}
+local allowed = false
 for i = 1, #KEYS do
-  local key = KEYS[i]
   local j = i * 3 - 3
-  local interval = tonumber(ARGV[j + 1])
-  local burst = tonumber(ARGV[j + 2])
-  local op = ARGV[j + 3]
-  local debt = debts[key]
-  if debt == nil then
-    debt = 0
-    local stored = redis.call('GET', key)
-    if stored then
-      local tat_s = tonumber(string.sub(stored, 1, -10))
-      local tat_ns = tonumber(string.sub(stored, -9))
-      if tat_s and tat_ns then
-        debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
+  local op = tonumber(ARGV[j + 3])
+  if op > 2 and not allowed then
+    out[i + 2] = -1
+  else
+    if op > 2 then op = op - 3 end
+    local key = KEYS[i]
+    local interval = tonumber(ARGV[j + 1])
+    local burst = tonumber(ARGV[j + 2])
+    local debt = debts[key]
+    if debt == nil then
+      debt = 0
+      local stored = redis.call('GET', key)
+      if stored then
+        local tat_s = tonumber(string.sub(stored, 1, -10))
+        local tat_ns = tonumber(string.sub(stored, -9))
+        if tat_s and tat_ns then
+          debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
+        end
       end
+      debts[key] = debt
     end
-    debts[key] = debt
+    if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
+    local needed = debt + interval
+    local after = debt
+    allowed = needed <= burst
+    if op == 0 then
+      if allowed then after = needed end
+    elseif op == 2 then
+      if allowed then after = needed else after = burst end
+    end
+    if after ~= debt and after > 0 then
+      if written[key] == nil then order[#order + 1] = key end
+      written[key] = after
+      debts[key] = after
+    end
+    out[i + 2] = debt
   end
-  if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
-  local needed = debt + interval
-  local after = debt
-  if op == '0' then
-    if needed <= burst then after = needed end
-  elseif op == '2' then
-    if needed <= burst then after = needed else after = burst end
-  end
-  if after ~= debt and after > 0 then
-    if written[key] == nil then order[#order + 1] = key end
-    written[key] = after
-    debts[key] = after
-  end
-  out[i + 2] = debt
 end
 for _, key in ipairs(order) do
   local after = written[key]
@@ -88,13 +103,15 @@ end
 return out
 "#;
 
-/// Redis's answer to one decision.
+/// Redis's answer to one decision (and to the one made after it, if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Answer {
     /// Redis's time at the call, Unix ns.
     pub(super) now: u64,
     /// The key's debt before the op (ns).
     pub(super) debt: u64,
+    /// The debt before the second decision's op; `None` when it was skipped (or absent).
+    pub(super) then: Option<u64>,
 }
 
 /// One decision waiting for its batch.
@@ -104,7 +121,17 @@ pub(super) struct Pending {
     /// The bucket's parameters (a per-request quota travels here too).
     pub(super) gcra: Gcra,
     pub(super) op: Op,
+    /// A decision made right after this one, in the same call, only if this one is
+    /// allowed (on a cluster, its key is in the same slot).
+    pub(super) then: Option<Step>,
     pub(super) reply: oneshot::Sender<Result<Answer, LimiterError>>,
+}
+
+/// The second decision of a [`Pending`].
+pub(super) struct Step {
+    pub(super) key: String,
+    pub(super) gcra: Gcra,
+    pub(super) op: Op,
 }
 
 /// The queue into the batching task; the task ends when the last clone is dropped.
@@ -254,30 +281,43 @@ async fn call(
     let value = tokio::time::timeout(timeout, run)
         .await
         .map_err(|_| LimiterError::Timeout)??;
-    Ok(parse(value, batch.len())?)
+    let shape: Vec<bool> = batch.iter().map(|p| p.then.is_some()).collect();
+    Ok(parse(value, &shape)?)
 }
 
-/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision.
+/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision,
+/// a second decision right after its first.
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
     let mut cmd = ::redis::cmd(verb);
-    cmd.arg(script).arg(batch.len());
+    let keys = batch.len() + batch.iter().filter(|p| p.then.is_some()).count();
+    cmd.arg(script).arg(keys);
     for pending in batch {
         cmd.arg(pending.key.as_str());
+        if let Some(then) = &pending.then {
+            cmd.arg(then.key.as_str());
+        }
     }
     for pending in batch {
         cmd.arg(pending.gcra.interval())
             .arg(pending.gcra.burst())
             .arg(pending.op.code());
+        if let Some(then) = &pending.then {
+            cmd.arg(then.gcra.interval())
+                .arg(then.gcra.burst())
+                .arg(then.op.code_if_allowed());
+        }
     }
     cmd
 }
 
-/// `{ seconds, microseconds, debt… }` with one debt per decision.
-fn parse(value: Value, n: usize) -> RedisResult<Vec<Answer>> {
+/// `{ seconds, microseconds, debt… }` with one debt per decision; `pairs` says, per
+/// queued decision, whether a second one follows it (its debt may be -1: skipped).
+fn parse(value: Value, pairs: &[bool]) -> RedisResult<Vec<Answer>> {
     let bad = || RedisError::from((ErrorKind::TypeError, "unexpected rate-limit script reply"));
     let Value::Array(items) = value else {
         return Err(bad());
     };
+    let n = pairs.len() + pairs.iter().filter(|&&pair| pair).count();
     if items.len() != n + 2 {
         return Err(bad());
     }
@@ -288,13 +328,19 @@ fn parse(value: Value, n: usize) -> RedisResult<Vec<Answer>> {
     let now = int(&items[0])?
         .saturating_mul(1_000_000_000)
         .saturating_add(int(&items[1])?.saturating_mul(1_000));
-    items[2..]
+    let mut debts = items[2..].iter();
+    pairs
         .iter()
-        .map(|debt| {
-            Ok(Answer {
-                now,
-                debt: int(debt)?,
-            })
+        .map(|&pair| {
+            let debt = int(debts.next().ok_or_else(bad)?)?;
+            let then = match pair {
+                false => None,
+                true => match debts.next().ok_or_else(bad)? {
+                    Value::Int(-1) => None,
+                    v => Some(int(v)?),
+                },
+            };
+            Ok(Answer { now, debt, then })
         })
         .collect()
 }
@@ -306,18 +352,30 @@ mod tests {
     #[test]
     fn replies_are_checked_for_shape() {
         let reply = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(7)]);
-        let answers = parse(reply, 1).unwrap();
+        let answers = parse(reply, &[false]).unwrap();
         assert_eq!(
             answers,
             [Answer {
                 now: 2_000_005_000,
-                debt: 7
+                debt: 7,
+                then: None,
             }]
         );
         let short = Value::Array(vec![Value::Int(2), Value::Int(5)]);
-        assert!(parse(short, 1).is_err());
+        assert!(parse(short, &[false]).is_err());
         let negative = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]);
-        assert!(parse(negative, 1).is_err());
-        assert!(parse(Value::Nil, 0).is_err());
+        assert!(parse(negative, &[false]).is_err());
+        assert!(parse(Value::Nil, &[]).is_err());
+    }
+
+    #[test]
+    fn a_second_decision_is_read_with_its_first_and_may_be_skipped() {
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&i| Value::Int(i)).collect());
+        let answers = parse(ints(&[2, 5, 7, 9, 1, 3, -1]), &[true, false, true]).unwrap();
+        let debts: Vec<_> = answers.iter().map(|a| (a.debt, a.then)).collect();
+        assert_eq!(debts, [(7, Some(9)), (1, None), (3, None)]);
+        // A skip only stands for a second decision; a pair needs its second debt.
+        assert!(parse(ints(&[2, 5, -1, 9]), &[true]).is_err());
+        assert!(parse(ints(&[2, 5, 7]), &[true]).is_err());
     }
 }

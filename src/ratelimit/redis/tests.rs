@@ -412,3 +412,117 @@ async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence()
     }
     cleanup(&prefix).await;
 }
+
+// === a decision made only if the one before it is allowed ===
+
+const GUARD: PolicyId = PolicyId(1);
+
+/// A policy of 3 a minute and a guard of 2 an hour.
+async fn guarded(prefix: &str) -> (RedisLimiter, Gcra, Gcra) {
+    let quotas = vec![quota(3, 60), quota(2, 3600)];
+    let (policy, guard) = (Gcra::new(&quotas[0]), Gcra::new(&quotas[1]));
+    (connect(prefix, quotas).await, policy, guard)
+}
+
+#[tokio::test]
+async fn a_second_decision_goes_in_the_same_call_and_takes_nothing_after_a_refusal() {
+    let prefix = random_prefix();
+    let (redis, policy, guard) = guarded(&prefix).await;
+    let peek = (GUARD, "ip", guard, Op::Peek);
+    let before = redis.calls();
+    let (g, then) = redis
+        .decide_then(peek, (P, "k", policy, Op::Check))
+        .await
+        .unwrap();
+    assert!(g.allowed);
+    assert_eq!(then.map(|d| d.remaining), Some(2));
+    let (_, then) = redis
+        .decide_then(peek, (GUARD, "ip", guard, Op::Consume))
+        .await
+        .unwrap();
+    assert_eq!(then.map(|d| d.remaining), Some(1));
+    assert_eq!(redis.calls() - before, 2, "one call per pair");
+    redis.consume(GUARD, "ip").await.unwrap();
+    // The guard refuses now: neither the policy's token nor another failure is taken.
+    let client = Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = [format!("{prefix}rl:0:k"), format!("{prefix}rl:1:ip")];
+    let was: Vec<String> = conn.mget(&keys).await.unwrap();
+    for then in [
+        (P, "k", policy, Op::Check),
+        (GUARD, "ip", guard, Op::Consume),
+    ] {
+        let (g, then) = redis.decide_then(peek, then).await.unwrap();
+        assert_eq!((g.allowed, g.limit, then), (false, 2, None));
+    }
+    let (_, then) = redis
+        .decide_then(peek, (P, "fresh", policy, Op::Check))
+        .await
+        .unwrap();
+    assert_eq!(then, None);
+    let now: Vec<String> = conn.mget(&keys).await.unwrap();
+    assert_eq!(now, was);
+    let exists: bool = conn.exists(format!("{prefix}rl:0:fresh")).await.unwrap();
+    assert!(!exists);
+    assert_eq!(redis.check(P, "k").await.unwrap().remaining, 1);
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
+    let prefix = random_prefix();
+    let (redis, policy, guard) = guarded(&prefix).await;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    let local = LocalLimiter::with_clock(vec![quota(3, 60), quota(2, 3600)], clock);
+    // (ip, then key: a failure recorded for the ip when None; guarded unless ip is None)
+    let mut asked = Vec::new();
+    for i in 0..48usize {
+        let ip = ["ip-a", "ip-b", "ip-c"][i % 3];
+        match i % 4 {
+            0 => asked.push((None, Some(["k1", "k2"][i % 2]))),
+            1 => asked.push((Some(ip), None)),
+            _ => asked.push((Some(ip), Some(["k1", "k2", "k3"][i % 3]))),
+        }
+    }
+    let before = redis.calls();
+    let decisions = futures_util::future::join_all(asked.iter().map(|&(ip, key)| {
+        let redis = &redis;
+        async move {
+            match (ip, key) {
+                (None, Some(key)) => (None, Some(redis.check(P, key).await.unwrap())),
+                (Some(ip), then) => {
+                    let then = match then {
+                        Some(key) => (P, key, policy, Op::Check),
+                        None => (GUARD, ip, guard, Op::Consume),
+                    };
+                    let peek = (GUARD, ip, guard, Op::Peek);
+                    let (g, then) = redis.decide_then(peek, then).await.unwrap();
+                    (Some(g), then)
+                }
+                (None, None) => unreachable!(),
+            }
+        }
+    }))
+    .await;
+    assert_eq!(
+        redis.calls() - before,
+        1,
+        "one script call for the whole batch"
+    );
+    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining, d.retry_after_secs);
+    let mut refusals = 0;
+    for ((ip, key), (g, then)) in asked.into_iter().zip(decisions) {
+        let want_guard = ip.map(|ip| local.peek(GUARD, ip));
+        let want_then = match (&want_guard, key) {
+            (Some(g), _) if !g.allowed => None,
+            (_, Some(key)) => Some(local.check(P, key)),
+            (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
+            (None, None) => unreachable!(),
+        };
+        refusals += usize::from(want_then.is_none());
+        assert_eq!(g.as_ref().map(fields), want_guard.as_ref().map(fields));
+        assert_eq!(then.as_ref().map(fields), want_then.as_ref().map(fields));
+    }
+    assert!(refusals > 0, "the guard refused some of them");
+    cleanup(&prefix).await;
+}

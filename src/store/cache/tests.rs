@@ -333,6 +333,32 @@ async fn fresh_hits_skip_the_store_until_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_fresh_probe_answers_only_from_a_fresh_entry_and_never_asks_the_store() {
+    let (store, cache) = setup();
+    let (k1, nope, s1) = (hash_secret("k1"), hash_secret("nope"), hash_secret("s1"));
+    assert!(cache.fresh_api_key(&k1).is_none());
+    assert!(cache.fresh_api_key(&nope).is_none());
+    assert!(cache.fresh_session(&s1).is_none());
+    assert_eq!(store.calls(), 0);
+    key_id(&cache, "k1").await;
+    key_id(&cache, "nope").await;
+    cache.session(&s1).await.unwrap();
+    let found = cache
+        .fresh_api_key(&k1)
+        .map(|k| k.map(|k| k.id().to_owned()));
+    assert_eq!(found, Some(Some("key_1".to_owned())));
+    assert!(matches!(cache.fresh_api_key(&nope), Some(None)));
+    assert!(matches!(cache.fresh_session(&s1), Some(Some(_))));
+    // Past the negative ttl, then past the ttl: a lookup would ask the store again.
+    tokio::time::advance(CFG.negative_ttl).await;
+    assert!(cache.fresh_api_key(&nope).is_none());
+    assert!(cache.fresh_api_key(&k1).is_some());
+    tokio::time::advance(CFG.ttl).await;
+    assert!(cache.fresh_api_key(&k1).is_none());
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn unknown_secrets_are_cached_for_negative_ttl() {
     let (store, cache) = setup();
     assert_eq!(key_id(&cache, "nope").await, None);

@@ -202,6 +202,21 @@ impl<T: Cached> Tier<T> {
         }
     }
 
+    /// The answer for `hash` if the cache holds a fresh one (counted as a hit), else `None`
+    /// (nothing counted, nothing loaded): the caller learns without waiting whether a
+    /// lookup would reach the store.
+    pub(super) fn fresh(&self, hash: &SecretHash) -> Option<Option<Arc<T>>> {
+        let now = Instant::from_std(crate::clock::now());
+        let answer = match self.entries.get(hash) {
+            Some(slot) if slot.is_fresh(now, &self.cfg) => Some(slot.value),
+            Some(_) => return None,
+            None if self.negatives.is_fresh(hash, now) => None,
+            None => return None,
+        };
+        self.lookups.hit.increment(1);
+        Some(answer)
+    }
+
     /// `cached` if it may still be served stale at `now`, else `err`.
     fn stale_or(
         &self,
