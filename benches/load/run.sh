@@ -38,7 +38,8 @@
 # Redis and PostgreSQL are the machine's own (MPG_BENCH_REDIS_URL, default
 # redis://127.0.0.1:6379; MPG_BENCH_PG_URL, a database the suite may create others
 # from, default postgres://postgres@127.0.0.1:5432/postgres); without one, its
-# scenario is left out. Being services of the machine, they run on core 1.
+# scenario is left out. Being services of the machine, they run on core 1 (the cold
+# key store, the last scenario, gives core 0 back first: PostgreSQL runs where it may).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
