@@ -2,10 +2,13 @@
 # The cold key store: a gateway on PostgreSQL (workers = 1, pinned to core 0) with N keys
 # seeded (100 000 by default). Each round starts a fresh gateway, sends every key once
 # (cold: each key seen for the first time, so a store lookup each), then every key once
-# more (warm: all cached), back to back, with wrk on core 1. Prints, per round, both
-# throughputs and their ratio, the PostgreSQL transactions per key during the cold pass
-# (pg_stat_database: every lookup query is one; the usage stamps add a few), and the
-# gateway's RSS after the warm pass. A pass is timed from its first response to its last.
+# more (warm: all cached), back to back, with wrk on core 1; PostgreSQL runs where the
+# machine puts it. Prints, per round, both throughputs and their ratio, the PostgreSQL
+# transactions per key during the cold pass (pg_stat_database: every lookup query is one;
+# the usage stamps add a few), the gateway's RSS after the warm pass, its CPU per request
+# in each pass and PostgreSQL's CPU per key in the cold pass (all `postgres` processes of
+# this machine, from /proc). A pass is timed from its first response to its last
+# (key_pass.sh, which the load suite's cold-store scenario uses too).
 #
 # usage: benches/load/cold_store.sh [--rounds N] [--keys N] [--conns N]
 #   GW=PATH      the gateway binary (default: target/release/mpg-gateway, built if absent)
@@ -16,6 +19,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
+. "$HERE/key_pass.sh"
 LOG_TAG=cold_store
 ROUNDS=3 KEYS=100000 CONNS=64
 while [ $# -gt 0 ]; do
@@ -67,55 +71,28 @@ EOF
 psql -q "$DB_URL" -c "\\copy api_keys (id, key_hash, prefix, name, organization_id, user_id, scopes, created_at) FROM '$WORK/rows.csv' WITH (FORMAT csv)"
 psql -q "$DB_URL" -c "VACUUM ANALYZE api_keys" >/dev/null
 
-# One pass over the keys: each key sent once. wrk waits out -d after the thread stops, and
-# its own figures would count that wait: the pass is timed by the two files it touches,
-# at the first response and at the last one.
-cat >"$WORK/pass.lua" <<'EOF'
-local reqs = {}
-for key in io.lines(os.getenv("BENCH_KEYS")) do
-  reqs[#reqs + 1] = wrk.format("GET", nil, { ["Host"] = wrk.host .. ":" .. wrk.port, ["Authorization"] = "Bearer " .. key })
-end
-local i, seen, bad = 0, 0, 0
-request = function()
-  i = i % #reqs + 1
-  return reqs[i]
-end
-response = function(status, headers, body)
-  seen = seen + 1
-  if status ~= 200 then bad = bad + 1 end
-  if seen == 1 then io.open(os.getenv("BENCH_OUT") .. ".start", "w"):close() end
-  if seen == #reqs then
-    local f = io.open(os.getenv("BENCH_OUT") .. ".done", "w")
-    f:write(string.format("%d %d\n", seen, bad))
-    f:close()
-    wrk.thread:stop()
-  end
-end
-EOF
+key_pass_lua "$WORK/pass.lua"
+URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
 xacts() { psql -Atq "$DB_URL" -c "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"; }
-# pass NAME: one pass over the keys; sets NAME_rps (responses after the first, over the
-# time from the first response to the last), NAME_n and NAME_err (responses not 200).
+# pass NAME: key_pass over every key, and the gateway's CPU per response in NAME_gw_us.
 pass() {
-  local out="$WORK/$1" wrk_pid n bad
-  rm -f "$out.start" "$out.done"
-  BENCH_KEYS="$WORK/keys.txt" BENCH_OUT="$out" taskset -c 1 wrk -t1 -c"$CONNS" -d300s \
-    -s "$WORK/pass.lua" "http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme" \
-    >/dev/null 2>&1 &
-  wrk_pid=$!
-  for _ in $(seq 3000); do [ -e "$out.done" ] && break; kill -0 "$wrk_pid" 2>/dev/null || break; sleep 0.1; done
-  stop "$wrk_pid"
-  [ -e "$out.done" ] || { echo "$SCRIPT: the $1 pass did not finish" >&2; exit 1; }
-  read -r n bad <"$out.done"
-  printf -v "$1_rps" %s "$(python3 -c 'import os,sys; s,d,n=sys.argv[1:]; print(round((int(n)-1)/((os.stat(d).st_mtime_ns-os.stat(s).st_mtime_ns)/1e9)))' "$out.start" "$out.done" "$n")"
-  printf -v "$1_err" %s "$bad"
-  printf -v "$1_n" %s "$n"
+  local t0 t1
+  t0="$(proc_ticks "$GW_PID")"
+  key_pass "$1" "$WORK/pass.lua" "$WORK/keys.txt" "$URL" "$CONNS"
+  t1="$(proc_ticks "$GW_PID")"
+  local n_var="$1_n"
+  printf -v "$1_gw_us" %s "$(awk -v t=$((t1 - t0)) -v hz="$HZ" -v n="${!n_var}" 'BEGIN {printf "%.1f", t / hz / n * 1e6}')"
 }
+HZ="$(getconf CLK_TCK)"
 
-printf '%-6s %10s %10s %7s %10s %9s\n' round cold_rps warm_rps ratio xacts/key rss_mib
+printf '%-6s %10s %10s %7s %10s %9s %10s %10s %10s\n' round cold_rps warm_rps ratio xacts/key \
+  rss_mib gw_us_cold gw_us_warm pg_us_key
 for round in $(seq "$ROUNDS"); do
   run_gateway "$WORK/gw.toml" "$GW_PORT" "$WORK/gw.log" taskset -c 0
   before="$(xacts)"
+  pg0="$(postgres_ticks)"
   pass cold
+  pg1="$(postgres_ticks)"
   sleep 1 # the statistics collector reports with a delay
   after="$(xacts)"
   pass warm
@@ -124,6 +101,7 @@ for round in $(seq "$ROUNDS"); do
   [ "$cold_err" = 0 ] && [ "$warm_err" = 0 ] ||
     log "round $round: $cold_err cold and $warm_err warm errors"
   awk -v r="$round" -v c="$cold_rps" -v w="$warm_rps" -v x=$((after - before)) -v n="$cold_n" \
-    -v rss="$rss" \
-    'BEGIN {printf "%-6s %10d %10d %7.2f %10.3f %9.1f\n", r, c, w, c / w, x / n, rss / 1024}'
+    -v rss="$rss" -v gc="$cold_gw_us" -v gw="$warm_gw_us" -v pg=$((pg1 - pg0)) -v hz="$HZ" \
+    'BEGIN {printf "%-6s %10d %10d %7.2f %10.3f %9.1f %10.1f %10.1f %10.1f\n", r, c, w, c / w, x / n,
+      rss / 1024, gc, gw, pg / hz / n * 1e6}'
 done

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One raw line (scenario `pg_store`) for a cold-store run of the load suite, from the
 gateway's metrics scraped an idle second before the cold run (MI), right before it
-(M0), after it (M1) and after the pass that cached every key (M2), the times of MI,
-M0 and M1 (ns), its RSS (KiB) at M0 and M2, and the cold run's own raw line: store
+(M0), after it (M1) and once every key is cached (M2: the cold run sends each key once,
+so right after it), the times of MI, M0 and M1 (ns), its RSS (KiB) at M0 and M2, and the cold run's own raw line: store
 queries per key seen cold (those the gateway makes idle, at the idle second's rate,
 taken off), and the RSS each cached key takes.
 

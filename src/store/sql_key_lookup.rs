@@ -12,14 +12,55 @@ use sqlx::Row;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-/// The batched auth lookup on PostgreSQL: the hashes come as one text array.
+/// The batched lookups on PostgreSQL: the values come as one text array.
 const BATCH_LOOKUP_PG: &str = "= ANY($1::text[])";
-/// The batched auth lookup on SQLite: the hashes come as one JSON array.
+/// The batched lookups on SQLite: the values come as one JSON array.
 const BATCH_LOOKUP_SQLITE: &str = "IN (SELECT value FROM json_each($1))";
+
+/// The condition a batched lookup puts after its column: "in the list bound as `$1`".
+pub(super) fn in_list(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => BATCH_LOOKUP_PG,
+        Dialect::Sqlite => BATCH_LOOKUP_SQLITE,
+    }
+}
+
+/// `items` as the one parameter of a batched lookup (see [`in_list`]): a
+/// PostgreSQL array literal or a JSON array, each item quoted and escaped.
+pub(super) fn text_list<'a>(dialect: Dialect, items: impl Iterator<Item = &'a str>) -> String {
+    let (open, close) = match dialect {
+        Dialect::Postgres => ('{', '}'),
+        Dialect::Sqlite => ('[', ']'),
+    };
+    let mut list = String::new();
+    list.push(open);
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push('"');
+        for c in item.chars() {
+            match (dialect, c) {
+                (_, '"' | '\\') => {
+                    list.push('\\');
+                    list.push(c);
+                }
+                // JSON strings hold no raw control characters.
+                (Dialect::Sqlite, c) if c.is_control() => {
+                    let _ = write!(list, "\\u{:04x}", u32::from(c));
+                }
+                _ => list.push(c),
+            }
+        }
+        list.push('"');
+    }
+    list.push(close);
+    list
+}
 
 /// `hashes` as the one parameter of the batched lookup: `{h1,h2}` (a
 /// PostgreSQL array literal) or `["h1","h2"]` (JSON). Hex needs no quoting.
-fn hash_list(dialect: Dialect, hashes: &[SecretHash]) -> String {
+pub(super) fn hash_list(dialect: Dialect, hashes: &[SecretHash]) -> String {
     let (open, quote, close) = match dialect {
         Dialect::Postgres => ('{', "", '}'),
         Dialect::Sqlite => ('[', "\"", ']'),
@@ -47,10 +88,7 @@ impl SqlStore {
         if hashes.is_empty() {
             return Ok(Vec::new());
         }
-        let matching = match self.dialect {
-            Dialect::Postgres => BATCH_LOOKUP_PG,
-            Dialect::Sqlite => BATCH_LOOKUP_SQLITE,
-        };
+        let matching = in_list(self.dialect);
         let list = hash_list(self.dialect, hashes);
         let mut conn = self.conn().await?;
         self.timed(async {
@@ -124,5 +162,16 @@ mod tests {
         assert_eq!(pg, format!("{{{},{}}}", a.to_hex(), b.to_hex()));
         let json = hash_list(Dialect::Sqlite, &[a]);
         assert_eq!(json, format!("[\"{}\"]", a.to_hex()));
+    }
+
+    #[test]
+    fn text_lists_quote_and_escape_every_item() {
+        let items = ["alice", "NULL", "a\"b\\c", "x\ny"];
+        let pg = text_list(Dialect::Postgres, items.into_iter());
+        assert_eq!(pg, "{\"alice\",\"NULL\",\"a\\\"b\\\\c\",\"x\ny\"}");
+        let json = text_list(Dialect::Sqlite, items.into_iter());
+        let parsed: Vec<String> = serde_json::from_str(&json).unwrap_or_default();
+        assert_eq!(parsed, items);
+        assert_eq!(text_list(Dialect::Postgres, std::iter::empty()), "{}");
     }
 }

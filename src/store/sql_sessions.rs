@@ -3,12 +3,14 @@
 //! cached session) and the session lookup authentication reads through.
 use super::sql::SqlStore;
 use super::sql_error::Db;
+use super::sql_key_lookup::{hash_list, in_list, text_list};
 use super::sql_limits::org_limits_of;
 use super::{Change, SessionAuth, SessionRecord, StoreError};
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
 use sqlx::Row;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 /// Columns of a [`SessionRecord`] (never the token hash).
@@ -150,6 +152,85 @@ impl SqlStore {
                 memberships,
                 org_limits,
             }))
+        })
+        .await
+    }
+
+    /// The batched session lookup: the sessions whose token hash is in
+    /// `hashes`, each as [`SqlStore::find_session_by_hash`] gives it, in three
+    /// queries whatever the batch size (the sessions, their users'
+    /// memberships, those organizations' overrides). Unknown hashes are left out.
+    pub(super) async fn find_sessions_by_hashes(
+        &self,
+        hashes: &[SecretHash],
+    ) -> Result<Vec<(SecretHash, SessionAuth)>, StoreError> {
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let matching = in_list(self.dialect);
+        let list = hash_list(self.dialect, hashes);
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let rows = sqlx::query(&format!(
+                "SELECT {SESSION_COLUMNS}, token_hash FROM sessions WHERE token_hash {matching}"
+            ))
+            .bind(list)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+            let mut sessions = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let hex: String = row.try_get("token_hash").db()?;
+                if let Some(hash) = SecretHash::from_hex(&hex) {
+                    sessions.push((hash, session_from_row(row).db()?));
+                }
+            }
+            if sessions.is_empty() {
+                return Ok(Vec::new());
+            }
+            let users: BTreeSet<&str> = sessions.iter().map(|(_, s)| s.user_id.as_str()).collect();
+            let rows = sqlx::query(&format!(
+                "SELECT user_id, organization_id, role FROM memberships WHERE user_id {matching} \
+                 ORDER BY user_id, organization_id"
+            ))
+            .bind(text_list(self.dialect, users.into_iter()))
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+            let mut memberships: HashMap<String, Vec<(String, String)>> = HashMap::new();
+            for row in &rows {
+                let user: String = row.try_get(0).db()?;
+                let membership = (row.try_get(1).db()?, row.try_get(2).db()?);
+                memberships.entry(user).or_default().push(membership);
+            }
+            let orgs: BTreeSet<&str> = memberships
+                .values()
+                .flatten()
+                .map(|(org, _)| org.as_str())
+                .collect();
+            let orgs: Vec<String> = orgs.into_iter().map(str::to_owned).collect();
+            let limits = org_limits_of(&mut conn, &orgs).await.db()?;
+            Ok(sessions
+                .into_iter()
+                .map(|(hash, session)| {
+                    let memberships = memberships
+                        .get(&session.user_id)
+                        .cloned()
+                        .unwrap_or_default();
+                    // In the order a lookup of one session gives: by organization, then policy.
+                    let org_limits = limits
+                        .iter()
+                        .filter(|l| memberships.iter().any(|(org, _)| *org == l.organization_id))
+                        .cloned()
+                        .collect();
+                    let auth = SessionAuth {
+                        session,
+                        memberships,
+                        org_limits,
+                    };
+                    (hash, auth)
+                })
+                .collect())
         })
         .await
     }

@@ -362,3 +362,77 @@ pub(super) async fn org_limits_travel_with_keys_and_sessions(store: &SqlStore) {
         Some(0)
     );
 }
+
+pub(super) async fn batch_session_lookup_answers_each_as_its_own_lookup(store: &SqlStore) {
+    use crate::store::LimitSpec;
+    seed(store).await;
+    store.create_organization("globex", None).await.ok();
+    store.set_member("globex", "alice", "viewer").await.ok();
+    // An id the list parameter must quote (PostgreSQL would read a bare NULL as null).
+    store.create_user("NULL", None).await.ok();
+    store.set_member("globex", "NULL", "member").await.ok();
+    store.create_user("carol@example.com", None).await.ok();
+    let ten = LimitSpec::parse(10, "1m").unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(store.set_org_limit("globex", "burst", ten).await.is_ok());
+    assert!(store.set_org_limit("acme", "default", ten).await.is_ok());
+    let mut tokens = Vec::new();
+    for user in ["alice", "alice", "NULL", "carol@example.com"] {
+        let Ok((token, _)) = store.create_session(user, Duration::from_secs(600)).await else {
+            panic!("session failed")
+        };
+        tokens.push(token);
+    }
+    let mut hashes: Vec<SecretHash> = (0..100)
+        .map(|i| hash_secret(&format!("mps_unknown_{i}")))
+        .collect();
+    for token in &tokens {
+        hashes.insert(hashes.len() / 2, hash_secret(token));
+    }
+    let Ok(found) = store.find_sessions(&hashes).await else {
+        panic!("batch lookup failed")
+    };
+    assert_eq!(found.len(), 4);
+    for token in &tokens {
+        let hash = hash_secret(token);
+        let one = store.find_session(&hash).await.ok().flatten();
+        let batched = found
+            .iter()
+            .find(|(h, _)| *h == hash)
+            .map(|(_, s)| s.clone());
+        assert!(one.is_some());
+        assert_eq!(batched, one);
+    }
+    let alice = found.iter().find(|(h, _)| *h == hash_secret(&tokens[0]));
+    assert_eq!(alice.map(|(_, s)| s.org_limits.len()), Some(2));
+    assert_eq!(
+        store
+            .find_sessions(&[hash_secret("mps_nope")])
+            .await
+            .ok()
+            .map(|f| f.len()),
+        Some(0)
+    );
+    assert_eq!(
+        store.find_sessions(&[]).await.ok().map(|f| f.len()),
+        Some(0)
+    );
+}
+
+pub(super) async fn postgres_plans_each_statement_once(store: &SqlStore) {
+    if store.backend() != "postgres" {
+        return;
+    }
+    // Every pooled connection, not just the first.
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(store.conn().await.unwrap_or_else(|e| panic!("{e:?}")));
+    }
+    for conn in &mut conns {
+        let mode: String = sqlx::query("SHOW plan_cache_mode")
+            .fetch_one(&mut **conn)
+            .await
+            .and_then(|r| r.try_get(0))
+            .unwrap_or_default();
+        assert_eq!(mode, "force_generic_plan");
+    }
+}

@@ -55,6 +55,8 @@ both_backends!(
     audit_events_past_retention_are_pruned,
     a_keys_own_limit_is_stored_shown_and_rotated,
     org_limits_travel_with_keys_and_sessions,
+    batch_session_lookup_answers_each_as_its_own_lookup,
+    postgres_plans_each_statement_once,
 );
 
 async fn seed(store: &SqlStore) {
