@@ -436,3 +436,42 @@ pub(super) async fn postgres_plans_each_statement_once(store: &SqlStore) {
         assert_eq!(mode, "force_generic_plan");
     }
 }
+
+/// A batch of sessions costs the store one timed lookup, not one per session.
+#[test]
+fn a_session_batch_is_one_store_lookup() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let count = || {
+        let page = handle.render();
+        let line = page
+            .lines()
+            .find(|l| l.starts_with("mpg_store_query_duration_seconds_count"));
+        line.and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let db = TestDb::sqlite();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let store = db.store().await;
+            seed(&store).await;
+            let mut hashes = Vec::new();
+            for _ in 0..5 {
+                let Ok((token, _)) = store.create_session("alice", Duration::from_secs(60)).await
+                else {
+                    panic!("session failed")
+                };
+                hashes.push(hash_secret(&token));
+            }
+            let before = count();
+            let found = store.find_sessions(&hashes).await.ok().map(|f| f.len());
+            assert_eq!(found, Some(5));
+            assert_eq!(count() - before, 1);
+        });
+    });
+}
