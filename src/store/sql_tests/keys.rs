@@ -475,3 +475,42 @@ fn a_session_batch_is_one_store_lookup() {
         });
     });
 }
+
+/// A pooled connection back from a query moments ago is used without a ping
+/// (a storm's batches pay one round trip each); one idle a while is pinged
+/// first, and replaced if its server end is gone.
+#[tokio::test]
+async fn postgres_pings_a_pooled_connection_only_after_it_sat_idle() {
+    use sqlx::{Connection as _, Executor as _};
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let url = db.url();
+    let kill_all = || async {
+        let mut admin = sqlx::PgConnection::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = admin.close().await;
+    };
+    assert!(store.ping().await.is_ok());
+    kill_all().await;
+    let fresh = store.ping().await;
+    assert!(
+        fresh.is_err(),
+        "used unpinged, the dead connection fails: {fresh:?}"
+    );
+    tokio::time::sleep(PING_IF_IDLE_FOR + Duration::from_millis(200)).await;
+    kill_all().await;
+    let idle = store.ping().await;
+    assert!(
+        idle.is_ok(),
+        "pinged, the dead connection is replaced: {idle:?}"
+    );
+    store.pool.close().await;
+}
