@@ -13,7 +13,7 @@ use crate::clock::unix_now;
 use crate::secret::SecretHash;
 use sqlx::any::AnyPoolOptions;
 use sqlx::pool::PoolConnection;
-use sqlx::{Any, AnyPool, Executor, Row, Transaction};
+use sqlx::{Any, AnyPool, Connection, Executor, Row, Transaction};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// Busy timeout set on every SQLite connection (writers wait, not fail).
 const SQLITE_BUSY_TIMEOUT_MS: u64 = 5000;
+
+/// A pooled connection idle at least this long is pinged before it is handed out.
+pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The SQL key store (cheap to clone: a pool handle).
 #[derive(Clone)]
@@ -123,6 +126,18 @@ impl SqlStore {
                 (Dialect::Postgres, _) => 16,
             })
             .acquire_timeout(cfg.query_timeout)
+            // A connection idle for a while is pinged before use (one that died
+            // is replaced); one back from a query moments ago is not, so a storm
+            // of lookups pays one round trip per batch, not two.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if dialect == Dialect::Sqlite {

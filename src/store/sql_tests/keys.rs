@@ -436,3 +436,81 @@ pub(super) async fn postgres_plans_each_statement_once(store: &SqlStore) {
         assert_eq!(mode, "force_generic_plan");
     }
 }
+
+/// A batch of sessions costs the store one timed lookup, not one per session.
+#[test]
+fn a_session_batch_is_one_store_lookup() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let count = || {
+        let page = handle.render();
+        let line = page
+            .lines()
+            .find(|l| l.starts_with("mpg_store_query_duration_seconds_count"));
+        line.and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let db = TestDb::sqlite();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let store = db.store().await;
+            seed(&store).await;
+            let mut hashes = Vec::new();
+            for _ in 0..5 {
+                let Ok((token, _)) = store.create_session("alice", Duration::from_secs(60)).await
+                else {
+                    panic!("session failed")
+                };
+                hashes.push(hash_secret(&token));
+            }
+            let before = count();
+            let found = store.find_sessions(&hashes).await.ok().map(|f| f.len());
+            assert_eq!(found, Some(5));
+            assert_eq!(count() - before, 1);
+        });
+    });
+}
+
+/// A pooled connection back from a query moments ago is used without a ping
+/// (a storm's batches pay one round trip each); one idle a while is pinged
+/// first, and replaced if its server end is gone.
+#[tokio::test]
+async fn postgres_pings_a_pooled_connection_only_after_it_sat_idle() {
+    use sqlx::{Connection as _, Executor as _};
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let url = db.url();
+    let kill_all = || async {
+        let mut admin = sqlx::PgConnection::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = admin.close().await;
+    };
+    assert!(store.ping().await.is_ok());
+    kill_all().await;
+    let fresh = store.ping().await;
+    assert!(
+        fresh.is_err(),
+        "used unpinged, the dead connection fails: {fresh:?}"
+    );
+    tokio::time::sleep(PING_IF_IDLE_FOR + Duration::from_millis(200)).await;
+    kill_all().await;
+    let idle = store.ping().await;
+    assert!(
+        idle.is_ok(),
+        "pinged, the dead connection is replaced: {idle:?}"
+    );
+    store.pool.close().await;
+}
