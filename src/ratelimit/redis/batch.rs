@@ -18,6 +18,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use ::redis::{cluster_routing::get_slot, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -144,8 +146,9 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Spawns the task that sends the queued decisions over `conn`; each call gives up
-    /// after `timeout` (each caller waits at most as long on its own).
+    /// Spawns the task that sends the queued decisions over `conn`. Each decision is
+    /// answered, or failed with [`LimiterError::Timeout`], at most `timeout` after it was
+    /// queued: callers need no timer of their own.
     ///
     /// Unbounded: every queued decision has a request waiting for it (at most `timeout`),
     /// so the queue is bounded by the requests in flight.
@@ -161,7 +164,7 @@ impl Batcher {
         };
         #[cfg(test)]
         let calls = task.calls.clone();
-        tokio::spawn(task.run(rx));
+        tokio::spawn(task.run(rx, Instant::now()));
         Self {
             queue,
             #[cfg(test)]
@@ -192,10 +195,26 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>) {
+    /// `since`: no decision was queued before it.
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>, mut since: Instant) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
-        while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-            // A caller that gave up (timed out) takes no token.
+        loop {
+            let waited = rx.is_empty();
+            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return;
+            }
+            let taken = Instant::now();
+            // A batch found waiting was queued after the last one was taken (with it, if
+            // that one was full); one waited for was queued just now. Its callers' time
+            // runs from then, so none waits past the timeout for its answer.
+            let queued = if waited { taken } else { since };
+            since = if batch.len() == MAX_BATCH {
+                queued
+            } else {
+                taken
+            };
+            let deadline = queued + self.timeout;
+            // A caller that gave up (its request ended) takes no token.
             batch.retain(|p: &Pending| !p.reply.is_closed());
             if batch.is_empty() {
                 continue;
@@ -204,9 +223,9 @@ impl Task {
             self.calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
-                self.send_by_slot(&mut batch).await;
+                self.send_by_slot(&mut batch, deadline).await;
             } else {
-                let result = call(&mut self.conn, &self.hash, self.timeout, &batch).await;
+                let result = call(&mut self.conn, &self.hash, deadline, &batch).await;
                 answer(&mut batch, result);
             }
             batch.clear();
@@ -214,7 +233,7 @@ impl Task {
     }
 
     /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
-    async fn send_by_slot(&self, batch: &mut Vec<Pending>) {
+    async fn send_by_slot(&self, batch: &mut Vec<Pending>, deadline: Instant) {
         batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
         let mut groups = Vec::new();
         let mut rest = std::mem::take(batch);
@@ -231,7 +250,7 @@ impl Task {
         let calls = groups.into_iter().map(|mut group| {
             let mut conn = self.conn.clone();
             async move {
-                let result = call(&mut conn, &self.hash, self.timeout, &group).await;
+                let result = call(&mut conn, &self.hash, deadline, &group).await;
                 answer(&mut group, result);
             }
         });
@@ -255,16 +274,20 @@ fn answer(batch: &mut Vec<Pending>, result: Result<Vec<Answer>, LimiterError>) {
     }
 }
 
-/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart, `SCRIPT
+/// Runs the script on `batch` by `deadline` (at once a timeout if it is past: the callers
+/// have had their time). After NOSCRIPT (a Redis restart, `SCRIPT
 /// FLUSH`, a new cluster node) the batch goes again as EVAL with the script's text, which
 /// also caches it: a NOSCRIPT call ran nothing, so each decision still counts once, and
 /// unlike a SCRIPT LOAD followed by EVALSHA no flush in between can fail it again.
 async fn call(
     conn: &mut RedisConn,
     hash: &str,
-    timeout: Duration,
+    deadline: Instant,
     batch: &[Pending],
 ) -> Result<Vec<Answer>, LimiterError> {
+    if Instant::now() >= deadline {
+        return Err(LimiterError::Timeout);
+    }
     let run = async {
         match script_cmd("EVALSHA", hash, batch)
             .query_async::<Value>(conn)
@@ -278,7 +301,7 @@ async fn call(
             other => other,
         }
     };
-    let value = tokio::time::timeout(timeout, run)
+    let value = tokio::time::timeout_at(deadline, run)
         .await
         .map_err(|_| LimiterError::Timeout)??;
     let shape: Vec<bool> = batch.iter().map(|p| p.then.is_some()).collect();
@@ -288,9 +311,17 @@ async fn call(
 /// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision,
 /// a second decision right after its first.
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
-    let mut cmd = ::redis::cmd(verb);
     let keys = batch.len() + batch.iter().filter(|p| p.then.is_some()).count();
-    cmd.arg(script).arg(keys);
+    let key_bytes: usize = batch
+        .iter()
+        .map(|p| p.key.len() + p.then.as_ref().map_or(0, |then| then.key.len()))
+        .sum();
+    // Sized once: three integers of at most 20 digits per key, so no argument regrows it.
+    let mut cmd = Cmd::with_capacity(
+        3 + keys * 4,
+        verb.len() + script.len() + 20 + key_bytes + keys * 3 * 20,
+    );
+    cmd.arg(verb).arg(script).arg(keys);
     for pending in batch {
         cmd.arg(pending.key.as_str());
         if let Some(then) = &pending.then {
