@@ -32,11 +32,13 @@ use super::super::LimiterError;
 /// there; the rest of a longer queue goes in the next call.
 const MAX_BATCH: usize = 256;
 
-/// KEYS: the buckets, one per decision (repeats allowed). ARGV: three per key, in order:
-/// emission interval T (ns), burst c*T (ns), op (0 check, 1 peek, 2 consume; 3, 4, 5 the
-/// same made only if the decision just before was allowed, else skipped: no read, no
-/// write, and -1 in place of its debt). Returns { now seconds, now microseconds, then each
-/// decision's debt before its op (ns) }.
+/// KEYS: the buckets, one per decision (repeats allowed). ARGV: the number n of distinct
+/// parameter pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one
+/// code per key, in order: 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
+/// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
+/// skipped: no read, no write, and -1 in place of its debt). A batch holds a few policies,
+/// so each decision costs one argument, not three. Returns { now seconds, now
+/// microseconds, then each decision's debt before its op (ns) }.
 ///
 /// Each key is read once, its debt kept in `debts` as a re-read would give it (`tat - now`,
 /// unclamped), and written once at the end if it changed (`written`, in `order`): the same
@@ -48,20 +50,24 @@ local t = redis.call('TIME')
 local now_s = tonumber(t[1])
 local now_ns = tonumber(t[2]) * 1000
 local out = { now_s, tonumber(t[2]) }
+local params = {}
+local codes = 1 + tonumber(ARGV[1]) * 2
+for k = 2, codes do params[k] = tonumber(ARGV[k]) end
 local debts = {}
 local written = {}
 local order = {}
 local allowed = false
 for i = 1, #KEYS do
-  local j = i * 3 - 3
-  local op = tonumber(ARGV[j + 3])
+  local code = tonumber(ARGV[codes + i])
+  local op = code % 8
+  local p = (code - op) / 4 + 2
   if op > 2 and not allowed then
     out[i + 2] = -1
   else
     if op > 2 then op = op - 3 end
     local key = KEYS[i]
-    local interval = tonumber(ARGV[j + 1])
-    local burst = tonumber(ARGV[j + 2])
+    local interval = params[p]
+    local burst = params[p + 1]
     local debt = debts[key]
     if debt == nil then
       debt = 0
@@ -308,35 +314,50 @@ async fn call(
     Ok(parse(value, &shape)?)
 }
 
-/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision,
-/// a second decision right after its first.
+/// `EVALSHA hash` or `EVAL script`, then the keys (a second decision's right after its
+/// first's), the batch's distinct parameter pairs and each decision's code.
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
-    let keys = batch.len() + batch.iter().filter(|p| p.then.is_some()).count();
-    let key_bytes: usize = batch
-        .iter()
-        .map(|p| p.key.len() + p.then.as_ref().map_or(0, |then| then.key.len()))
-        .sum();
-    // Sized once: three integers of at most 20 digits per key, so no argument regrows it.
+    // The distinct (interval, burst) pairs, in first use: a few policies, so a linear search.
+    let mut params: Vec<(u64, u64)> = Vec::with_capacity(4);
+    let mut codes = Vec::with_capacity(batch.len() * 2);
+    let mut code = |gcra: &Gcra, op: u64| {
+        let pair = (gcra.interval(), gcra.burst());
+        let index = match params.iter().position(|&p| p == pair) {
+            Some(index) => index,
+            None => {
+                params.push(pair);
+                params.len() - 1
+            }
+        };
+        codes.push(index as u64 * 8 + op);
+    };
+    let mut key_bytes = 0;
+    for pending in batch {
+        code(&pending.gcra, pending.op.code());
+        key_bytes += pending.key.len();
+        if let Some(then) = &pending.then {
+            code(&then.gcra, then.op.code_if_allowed());
+            key_bytes += then.key.len();
+        }
+    }
+    // Sized once (integers have at most 20 digits), so no argument regrows it.
     let mut cmd = Cmd::with_capacity(
-        3 + keys * 4,
-        verb.len() + script.len() + 20 + key_bytes + keys * 3 * 20,
+        4 + codes.len() * 2 + params.len() * 2,
+        verb.len() + script.len() + 40 + key_bytes + (codes.len() + params.len() * 2) * 20,
     );
-    cmd.arg(verb).arg(script).arg(keys);
+    cmd.arg(verb).arg(script).arg(codes.len());
     for pending in batch {
         cmd.arg(pending.key.as_str());
         if let Some(then) = &pending.then {
             cmd.arg(then.key.as_str());
         }
     }
-    for pending in batch {
-        cmd.arg(pending.gcra.interval())
-            .arg(pending.gcra.burst())
-            .arg(pending.op.code());
-        if let Some(then) = &pending.then {
-            cmd.arg(then.gcra.interval())
-                .arg(then.gcra.burst())
-                .arg(then.op.code_if_allowed());
-        }
+    cmd.arg(params.len());
+    for (interval, burst) in params {
+        cmd.arg(interval).arg(burst);
+    }
+    for code in codes {
+        cmd.arg(code);
     }
     cmd
 }
