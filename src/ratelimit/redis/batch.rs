@@ -16,6 +16,7 @@
 //! slot and the calls for the slots run concurrently; a decision and its second one are
 //! queued together only when their keys share a slot.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -317,15 +318,23 @@ async fn call(
 /// `EVALSHA hash` or `EVAL script`, then the keys (a second decision's right after its
 /// first's), the batch's distinct parameter pairs and each decision's code.
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
-    // The distinct (interval, burst) pairs, in first use: a few policies, so a linear search.
-    let mut params: Vec<(u64, u64)> = Vec::with_capacity(4);
+    // The distinct (interval, burst) pairs, in first use. A batch usually holds a few
+    // policies, found by a linear search; past those (every key with a quota of its own)
+    // a map keeps the search short.
+    const LINEAR: usize = 8;
+    let mut params: Vec<(u64, u64)> = Vec::with_capacity(LINEAR);
+    let mut more: HashMap<(u64, u64), usize> = HashMap::new();
     let mut codes = Vec::with_capacity(batch.len() * 2);
     let mut code = |gcra: &Gcra, op: u64| {
         let pair = (gcra.interval(), gcra.burst());
-        let index = match params.iter().position(|&p| p == pair) {
+        let found = params.iter().take(LINEAR).position(|&p| p == pair);
+        let index = match found.or_else(|| more.get(&pair).copied()) {
             Some(index) => index,
             None => {
                 params.push(pair);
+                if params.len() > LINEAR {
+                    more.insert(pair, params.len() - 1);
+                }
                 params.len() - 1
             }
         };

@@ -408,6 +408,32 @@ async fn a_decision_queued_behind_a_hung_call_is_answered_within_its_own_timeout
 }
 
 #[tokio::test]
+async fn a_batch_of_many_distinct_quotas_gives_each_decision_its_own() {
+    // A call names each distinct interval and burst once: more of them than the linear
+    // search covers, repeated and interleaved, must still reach the right decisions.
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(1, 60)]).await;
+    let capacities: Vec<u32> = (0..40).map(|i| 2 + i % 20).collect();
+    let keys: Vec<String> = (0..capacities.len()).map(|i| format!("k{i}")).collect();
+    let calls = redis.calls();
+    let decisions =
+        futures_util::future::join_all(capacities.iter().zip(&keys).map(|(&capacity, key)| {
+            redis.decide(P, key, Gcra::new(&quota(capacity, 60)), Op::Check)
+        }))
+        .await;
+    assert_eq!(redis.calls() - calls, 1, "one batch");
+    for (capacity, decision) in capacities.into_iter().zip(decisions) {
+        let decision = decision.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(
+            (decision.limit, decision.remaining),
+            (capacity, capacity - 1)
+        );
+    }
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
 async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence() {
     // A per-request quota can differ from the last one used on the bucket: each decision
     // clamps the debt to its own burst, and a peek leaves the stored debt as it was.
