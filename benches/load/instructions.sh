@@ -10,6 +10,9 @@
 #   N=3000 RATE=300 benches/load/instructions.sh
 #       # counted requests paced at RATE per second (oha -q): each one finds the
 #       # gateway idle, so the count includes waking it and parking it again
+#   BACKEND=redis N=5000 benches/load/instructions.sh
+#       # the same with `[rate_limit] backend = "redis"` against a Redis of its
+#       # own (redis-server on a free port): the gateway's side of the shared limiter
 #
 # Prints the total and the per-request figure, and leaves the callgrind file
 # (for `callgrind_annotate`) in $OUT (default /tmp/mpg-instructions.out).
@@ -17,7 +20,13 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
-for tool in valgrind callgrind_control nginx; do
+BACKEND=${BACKEND:-local}
+case "$BACKEND" in
+  local) tools="valgrind callgrind_control nginx" ;;
+  redis) tools="valgrind callgrind_control nginx redis-server" ;;
+  *) echo "instructions.sh: BACKEND is local or redis" >&2; exit 1 ;;
+esac
+for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: needs $tool" >&2; exit 1; }
 done
 OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
@@ -37,10 +46,19 @@ UP_PORT=$(free_port); GW_PORT=$(free_port)
 upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[]}'
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon on;'
 wait_port "$UP_PORT"
+LIMITER='backend = "local"'
+if [ "$BACKEND" = redis ]; then
+  REDIS_PORT=$(free_port)
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --logfile "$WORK/redis.log" &
+  PIDS+=($!)
+  wait_port "$REDIS_PORT"
+  LIMITER="$(printf 'backend = "redis"\nredis_url = "redis://127.0.0.1:%s"' "$REDIS_PORT")"
+fi
 
 CFG="$WORK/gw.toml"
 STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
-bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local"'
+bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" "$LIMITER"
 seed_account "$CFG"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
@@ -59,5 +77,5 @@ callgrind_control -d "$VG" >/dev/null 2>&1
 sleep 1
 # The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
-echo "$N requests${RATE:+ at $RATE/s}: $total instructions in the gateway's user space, $((total / N)) per request"
+echo "$N requests${RATE:+ at $RATE/s} ($BACKEND limiter): $total instructions in the gateway's user space, $((total / N)) per request"
 echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"

@@ -27,23 +27,19 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// The op's code in the Redis script's `ARGV[3]`.
-    pub(crate) fn code(self) -> &'static str {
+    /// The op's code in the Redis script's arguments.
+    pub(crate) fn code(self) -> u64 {
         match self {
-            Op::Check => "0",
-            Op::Peek => "1",
-            Op::Consume => "2",
+            Op::Check => 0,
+            Op::Peek => 1,
+            Op::Consume => 2,
         }
     }
 
     /// The code of the op made only if the decision before it in the script's call was
     /// allowed (a skipped op takes nothing and reads nothing).
-    pub(crate) fn code_if_allowed(self) -> &'static str {
-        match self {
-            Op::Check => "3",
-            Op::Peek => "4",
-            Op::Consume => "5",
-        }
+    pub(crate) fn code_if_allowed(self) -> u64 {
+        self.code() + 3
     }
 }
 

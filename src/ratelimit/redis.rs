@@ -11,7 +11,8 @@
 //!
 //! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
 //! applied in the order they were asked; each caller still waits at most the configured
-//! timeout for its own answer. A decision made only if another is allowed (the request's
+//! timeout for its own answer (the batching task keeps one deadline per call for that).
+//! A decision made only if another is allowed (the request's
 //! guard, then its policy) goes in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one reconnecting, multiplexed connection
 //! (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
 //! call goes again as EVAL with the script's text, which caches it again.
@@ -40,6 +41,8 @@ use super::{Decision, LimiterError, PolicyId, Quota};
 pub struct RedisLimiter {
     batcher: Batcher,
     prefix: Box<str>,
+    /// `{prefix}rl:{policy index}:` per policy, so that a key is two copies, not a format.
+    key_prefixes: Vec<Box<str>>,
     policies: Vec<Gcra>,
     timeout: Duration,
     /// A Redis Cluster: one call holds the keys of one slot only.
@@ -67,6 +70,9 @@ impl RedisLimiter {
         Ok(Self {
             batcher: Batcher::spawn(conn, script.get_hash().to_owned(), cluster, timeout),
             prefix: prefix.into(),
+            key_prefixes: (0..policies.len())
+                .map(|i| format!("{prefix}rl:{i}:").into())
+                .collect(),
             policies: policies.iter().map(Gcra::new).collect(),
             timeout,
             cluster,
@@ -91,7 +97,13 @@ impl RedisLimiter {
 
     /// The Redis key holding `key`'s bucket under `policy`.
     fn redis_key(&self, policy: PolicyId, key: &str) -> String {
-        format!("{}rl:{}:{}", self.prefix, policy.0, key)
+        let Some(start) = self.key_prefixes.get(policy.0) else {
+            return format!("{}rl:{}:{}", self.prefix, policy.0, key);
+        };
+        let mut out = String::with_capacity(start.len() + key.len());
+        out.push_str(start);
+        out.push_str(key);
+        out
     }
 
     async fn run(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, LimiterError> {
@@ -176,10 +188,8 @@ impl RedisLimiter {
         if !self.batcher.send(pending) {
             return Err(LimiterError::Stopped);
         }
-        tokio::time::timeout(self.timeout, answer)
-            .await
-            .map_err(|_| LimiterError::Timeout)?
-            .map_err(|_| LimiterError::Stopped)?
+        // The batching task answers within the timeout (or fails the call) by itself.
+        answer.await.map_err(|_| LimiterError::Stopped)?
     }
 
     /// Script calls made so far (one per batch on a single server).

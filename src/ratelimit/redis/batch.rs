@@ -16,7 +16,10 @@
 //! slot and the calls for the slots run concurrently; a decision and its second one are
 //! queued together only when their keys share a slot.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ::redis::{cluster_routing::get_slot, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -30,11 +33,13 @@ use super::super::LimiterError;
 /// there; the rest of a longer queue goes in the next call.
 const MAX_BATCH: usize = 256;
 
-/// KEYS: the buckets, one per decision (repeats allowed). ARGV: three per key, in order:
-/// emission interval T (ns), burst c*T (ns), op (0 check, 1 peek, 2 consume; 3, 4, 5 the
-/// same made only if the decision just before was allowed, else skipped: no read, no
-/// write, and -1 in place of its debt). Returns { now seconds, now microseconds, then each
-/// decision's debt before its op (ns) }.
+/// KEYS: the buckets, one per decision (repeats allowed). ARGV: the number n of distinct
+/// parameter pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one
+/// code per key, in order: 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
+/// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
+/// skipped: no read, no write, and -1 in place of its debt). A batch holds a few policies,
+/// so each decision costs one argument, not three. Returns { now seconds, now
+/// microseconds, then each decision's debt before its op (ns) }.
 ///
 /// Each key is read once, its debt kept in `debts` as a re-read would give it (`tat - now`,
 /// unclamped), and written once at the end if it changed (`written`, in `order`): the same
@@ -46,20 +51,24 @@ local t = redis.call('TIME')
 local now_s = tonumber(t[1])
 local now_ns = tonumber(t[2]) * 1000
 local out = { now_s, tonumber(t[2]) }
+local params = {}
+local codes = 1 + tonumber(ARGV[1]) * 2
+for k = 2, codes do params[k] = tonumber(ARGV[k]) end
 local debts = {}
 local written = {}
 local order = {}
 local allowed = false
 for i = 1, #KEYS do
-  local j = i * 3 - 3
-  local op = tonumber(ARGV[j + 3])
+  local code = tonumber(ARGV[codes + i])
+  local op = code % 8
+  local p = (code - op) / 4 + 2
   if op > 2 and not allowed then
     out[i + 2] = -1
   else
     if op > 2 then op = op - 3 end
     local key = KEYS[i]
-    local interval = tonumber(ARGV[j + 1])
-    local burst = tonumber(ARGV[j + 2])
+    local interval = params[p]
+    local burst = params[p + 1]
     local debt = debts[key]
     if debt == nil then
       debt = 0
@@ -144,8 +153,9 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Spawns the task that sends the queued decisions over `conn`; each call gives up
-    /// after `timeout` (each caller waits at most as long on its own).
+    /// Spawns the task that sends the queued decisions over `conn`. Each decision is
+    /// answered, or failed with [`LimiterError::Timeout`], at most `timeout` after it was
+    /// queued: callers need no timer of their own.
     ///
     /// Unbounded: every queued decision has a request waiting for it (at most `timeout`),
     /// so the queue is bounded by the requests in flight.
@@ -161,7 +171,7 @@ impl Batcher {
         };
         #[cfg(test)]
         let calls = task.calls.clone();
-        tokio::spawn(task.run(rx));
+        tokio::spawn(task.run(rx, Instant::now()));
         Self {
             queue,
             #[cfg(test)]
@@ -192,10 +202,26 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>) {
+    /// `since`: no decision was queued before it.
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>, mut since: Instant) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
-        while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-            // A caller that gave up (timed out) takes no token.
+        loop {
+            let waited = rx.is_empty();
+            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return;
+            }
+            let taken = Instant::now();
+            // A batch found waiting was queued after the last one was taken (with it, if
+            // that one was full); one waited for was queued just now. Its callers' time
+            // runs from then, so none waits past the timeout for its answer.
+            let queued = if waited { taken } else { since };
+            since = if batch.len() == MAX_BATCH {
+                queued
+            } else {
+                taken
+            };
+            let deadline = queued + self.timeout;
+            // A caller that gave up (its request ended) takes no token.
             batch.retain(|p: &Pending| !p.reply.is_closed());
             if batch.is_empty() {
                 continue;
@@ -204,9 +230,9 @@ impl Task {
             self.calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
-                self.send_by_slot(&mut batch).await;
+                self.send_by_slot(&mut batch, deadline).await;
             } else {
-                let result = call(&mut self.conn, &self.hash, self.timeout, &batch).await;
+                let result = call(&mut self.conn, &self.hash, deadline, &batch).await;
                 answer(&mut batch, result);
             }
             batch.clear();
@@ -214,7 +240,7 @@ impl Task {
     }
 
     /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
-    async fn send_by_slot(&self, batch: &mut Vec<Pending>) {
+    async fn send_by_slot(&self, batch: &mut Vec<Pending>, deadline: Instant) {
         batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
         let mut groups = Vec::new();
         let mut rest = std::mem::take(batch);
@@ -231,7 +257,7 @@ impl Task {
         let calls = groups.into_iter().map(|mut group| {
             let mut conn = self.conn.clone();
             async move {
-                let result = call(&mut conn, &self.hash, self.timeout, &group).await;
+                let result = call(&mut conn, &self.hash, deadline, &group).await;
                 answer(&mut group, result);
             }
         });
@@ -255,16 +281,20 @@ fn answer(batch: &mut Vec<Pending>, result: Result<Vec<Answer>, LimiterError>) {
     }
 }
 
-/// Runs the script on `batch` within `timeout`. After NOSCRIPT (a Redis restart, `SCRIPT
+/// Runs the script on `batch` by `deadline` (at once a timeout if it is past: the callers
+/// have had their time). After NOSCRIPT (a Redis restart, `SCRIPT
 /// FLUSH`, a new cluster node) the batch goes again as EVAL with the script's text, which
 /// also caches it: a NOSCRIPT call ran nothing, so each decision still counts once, and
 /// unlike a SCRIPT LOAD followed by EVALSHA no flush in between can fail it again.
 async fn call(
     conn: &mut RedisConn,
     hash: &str,
-    timeout: Duration,
+    deadline: Instant,
     batch: &[Pending],
 ) -> Result<Vec<Answer>, LimiterError> {
+    if Instant::now() >= deadline {
+        return Err(LimiterError::Timeout);
+    }
     let run = async {
         match script_cmd("EVALSHA", hash, batch)
             .query_async::<Value>(conn)
@@ -278,34 +308,65 @@ async fn call(
             other => other,
         }
     };
-    let value = tokio::time::timeout(timeout, run)
+    let value = tokio::time::timeout_at(deadline, run)
         .await
         .map_err(|_| LimiterError::Timeout)??;
     let shape: Vec<bool> = batch.iter().map(|p| p.then.is_some()).collect();
     Ok(parse(value, &shape)?)
 }
 
-/// `EVALSHA hash` or `EVAL script`, then the keys and the three arguments of each decision,
-/// a second decision right after its first.
+/// `EVALSHA hash` or `EVAL script`, then the keys (a second decision's right after its
+/// first's), the batch's distinct parameter pairs and each decision's code.
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
-    let mut cmd = ::redis::cmd(verb);
-    let keys = batch.len() + batch.iter().filter(|p| p.then.is_some()).count();
-    cmd.arg(script).arg(keys);
+    // The distinct (interval, burst) pairs, in first use. A batch usually holds a few
+    // policies, found by a linear search; past those (every key with a quota of its own)
+    // a map keeps the search short.
+    const LINEAR: usize = 8;
+    let mut params: Vec<(u64, u64)> = Vec::with_capacity(LINEAR);
+    let mut more: HashMap<(u64, u64), usize> = HashMap::new();
+    let mut codes = Vec::with_capacity(batch.len() * 2);
+    let mut code = |gcra: &Gcra, op: u64| {
+        let pair = (gcra.interval(), gcra.burst());
+        let found = params.iter().take(LINEAR).position(|&p| p == pair);
+        let index = match found.or_else(|| more.get(&pair).copied()) {
+            Some(index) => index,
+            None => {
+                params.push(pair);
+                if params.len() > LINEAR {
+                    more.insert(pair, params.len() - 1);
+                }
+                params.len() - 1
+            }
+        };
+        codes.push(index as u64 * 8 + op);
+    };
+    let mut key_bytes = 0;
+    for pending in batch {
+        code(&pending.gcra, pending.op.code());
+        key_bytes += pending.key.len();
+        if let Some(then) = &pending.then {
+            code(&then.gcra, then.op.code_if_allowed());
+            key_bytes += then.key.len();
+        }
+    }
+    // Sized once (integers have at most 20 digits), so no argument regrows it.
+    let mut cmd = Cmd::with_capacity(
+        4 + codes.len() * 2 + params.len() * 2,
+        verb.len() + script.len() + 40 + key_bytes + (codes.len() + params.len() * 2) * 20,
+    );
+    cmd.arg(verb).arg(script).arg(codes.len());
     for pending in batch {
         cmd.arg(pending.key.as_str());
         if let Some(then) = &pending.then {
             cmd.arg(then.key.as_str());
         }
     }
-    for pending in batch {
-        cmd.arg(pending.gcra.interval())
-            .arg(pending.gcra.burst())
-            .arg(pending.op.code());
-        if let Some(then) = &pending.then {
-            cmd.arg(then.gcra.interval())
-                .arg(then.gcra.burst())
-                .arg(then.op.code_if_allowed());
-        }
+    cmd.arg(params.len());
+    for (interval, burst) in params {
+        cmd.arg(interval).arg(burst);
+    }
+    for code in codes {
+        cmd.arg(code);
     }
     cmd
 }

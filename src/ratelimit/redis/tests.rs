@@ -367,6 +367,72 @@ async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within
     cleanup(&prefix).await;
 }
 
+/// Callers keep no timer: the batching task answers each within the timeout counted from
+/// when it was queued, however long the call before it hung, and grants a decision queued
+/// after an idle spell the whole timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_queued_behind_a_hung_call_is_answered_within_its_own_timeout() {
+    let (url, frozen) = freezable_relay().await;
+    let prefix = random_prefix();
+    let timeout = Duration::from_millis(300);
+    let target = RedisTarget::new(&url, None).unwrap();
+    let redis = RedisLimiter::connect(&target, &prefix, vec![quota(1000, 60)], timeout)
+        .await
+        .unwrap();
+    assert!(redis.check(P, "k").await.unwrap().allowed);
+    frozen.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let hung = {
+        let redis = redis.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            (redis.check(P, "k").await, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = std::time::Instant::now();
+    let behind = redis.check(P, "k").await;
+    let waited = queued.elapsed();
+    assert!(behind.is_err(), "{behind:?}");
+    assert!(
+        waited < timeout,
+        "queued 200 ms into the hung call: {waited:?}"
+    );
+    let (hung, took) = hung.await.unwrap();
+    // Timed out here or by the connection's own response timeout, the same length.
+    assert!(hung.is_err(), "{hung:?}");
+    assert!(took >= timeout - Duration::from_millis(10), "{took:?}");
+    assert!(took < timeout + Duration::from_millis(100), "{took:?}");
+    frozen.send_replace(false);
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn a_batch_of_many_distinct_quotas_gives_each_decision_its_own() {
+    // A call names each distinct interval and burst once: more of them than the linear
+    // search covers, repeated and interleaved, must still reach the right decisions.
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(1, 60)]).await;
+    let capacities: Vec<u32> = (0..40).map(|i| 2 + i % 20).collect();
+    let keys: Vec<String> = (0..capacities.len()).map(|i| format!("k{i}")).collect();
+    let calls = redis.calls();
+    let decisions =
+        futures_util::future::join_all(capacities.iter().zip(&keys).map(|(&capacity, key)| {
+            redis.decide(P, key, Gcra::new(&quota(capacity, 60)), Op::Check)
+        }))
+        .await;
+    assert_eq!(redis.calls() - calls, 1, "one batch");
+    for (capacity, decision) in capacities.into_iter().zip(decisions) {
+        let decision = decision.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(
+            (decision.limit, decision.remaining),
+            (capacity, capacity - 1)
+        );
+    }
+    cleanup(&prefix).await;
+}
+
 #[tokio::test]
 async fn one_bucket_under_two_quotas_in_a_batch_sees_each_quota_as_in_sequence() {
     // A per-request quota can differ from the last one used on the bucket: each decision
