@@ -32,6 +32,12 @@ exe = [m["executable"] for m in map(json.loads, sys.stdin)
 print(exe[-1])' "$1" <<<"$out"
 }
 
+# pg_db_url SERVER_URL DB: the URL of database DB on the PostgreSQL server of SERVER_URL
+# (its own database part dropped). Without TLS unless PG_SSLMODE says otherwise: the
+# store on loopback, as on one host, so that its figures are the lookups', not TLS's
+# (PG_SSLMODE=prefer, sqlx's default, takes TLS where the server offers it).
+pg_db_url() { echo "${1%/*}/$2?sslmode=${PG_SSLMODE:-disable}"; }
+
 # work_dir NAME: a fresh $WORK (/tmp/NAME.XXXXXX) and an empty $PIDS. On exit, and on
 # INT or TERM, every process in $PIDS is ended and waited for, then the script's own
 # `on_exit` runs if it defines one, then $WORK is removed (kept if KEEP_WORK=1).

@@ -15,6 +15,7 @@
 #   PG_URL=URL   the PostgreSQL server (default: $MPG_TEST_PG_URL, else
 #                postgres://postgres@127.0.0.1:5432/test); a database of its own is
 #                created there and dropped at the end.
+#   PG_SSLMODE=MODE  the gateway's sslmode to it (default: disable; see pg_db_url in ../lib.sh)
 # Everything listens on 127.0.0.1. Needs wrk, nginx, psql, python3, taskset.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -38,8 +39,7 @@ GW="${GW:-$ROOT/target/release/mpg-gateway}"
 work_dir cold_store
 raise_nofile
 DB="mpg_cold_$$"
-SERVER="${PG_URL%/*}"
-DB_URL="$SERVER/$DB"
+DB_URL="$(pg_db_url "$PG_URL" "$DB")"
 psql -q "$PG_URL" -c "CREATE DATABASE $DB" >/dev/null
 on_exit() { psql -q "$PG_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1; }
 

@@ -40,6 +40,8 @@
 # from, default postgres://postgres@127.0.0.1:5432/postgres); without one, its
 # scenario is left out. Being services of the machine, they run on core 1 (the cold
 # key store, the last scenario, gives core 0 back first: PostgreSQL runs where it may).
+# The gateway reaches PostgreSQL without TLS unless PG_SSLMODE says otherwise
+# (pg_db_url, ../lib.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -130,7 +132,7 @@ command -v psql >/dev/null && psql -Atq "$PG_URL" -c 'SELECT 1' >/dev/null 2>&1 
 # The suite's own key prefix and database, removed when it exits.
 REDIS_PREFIX="mpg-bench-$$:"
 PG_DB="mpg_bench_$$"
-PG_BENCH_URL="${PG_URL%/*}/$PG_DB"
+PG_BENCH_URL="$(pg_db_url "$PG_URL" "$PG_DB")"
 
 # The profile-guided build's fixed paths: RUSTFLAGS are part of cargo's fingerprint, so
 # the instrumented build is reused from one run to the next; the profile-use flag names
