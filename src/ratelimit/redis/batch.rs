@@ -4,7 +4,9 @@
 //! Callers queue a [`Pending`] decision (its Redis key, its GCRA parameters and its op) and
 //! wait on a oneshot for the answer. One task per connection drains the queue: it sends
 //! whatever has accumulated at once (no waiting for more), and the decisions that arrive
-//! while that call is in flight go in the next one. The script applies the decisions in
+//! while that call is on its way go in the next one, which goes out without waiting for
+//! the first one's answer (up to [`MAX_CALLS`] calls at once on a single server: each call
+//! is atomic, so their order does not change what is admitted). The script applies the decisions in
 //! queue order with the same arithmetic as one call per decision, reading and writing each
 //! key once per call, and returns Redis's time and each decision's debt.
 //!
@@ -22,6 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use ::redis::{cluster_routing::get_slot, Cmd, ErrorKind, RedisError, RedisResult, Value};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::gcra::{Gcra, Op};
@@ -32,6 +35,10 @@ use super::super::LimiterError;
 /// keys): a script blocks Redis while it runs, so a call is kept to tens of microseconds
 /// there; the rest of a longer queue goes in the next call.
 const MAX_BATCH: usize = 256;
+
+/// Script calls on their way at once on a single server. Decisions stay exact whatever the
+/// order the calls run in: each call is atomic, and a request's decisions share one.
+pub(super) const MAX_CALLS: usize = 4;
 
 /// KEYS: the buckets, one per decision (repeats allowed). ARGV: the number n of distinct
 /// parameter pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one
@@ -203,11 +210,28 @@ struct Task {
 
 impl Task {
     /// `since`: no decision was queued before it.
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>, mut since: Instant) {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Pending>, mut since: Instant) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        // Calls on their way (single server): the next batch goes out while the last
+        // one's answer is still coming, so the gateway does not idle for a round trip.
+        let mut in_flight = FuturesUnordered::new();
         loop {
+            while in_flight.len() >= MAX_CALLS {
+                in_flight.next().await;
+            }
             let waited = rx.is_empty();
-            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            let got = if in_flight.is_empty() {
+                rx.recv_many(&mut batch, MAX_BATCH).await
+            } else {
+                // recv_many is cancel safe: a call that ends first loses nothing.
+                tokio::select! {
+                    biased;
+                    _ = in_flight.next() => continue,
+                    got = rx.recv_many(&mut batch, MAX_BATCH) => got,
+                }
+            };
+            if got == 0 {
+                while in_flight.next().await.is_some() {}
                 return;
             }
             let taken = Instant::now();
@@ -231,11 +255,16 @@ impl Task {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
                 self.send_by_slot(&mut batch, deadline).await;
+                batch.clear();
             } else {
-                let result = call(&mut self.conn, &self.hash, deadline, &batch).await;
-                answer(&mut batch, result);
+                let mut sent = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+                let mut conn = self.conn.clone();
+                let hash = &self.hash;
+                in_flight.push(async move {
+                    let result = call(&mut conn, hash, deadline, &sent).await;
+                    answer(&mut sent, result);
+                });
             }
-            batch.clear();
         }
     }
 
