@@ -47,7 +47,11 @@ struct Limited {
 }
 
 async fn get(gw: &Gateway, target: &str, key: Option<&str>) -> Limited {
-    let mut req = client().get(gw.url(target));
+    limited(client().get(gw.url(target)), key).await
+}
+
+/// Sends `req` (with `key` as its bearer credential, if any) and reads the limit fields.
+async fn limited(mut req: reqwest::RequestBuilder, key: Option<&str>) -> Limited {
     if let Some(key) = key {
         req = req.bearer_auth(key);
     }
@@ -358,25 +362,11 @@ async fn a_script_flush_is_survived_without_falling_back() {
 
 /// [`get`] from the client address `ip` (the gateways trust the loopback's `X-Forwarded-For`).
 async fn get_from(gw: &Gateway, target: &str, key: Option<&str>, ip: &str) -> Limited {
-    let mut req = client().get(gw.url(target)).header("x-forwarded-for", ip);
-    if let Some(key) = key {
-        req = req.bearer_auth(key);
-    }
-    let res = req.send().await.unwrap();
-    let h = |name: &str| {
-        res.headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_string())
-    };
-    Limited {
-        status: res.status().as_u16(),
-        limit: h("x-ratelimit-limit"),
-        remaining: h("x-ratelimit-remaining"),
-        reset: h("x-ratelimit-reset").map(|v| v.parse().unwrap()),
-        retry_after: h("retry-after"),
-        policy: h("ratelimit-policy"),
-        ratelimit: h("ratelimit"),
-    }
+    limited(
+        client().get(gw.url(target)).header("x-forwarded-for", ip),
+        key,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -336,17 +336,26 @@ async fn freezable_relay() -> (String, tokio::sync::watch::Sender<bool>) {
     (format!("redis://{addr}"), frozen_tx)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within_the_timeout() {
+/// A limiter with a prefix of its own, through a relay that holds Redis's replies while
+/// frozen: one decision has gone through (the script is loaded), then the relay froze.
+async fn frozen_limiter(
+    timeout: Duration,
+) -> (RedisLimiter, tokio::sync::watch::Sender<bool>, String) {
     let (url, frozen) = freezable_relay().await;
     let prefix = random_prefix();
-    let timeout = Duration::from_millis(200);
     let target = RedisTarget::new(&url, None).unwrap();
     let redis = RedisLimiter::connect(&target, &prefix, vec![quota(1000, 60)], timeout)
         .await
         .unwrap();
     assert!(redis.check(P, "k").await.unwrap().allowed);
     frozen.send_replace(true);
+    (redis, frozen, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within_the_timeout() {
+    let timeout = Duration::from_millis(200);
+    let (redis, frozen, prefix) = frozen_limiter(timeout).await;
     let mut tasks = Vec::new();
     for i in 0..40u64 {
         let redis = redis.clone();
@@ -372,15 +381,8 @@ async fn every_decision_of_a_hung_batch_and_those_queued_behind_it_answer_within
 /// after an idle spell the whole timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_queued_behind_a_hung_call_is_answered_within_its_own_timeout() {
-    let (url, frozen) = freezable_relay().await;
-    let prefix = random_prefix();
     let timeout = Duration::from_millis(300);
-    let target = RedisTarget::new(&url, None).unwrap();
-    let redis = RedisLimiter::connect(&target, &prefix, vec![quota(1000, 60)], timeout)
-        .await
-        .unwrap();
-    assert!(redis.check(P, "k").await.unwrap().allowed);
-    frozen.send_replace(true);
+    let (redis, frozen, prefix) = frozen_limiter(timeout).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let hung = {
         let redis = redis.clone();
@@ -412,19 +414,7 @@ async fn a_decision_queued_behind_a_hung_call_is_answered_within_its_own_timeout
 /// `MAX_CALLS` of them: the gateway does not idle for a round trip between batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_batch_goes_out_while_a_call_is_on_its_way() {
-    let (url, frozen) = freezable_relay().await;
-    let prefix = random_prefix();
-    let target = RedisTarget::new(&url, None).unwrap();
-    let redis = RedisLimiter::connect(
-        &target,
-        &prefix,
-        vec![quota(1000, 60)],
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap();
-    assert!(redis.check(P, "k").await.unwrap().allowed);
-    frozen.send_replace(true);
+    let (redis, frozen, prefix) = frozen_limiter(Duration::from_secs(2)).await;
     let calls = redis.calls();
     let mut waiting = Vec::new();
     for _ in 0..=super::batch::MAX_CALLS {
