@@ -321,36 +321,21 @@ async fn limit_commands_refuse_bad_input_naming_it() {
     let cfg = config(&up);
     let path = cfg.write();
     seed(&path, "acme", "alice", "owner", "clusters:read");
-    refused(
-        &path,
-        &set_limit_args("acme", "gold", "10", "1m"),
-        "unknown policy \"gold\"",
-    )
-    .await;
-    refused(
-        &path,
-        &set_limit_args("acme", "default", "0", "1m"),
-        "--requests",
-    )
-    .await;
-    refused(
-        &path,
-        &set_limit_args("acme", "default", "10", "1 minute"),
-        "--per",
-    )
-    .await;
-    refused(
-        &path,
-        &set_limit_args("acme", "default", "10", "0s"),
-        "--per",
-    )
-    .await;
-    refused(
-        &path,
-        &set_limit_args("ghost", "default", "1", "1s"),
-        "organization ghost not found",
-    )
-    .await;
+    for (org, policy, requests, per, says) in [
+        ("acme", "gold", "10", "1m", "unknown policy \"gold\""),
+        ("acme", "default", "0", "1m", "--requests"),
+        ("acme", "default", "10", "1 minute", "--per"),
+        ("acme", "default", "10", "0s", "--per"),
+        (
+            "ghost",
+            "default",
+            "1",
+            "1s",
+            "organization ghost not found",
+        ),
+    ] {
+        refused(&path, &set_limit_args(org, policy, requests, per), says).await;
+    }
     refused(
         &path,
         &[
