@@ -1,6 +1,7 @@
 //! The store schema as migrations shipped in the binary. Each migration is a
 //! list of single statements (PostgreSQL's extended protocol runs one at a
-//! time); a backend-specific variant exists only where the syntax differs.
+//! time); a backend-specific variant exists only where the syntax differs, and
+//! an empty list where one backend needs nothing.
 //! Column types stay portable: TEXT and BIGINT unix seconds.
 
 /// Which SQL dialect a statement list is for.
@@ -141,6 +142,17 @@ const V5: [&str; 3] = [
      PRIMARY KEY (organization_id, policy))",
 ];
 
+/// Version 6, PostgreSQL only: the secret hashes compare byte by byte (collation "C").
+/// They are lowercase hex, so no order or equality changes, but under a database's
+/// default collation every comparison of a batched lookup's index search goes through
+/// the locale, which made that search most of PostgreSQL's work per key (see the cold key
+/// store in benches/load/README.md). Each column keeps its type, so the table is not
+/// rewritten; its unique index is rebuilt. SQLite compares bytes already.
+const V6_POSTGRES: [&str; 2] = [
+    "ALTER TABLE api_keys ALTER COLUMN key_hash TYPE TEXT COLLATE \"C\"",
+    "ALTER TABLE sessions ALTER COLUMN token_hash TYPE TEXT COLLATE \"C\"",
+];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -168,6 +180,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: &V5,
         postgres: &V5,
     },
+    Migration {
+        version: 6,
+        sqlite: &[],
+        postgres: &V6_POSTGRES,
+    },
 ];
 
 /// The channel `NOTIFY` is sent on when a change is logged (PostgreSQL).
@@ -183,7 +200,9 @@ mod tests {
         for m in MIGRATIONS {
             assert!(m.version > last);
             last = m.version;
-            assert_eq!(m.sqlite.len(), m.postgres.len());
+            // A migration only one dialect needs leaves the other's list empty.
+            let one_sided = m.sqlite.is_empty() || m.postgres.is_empty();
+            assert!(one_sided || m.sqlite.len() == m.postgres.len());
         }
         assert!(MIGRATIONS[0].sqlite[0].starts_with("CREATE TABLE changes"));
     }

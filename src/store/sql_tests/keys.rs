@@ -514,3 +514,25 @@ async fn postgres_pings_a_pooled_connection_only_after_it_sat_idle() {
     );
     store.pool.close().await;
 }
+
+/// The secret hashes compare byte by byte on PostgreSQL (migration 6), so an index
+/// search of a batched lookup costs no locale-aware comparison.
+pub(super) async fn postgres_compares_secret_hashes_bytewise(store: &SqlStore) {
+    if store.backend() != "postgres" {
+        return;
+    }
+    let mut conn = store.conn().await.unwrap_or_else(|e| panic!("{e:?}"));
+    for (table, column) in [("api_keys", "key_hash"), ("sessions", "token_hash")] {
+        let collation: Option<String> = sqlx::query(
+            "SELECT collation_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2",
+        )
+        .bind(table)
+        .bind(column)
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or_else(|e| panic!("{table}.{column}: {e:?}"));
+        assert_eq!(collation.as_deref(), Some("C"), "{table}.{column}");
+    }
+}

@@ -57,6 +57,7 @@ both_backends!(
     org_limits_travel_with_keys_and_sessions,
     batch_session_lookup_answers_each_as_its_own_lookup,
     postgres_plans_each_statement_once,
+    postgres_compares_secret_hashes_bytewise,
 );
 
 async fn seed(store: &SqlStore) {
