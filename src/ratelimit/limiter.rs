@@ -436,9 +436,11 @@ impl Remote {
         op: Op,
     ) -> Result<Decision, LimiterError> {
         let limiter = self.limiter().await?;
-        let started = std::time::Instant::now();
+        // The request path's clock, read once per poll: the wait spans two polls, and a
+        // reading per poll is exact to within one (microseconds).
+        let started = crate::clock::now();
         let decision = limiter.decide(policy, key, gcra, op).await;
-        self.latency.record(started.elapsed().as_secs_f64());
+        self.record_latency(started);
         decision
     }
 
@@ -449,10 +451,16 @@ impl Remote {
         then: (PolicyId, &str, Gcra, Op),
     ) -> Result<(Decision, Option<Decision>), LimiterError> {
         let limiter = self.limiter().await?;
-        let started = std::time::Instant::now();
+        let started = crate::clock::now();
         let decisions = limiter.decide_then(first, then).await;
-        self.latency.record(started.elapsed().as_secs_f64());
+        self.record_latency(started);
         decisions
+    }
+
+    /// Records a call to Redis begun at `started` (a [`crate::clock::now`] reading).
+    fn record_latency(&self, started: std::time::Instant) {
+        let took = crate::clock::now().saturating_duration_since(started);
+        self.latency.record(took.as_secs_f64());
     }
 
     /// Healthy: always. Failed: not before the probe time, then one caller at a time.
