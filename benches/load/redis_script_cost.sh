@@ -1,39 +1,46 @@
 #!/usr/bin/env bash
-# Redis's CPU time per call and per decision for the limiter's script
-# (src/ratelimit/redis/batch.rs), on a Redis of its own on core 1 driven by
-# redis-benchmark on core 0: one connection waiting for each answer (as the gateway's
-# one call in flight) and 50 connections at once, with 1 and 20 decisions per call,
-# and PING for the cost of a call alone. From Redis's INFO cpu, so it holds on a busy
-# machine better than req/s does.
+# Redis's instructions per script call and per request for the limiter's script
+# (src/ratelimit/redis/batch.rs), counted by valgrind's callgrind on a redis-server of its
+# own: repeatable where Redis's CPU time from INFO is not. Calls are built as the gateway
+# builds them (redis_script_cost.py): each request is the guard's peek then the policy's
+# check, with 1 or 10 requests a call, from one client (hot keys: a call names each key
+# once) or from a client of its own per request. Each figure is the difference between a
+# run of CALLS + 500 calls and one of CALLS, over 500, so Redis's start-up drops out.
 #
-#   benches/load/redis_script_cost.sh        # N=40000 decisions per line
+#   benches/load/redis_script_cost.sh        # CALLS=100; about a minute
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-script-cost
 . "$HERE/../lib.sh"
-N=${N:-40000}
+CALLS=${CALLS:-100}
+for tool in valgrind redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "$SCRIPT: needs $tool" >&2; exit 1; }
+done
 work_dir redis-script-cost
-PORT=$(free_port)
-taskset -c 1 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$WORK" --logfile "$WORK/redis.log" &
-PIDS+=($!)
-wait_port "$PORT"
-cli() { redis-cli -p "$PORT" "$@"; }
-cpu() { cli INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
-SHA=$(cli SCRIPT LOAD "$(python3 -c "import sys; print(open(sys.argv[1]).read().split('r#\"', 1)[1].split('\"#', 1)[0])" \
-  "$ROOT/src/ratelimit/redis/batch.rs")")
-for conns in 1 50; do
-  for batch in 1 20; do
-    keys=() args=()
-    for _ in $(seq "$batch"); do keys+=(bench:rl:0:k); args+=(250 1000000000000000 0); done
-    calls=$((N / batch))
-    c0=$(cpu)
-    taskset -c 0 redis-benchmark -p "$PORT" -q -n "$calls" -c "$conns" EVALSHA "$SHA" "$batch" "${keys[@]}" "${args[@]}" >/dev/null
-    c1=$(cpu)
-    python3 -c "print('%2d connections, %2d decisions a call: %6.2f us a call, %5.2f us a decision' % ($conns, $batch, ($c1 - $c0) * 1e6 / $calls, ($c1 - $c0) * 1e6 / ($calls * $batch)))"
+python3 -c "import sys; print(open(sys.argv[1]).read().split('r#\"', 1)[1].split('\"#', 1)[0])" \
+  "$ROOT/src/ratelimit/redis/batch.rs" >"$WORK/script.lua"
+
+# count CALLS PER_CALL CLIENTS: Redis's instructions over the whole run.
+count() {
+  local port out="$WORK/callgrind.out" _
+  port=$(free_port)
+  rm -f "$out"
+  valgrind --tool=callgrind --callgrind-out-file="$out" redis-server --port "$port" \
+    --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" --logfile "$WORK/redis.log" \
+    >/dev/null 2>&1 &
+  local pid=$!
+  for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  python3 "$HERE/redis_script_cost.py" "$port" "$WORK/script.lua" "$@"
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" || true
+  awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+
+printf '%-18s %-10s %14s %16s\n' requests/call clients instr/call instr/request
+for per_call in 1 10; do
+  for clients in 1 1000; do
+    a=$(count "$CALLS" "$per_call" "$clients")
+    b=$(count $((CALLS + 500)) "$per_call" "$clients")
+    printf '%-18s %-10s %14d %16d\n' "$per_call" "$clients" $(((b - a) / 500)) $(((b - a) / 500 / per_call))
   done
 done
-c0=$(cpu)
-taskset -c 0 redis-benchmark -p "$PORT" -q -n "$N" -c 1 PING >/dev/null
-c1=$(cpu)
-python3 -c "print(' 1 connection, PING: %6.2f us a call' % (($c1 - $c0) * 1e6 / $N))"

@@ -40,49 +40,54 @@ const MAX_BATCH: usize = 256;
 /// order the calls run in: each call is atomic, and a request's decisions share one.
 pub(super) const MAX_CALLS: usize = 4;
 
-/// KEYS: the buckets, one per decision (repeats allowed). ARGV: the number n of distinct
-/// parameter pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one
-/// code per key, in order: 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
+/// KEYS: the batch's distinct buckets, each once. ARGV: the number n of distinct parameter
+/// pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one string of
+/// four bytes per decision, in order: its key's index in KEYS (from 0) and its code, each a
+/// big-endian u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
 /// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
-/// skipped: no read, no write, and -1 in place of its debt). A batch holds a few policies,
-/// so each decision costs one argument, not three. Returns { now seconds, now
-/// microseconds, then each decision's debt before its op (ns) }.
+/// skipped: no read, no write, and -1 in place of its debt). A batch holds a few policies
+/// and, under load, a few hot keys, so a decision costs four bytes, not a key and three
+/// numbers. Returns now's seconds, now's microseconds, then each decision's debt before its
+/// op (ns), packed as little-endian doubles in one string: the numbers the script computes,
+/// exactly, with no RESP integer to write or parse for each.
 ///
-/// Each key is read once, its debt kept in `debts` as a re-read would give it (`tat - now`,
-/// unclamped), and written once at the end if it changed (`written`, in `order`): the same
-/// result as one call per decision in this order, with one TIME per call and one GET and
-/// SET per key instead of per decision.
+/// Every key is read with one MGET; a key's debt is kept in `debts` as a re-read would give
+/// it (`tat - now`, unclamped), and written once at the end if it changed (`written`): the
+/// same result as one call per decision in this order, with one TIME and one MGET per call
+/// and one SET per changed key.
 pub(super) const SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now_s = tonumber(t[1])
 local now_ns = tonumber(t[2]) * 1000
 local out = { now_s, tonumber(t[2]) }
+local npairs = tonumber(ARGV[1])
 local params = {}
-local codes = 1 + tonumber(ARGV[1]) * 2
-for k = 2, codes do params[k] = tonumber(ARGV[k]) end
+for k = 1, npairs * 2 do params[k] = tonumber(ARGV[k + 1]) end
+local ops = ARGV[npairs * 2 + 2]
+local stored = redis.call('MGET', unpack(KEYS))
 local debts = {}
 local written = {}
-local order = {}
 local allowed = false
-for i = 1, #KEYS do
-  local code = tonumber(ARGV[codes + i])
+for i = 1, #ops / 4 do
+  local k1, k2, c1, c2 = string.byte(ops, i * 4 - 3, i * 4)
+  local key = k1 * 256 + k2 + 1
+  local code = c1 * 256 + c2
   local op = code % 8
-  local p = (code - op) / 4 + 2
+  local p = (code - op) / 4 + 1
   if op > 2 and not allowed then
     out[i + 2] = -1
   else
     if op > 2 then op = op - 3 end
-    local key = KEYS[i]
     local interval = params[p]
     local burst = params[p + 1]
     local debt = debts[key]
     if debt == nil then
       debt = 0
-      local stored = redis.call('GET', key)
-      if stored then
-        local tat_s = tonumber(string.sub(stored, 1, -10))
-        local tat_ns = tonumber(string.sub(stored, -9))
+      local tat = stored[key]
+      if tat then
+        local tat_s = tonumber(string.sub(tat, 1, -10))
+        local tat_ns = tonumber(string.sub(tat, -9))
         if tat_s and tat_ns then
           debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
         end
@@ -99,24 +104,25 @@ for i = 1, #KEYS do
       if allowed then after = needed else after = burst end
     end
     if after ~= debt and after > 0 then
-      if written[key] == nil then order[#order + 1] = key end
       written[key] = after
       debts[key] = after
     end
     out[i + 2] = debt
   end
 end
-for _, key in ipairs(order) do
+for key = 1, #KEYS do
   local after = written[key]
-  local total = now_ns + after
-  local carry = math.floor(total / 1000000000)
-  local rem = total - carry * 1000000000
-  if rem < 0 then carry = carry - 1; rem = rem + 1000000000
-  elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
-  local tat = string.format('%d%09d', now_s + carry, rem)
-  redis.call('SET', key, tat, 'PX', math.ceil(after / 1000000))
+  if after then
+    local total = now_ns + after
+    local carry = math.floor(total / 1000000000)
+    local rem = total - carry * 1000000000
+    if rem < 0 then carry = carry - 1; rem = rem + 1000000000
+    elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
+    local tat = string.format('%d%09d', now_s + carry, rem)
+    redis.call('SET', KEYS[key], tat, 'PX', math.ceil(after / 1000000))
+  end
 end
-return out
+return struct.pack('<' .. string.rep('d', #out), unpack(out))
 "#;
 
 /// Redis's answer to one decision (and to the one made after it, if any).
@@ -344,92 +350,118 @@ async fn call(
     Ok(parse(value, &shape)?)
 }
 
-/// `EVALSHA hash` or `EVAL script`, then the keys (a second decision's right after its
-/// first's), the batch's distinct parameter pairs and each decision's code.
+/// `EVALSHA hash` or `EVAL script`, then the batch's distinct keys, its distinct parameter
+/// pairs and its decisions packed (a second decision's right after its first's).
 fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
-    // The distinct (interval, burst) pairs, in first use. A batch usually holds a few
-    // policies, found by a linear search; past those (every key with a quota of its own)
-    // a map keeps the search short.
-    const LINEAR: usize = 8;
-    let mut params: Vec<(u64, u64)> = Vec::with_capacity(LINEAR);
-    let mut more: HashMap<(u64, u64), usize> = HashMap::new();
-    let mut codes = Vec::with_capacity(batch.len() * 2);
-    let mut code = |gcra: &Gcra, op: u64| {
-        let pair = (gcra.interval(), gcra.burst());
-        let found = params.iter().take(LINEAR).position(|&p| p == pair);
-        let index = match found.or_else(|| more.get(&pair).copied()) {
-            Some(index) => index,
-            None => {
-                params.push(pair);
-                if params.len() > LINEAR {
-                    more.insert(pair, params.len() - 1);
-                }
-                params.len() - 1
-            }
-        };
-        codes.push(index as u64 * 8 + op);
-    };
-    let mut key_bytes = 0;
-    for pending in batch {
-        code(&pending.gcra, pending.op.code());
-        key_bytes += pending.key.len();
-        if let Some(then) = &pending.then {
-            code(&then.gcra, then.op.code_if_allowed());
-            key_bytes += then.key.len();
-        }
+    let mut pairs = Distinct::default();
+    let mut keys = Distinct::default();
+    let mut ops = Vec::with_capacity(batch.len() * 8);
+    // Every decision in order, a second one right after its first.
+    let decisions = batch.iter().flat_map(|p| {
+        let first = (p.key.as_str(), &p.gcra, p.op.code());
+        let then = p.then.as_ref();
+        std::iter::once(first)
+            .chain(then.map(|t| (t.key.as_str(), &t.gcra, t.op.code_if_allowed())))
+    });
+    for (key, gcra, op) in decisions {
+        let key = keys.index(key);
+        let code = pairs.index((gcra.interval(), gcra.burst())) * 8 + op as usize;
+        // At most 2 * MAX_BATCH keys and pairs, so both fit in a u16.
+        ops.extend_from_slice(&(key as u16).to_be_bytes());
+        ops.extend_from_slice(&(code as u16).to_be_bytes());
     }
+    let key_bytes: usize = keys.items.iter().map(|k| k.len()).sum();
     // Sized once (integers have at most 20 digits), so no argument regrows it.
     let mut cmd = Cmd::with_capacity(
-        4 + codes.len() * 2 + params.len() * 2,
-        verb.len() + script.len() + 40 + key_bytes + (codes.len() + params.len() * 2) * 20,
+        5 + keys.items.len() + pairs.items.len() * 2,
+        verb.len() + script.len() + 60 + key_bytes + pairs.items.len() * 40 + ops.len(),
     );
-    cmd.arg(verb).arg(script).arg(codes.len());
-    for pending in batch {
-        cmd.arg(pending.key.as_str());
-        if let Some(then) = &pending.then {
-            cmd.arg(then.key.as_str());
-        }
+    cmd.arg(verb).arg(script).arg(keys.items.len());
+    for key in &keys.items {
+        cmd.arg(*key);
     }
-    cmd.arg(params.len());
-    for (interval, burst) in params {
-        cmd.arg(interval).arg(burst);
+    cmd.arg(pairs.items.len());
+    for (interval, burst) in &pairs.items {
+        cmd.arg(*interval).arg(*burst);
     }
-    for code in codes {
-        cmd.arg(code);
-    }
+    cmd.arg(ops);
     cmd
 }
 
-/// `{ seconds, microseconds, debt… }` with one debt per decision; `pairs` says, per
-/// queued decision, whether a second one follows it (its debt may be -1: skipped).
+/// The distinct items of a batch in first use, each with its index. A batch usually holds
+/// a few policies and a few hot keys, found by a linear search; past those (every request
+/// a client and a key of its own) a map keeps the search short.
+struct Distinct<T> {
+    items: Vec<T>,
+    more: HashMap<T, usize, foldhash::fast::RandomState>,
+}
+
+impl<T> Default for Distinct<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            more: HashMap::default(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Distinct<T> {
+    /// Searched linearly before the map.
+    const LINEAR: usize = 8;
+
+    fn index(&mut self, item: T) -> usize {
+        let found = self
+            .items
+            .iter()
+            .take(Self::LINEAR)
+            .position(|&i| i == item);
+        if let Some(index) = found.or_else(|| self.more.get(&item).copied()) {
+            return index;
+        }
+        self.items.push(item);
+        if self.items.len() > Self::LINEAR {
+            self.more.insert(item, self.items.len() - 1);
+        }
+        self.items.len() - 1
+    }
+}
+
+/// The script's reply: seconds, microseconds, then one debt per decision, each a
+/// little-endian double; `pairs` says, per queued decision, whether a second one follows
+/// it (its debt may be -1: skipped).
 fn parse(value: Value, pairs: &[bool]) -> RedisResult<Vec<Answer>> {
     let bad = || RedisError::from((ErrorKind::TypeError, "unexpected rate-limit script reply"));
-    let Value::Array(items) = value else {
+    let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
     let n = pairs.len() + pairs.iter().filter(|&&pair| pair).count();
-    if items.len() != n + 2 {
+    if bytes.len() != (n + 2) * 8 {
         return Err(bad());
     }
-    let int = |v: &Value| match v {
-        Value::Int(i) => u64::try_from(*i).map_err(|_| bad()),
+    let mut numbers = bytes.chunks_exact(8).map(|b| {
+        let mut le = [0; 8];
+        le.copy_from_slice(b);
+        f64::from_le_bytes(le)
+    });
+    // Every number is a whole one in [0, 2^64), or -1 for a skipped decision (past 2^53
+    // the script's doubles are whole already, and as exact as its arithmetic was).
+    let mut int = || match numbers.next() {
+        Some(v) if (0.0..18_446_744_073_709_551_616.0).contains(&v) && v.fract() == 0.0 => {
+            Ok(Some(v as u64))
+        }
+        Some(-1.0) => Ok(None),
         _ => Err(bad()),
     };
-    let now = int(&items[0])?
+    let now_s = int()?.ok_or_else(bad)?;
+    let now_us = int()?.ok_or_else(bad)?;
+    let now = now_s
         .saturating_mul(1_000_000_000)
-        .saturating_add(int(&items[1])?.saturating_mul(1_000));
-    let mut debts = items[2..].iter();
+        .saturating_add(now_us.saturating_mul(1_000));
     pairs
         .iter()
         .map(|&pair| {
-            let debt = int(debts.next().ok_or_else(bad)?)?;
-            let then = match pair {
-                false => None,
-                true => match debts.next().ok_or_else(bad)? {
-                    Value::Int(-1) => None,
-                    v => Some(int(v)?),
-                },
-            };
+            let debt = int()?.ok_or_else(bad)?;
+            let then = if pair { int()? } else { None };
             Ok(Answer { now, debt, then })
         })
         .collect()
@@ -439,10 +471,14 @@ fn parse(value: Value, pairs: &[bool]) -> RedisResult<Vec<Answer>> {
 mod tests {
     use super::*;
 
+    /// A reply as the script packs it.
+    fn packed(numbers: &[f64]) -> Value {
+        Value::BulkString(numbers.iter().flat_map(|n| n.to_le_bytes()).collect())
+    }
+
     #[test]
     fn replies_are_checked_for_shape() {
-        let reply = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(7)]);
-        let answers = parse(reply, &[false]).unwrap();
+        let answers = parse(packed(&[2.0, 5.0, 7.0]), &[false]).unwrap();
         assert_eq!(
             answers,
             [Answer {
@@ -451,21 +487,104 @@ mod tests {
                 then: None,
             }]
         );
-        let short = Value::Array(vec![Value::Int(2), Value::Int(5)]);
-        assert!(parse(short, &[false]).is_err());
-        let negative = Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]);
-        assert!(parse(negative, &[false]).is_err());
+        assert!(parse(packed(&[2.0, 5.0]), &[false]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, -1.0]), &[false]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 7.5]), &[false]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, f64::NAN]), &[false]).is_err());
+        let ragged = Value::BulkString(vec![0; 23]);
+        assert!(parse(ragged, &[false]).is_err());
+        assert!(parse(Value::Array(vec![Value::Int(2), Value::Int(5)]), &[]).is_err());
         assert!(parse(Value::Nil, &[]).is_err());
     }
 
     #[test]
     fn a_second_decision_is_read_with_its_first_and_may_be_skipped() {
-        let ints = |v: &[i64]| Value::Array(v.iter().map(|&i| Value::Int(i)).collect());
-        let answers = parse(ints(&[2, 5, 7, 9, 1, 3, -1]), &[true, false, true]).unwrap();
+        let reply = packed(&[2.0, 5.0, 7.0, 9.0, 1.0, 3.0, -1.0]);
+        let answers = parse(reply, &[true, false, true]).unwrap();
         let debts: Vec<_> = answers.iter().map(|a| (a.debt, a.then)).collect();
         assert_eq!(debts, [(7, Some(9)), (1, None), (3, None)]);
         // A skip only stands for a second decision; a pair needs its second debt.
-        assert!(parse(ints(&[2, 5, -1, 9]), &[true]).is_err());
-        assert!(parse(ints(&[2, 5, 7]), &[true]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, -1.0, 9.0]), &[true]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 7.0]), &[true]).is_err());
+    }
+
+    fn pending(key: &str, gcra: Gcra, op: Op, then: Option<Step>) -> Pending {
+        Pending {
+            key: key.into(),
+            gcra,
+            op,
+            then,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_call_names_each_key_and_pair_once_and_packs_the_decisions() {
+        // Ten tokens per 100 and per 200 ns: intervals 10 and 20, bursts 100 and 200.
+        let gcra = |ns| {
+            let ten = std::num::NonZeroU32::new(10).unwrap_or(std::num::NonZeroU32::MIN);
+            Gcra::new(&crate::ratelimit::Quota::new(ten, Duration::from_nanos(ns)))
+        };
+        let (a, b) = (gcra(100), gcra(200));
+        let guard = |key: &str| Step {
+            key: key.into(),
+            gcra: b,
+            op: Op::Check,
+        };
+        let batch = [
+            pending("ip1", a, Op::Peek, Some(guard("k1"))),
+            pending("ip1", a, Op::Peek, Some(guard("k2"))),
+            pending("k1", b, Op::Consume, None),
+        ];
+        let cmd = script_cmd("EVALSHA", "sha", &batch);
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                ::redis::Arg::Simple(bytes) => bytes.to_vec(),
+                ::redis::Arg::Cursor => Vec::new(),
+            })
+            .collect();
+        let text: Vec<&[u8]> = args[..12].iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            text,
+            [
+                &b"EVALSHA"[..],
+                b"sha",
+                b"3",
+                b"ip1",
+                b"k1",
+                b"k2",
+                b"2",
+                b"10",
+                b"100",
+                b"20",
+                b"200",
+                // Five decisions, four bytes each: key index, then pair * 8 + op.
+                &[0, 0, 0, 1, 0, 1, 0, 11, 0, 0, 0, 1, 0, 2, 0, 11, 0, 1, 0, 10],
+            ]
+        );
+        assert_eq!(args.len(), 12);
+    }
+
+    #[test]
+    fn distinct_items_keep_their_first_index_past_the_linear_search() {
+        let mut keys = Distinct::default();
+        let names: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(keys.index(name.as_str()), i);
+        }
+        for (i, name) in names.iter().enumerate().rev() {
+            assert_eq!(keys.index(name.as_str()), i);
+        }
+        assert_eq!(keys.items.len(), 20);
+    }
+
+    #[test]
+    fn large_debts_survive_the_packing() {
+        // A thousand requests a day: a burst of 8.64e16 ns, past 2^53, read as the script
+        // holds it.
+        let day = 86_400_000_000_000_u64 * 1_000;
+        let answers = parse(packed(&[2.0, 5.0, day as f64]), &[false]).unwrap();
+        assert_eq!(answers[0].debt, day);
     }
 }

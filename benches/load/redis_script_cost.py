@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Sends the rate limiter's script calls to a Redis, built as the gateway builds them
+(src/ratelimit/redis/batch.rs, `script_cmd`): each distinct key once, the distinct
+(interval, burst) pairs, then four bytes per decision (key index, pair * 8 + op, each a
+big-endian u16). Every request is two decisions: the auth-failure guard's peek of its
+client's key, then, only if allowed, a check of its API key's bucket.
+
+    redis_script_cost.py PORT SCRIPT_FILE CALLS REQUESTS_PER_CALL CLIENTS
+
+CLIENTS distinct clients (and API keys) take turns, so 1 is one hot key of each kind and
+a large number a key of its own for every request of a call. One call at a time; checks
+every reply's length.
+"""
+import socket
+import sys
+
+port, script_file, calls, per_call, clients = sys.argv[1:6]
+port, calls, per_call, clients = int(port), int(calls), int(per_call), int(clients)
+script = open(script_file).read()
+
+
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+sock = socket.create_connection(("127.0.0.1", port))
+replies = sock.makefile("rb")
+
+
+def read():
+    line = replies.readline()
+    kind = line[:1]
+    if kind == b"-":
+        sys.exit(f"redis_script_cost.py: Redis answered {line.decode().strip()}")
+    if kind in (b"+", b":"):
+        return line[1:].strip()
+    if kind == b"$":
+        n = int(line[1:])
+        return None if n < 0 else replies.read(n + 2)[:-2]
+    if kind == b"*":
+        return [read() for _ in range(int(line[1:]))]
+    sys.exit(f"redis_script_cost.py: unexpected reply {line!r}")
+
+
+def command(*args):
+    sock.sendall(encode(args))
+    return read()
+
+
+sha = command("SCRIPT", "LOAD", script)
+GUARD = (1_000_000_000, 100_000_000_000_000)  # pair 0: peek (op 1)
+POLICY = (1_000, 1_000_000_000_000_000)  # pair 1: check if allowed (op 3)
+for i in range(calls):
+    keys, ops = [], b""
+    for r in range(per_call):
+        client = (i * per_call + r) % clients
+        for key, code in ((b"bench:rl:9:ip%d" % client, 0 * 8 + 1), (b"bench:rl:0:k%d" % client, 1 * 8 + 3)):
+            if key not in keys:
+                keys.append(key)
+            ops += keys.index(key).to_bytes(2, "big") + code.to_bytes(2, "big")
+    reply = command("EVALSHA", sha, len(keys), *keys, 2, *GUARD, *POLICY, ops)
+    if len(reply) != 8 * (2 + 2 * per_call):
+        sys.exit(f"redis_script_cost.py: a reply of {len(reply)} bytes for {per_call} requests")
