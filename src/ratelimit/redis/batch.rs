@@ -45,7 +45,7 @@ pub(super) const MAX_CALLS: usize = 4;
 /// four bytes per decision, in order: its key's index in KEYS (from 0) and its code, each a
 /// big-endian u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
 /// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
-/// skipped: no read, no write, and -1 in place of its debt). A batch holds a few policies
+/// skipped: no write, and -1 in place of its debt). A batch holds a few policies
 /// and, under load, a few hot keys, so a decision costs four bytes, not a key and three
 /// numbers. Returns now's seconds, now's microseconds, then each decision's debt before its
 /// op (ns), packed as little-endian doubles in one string: the numbers the script computes,
