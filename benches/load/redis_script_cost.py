@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Sends the rate limiter's script calls to a Redis, built as the gateway builds them
 (src/ratelimit/redis/batch.rs, `script_cmd`): each distinct key once, the distinct
-(interval, burst) pairs, then four bytes per decision (key index, pair * 8 + op, each a
-big-endian u16). Every request is two decisions: the auth-failure guard's peek of its
+(interval, burst) pairs as little-endian doubles, then four bytes per decision (key index,
+pair * 8 + op, each a big-endian u16). Every request is two decisions: the auth-failure guard's peek of its
 client's key, then, only if allowed, a check of its API key's bucket.
 
     redis_script_cost.py PORT SCRIPT_FILE CALLS REQUESTS_PER_CALL CLIENTS
@@ -12,6 +12,7 @@ a large number a key of its own for every request of a call. One call at a time;
 every reply's length.
 """
 import socket
+import struct
 import sys
 
 port, script_file, calls, per_call, clients = sys.argv[1:6]
@@ -54,6 +55,7 @@ def command(*args):
 sha = command("SCRIPT", "LOAD", script)
 GUARD = (1_000_000_000, 100_000_000_000_000)  # pair 0: peek (op 1)
 POLICY = (1_000, 1_000_000_000_000_000)  # pair 1: check if allowed (op 3)
+PARAMS = struct.pack("<4d", *GUARD, *POLICY)
 for i in range(calls):
     keys, ops = [], b""
     for r in range(per_call):
@@ -62,6 +64,6 @@ for i in range(calls):
             if key not in keys:
                 keys.append(key)
             ops += keys.index(key).to_bytes(2, "big") + code.to_bytes(2, "big")
-    reply = command("EVALSHA", sha, len(keys), *keys, 2, *GUARD, *POLICY, ops)
+    reply = command("EVALSHA", sha, len(keys), *keys, PARAMS, ops)
     if len(reply) != 8 * (2 + 2 * per_call):
         sys.exit(f"redis_script_cost.py: a reply of {len(reply)} bytes for {per_call} requests")

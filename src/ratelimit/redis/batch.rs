@@ -40,10 +40,10 @@ const MAX_BATCH: usize = 256;
 /// order the calls run in: each call is atomic, and a request's decisions share one.
 pub(super) const MAX_CALLS: usize = 4;
 
-/// KEYS: the batch's distinct buckets, each once. ARGV: the number n of distinct parameter
-/// pairs, then n pairs of emission interval T (ns) and burst c*T (ns), then one string of
-/// four bytes per decision, in order: its key's index in KEYS (from 0) and its code, each a
-/// big-endian u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
+/// KEYS: the batch's distinct buckets, each once. ARGV: two strings. The first holds the
+/// batch's distinct parameter pairs, emission interval T (ns) then burst c*T (ns), each a
+/// little-endian double (both are below 2^53, so exact). The second holds four bytes per
+/// decision, in order: its key's index in KEYS (from 0) and its code, each a big-endian u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
 /// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
 /// skipped: no write, and -1 in place of its debt). A batch holds a few policies
 /// and, under load, a few hot keys, so a decision costs four bytes, not a key and three
@@ -61,10 +61,8 @@ local t = redis.call('TIME')
 local now_s = tonumber(t[1])
 local now_ns = tonumber(t[2]) * 1000
 local out = { now_s, tonumber(t[2]) }
-local npairs = tonumber(ARGV[1])
-local params = {}
-for k = 1, npairs * 2 do params[k] = tonumber(ARGV[k + 1]) end
-local ops = ARGV[npairs * 2 + 2]
+local params = { struct.unpack('<' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
+local ops = ARGV[2]
 local stored = redis.call('MGET', unpack(KEYS))
 local debts = {}
 local written = {}
@@ -371,19 +369,20 @@ fn script_cmd(verb: &str, script: &str, batch: &[Pending]) -> Cmd {
         ops.extend_from_slice(&(code as u16).to_be_bytes());
     }
     let key_bytes: usize = keys.items.iter().map(|k| k.len()).sum();
-    // Sized once (integers have at most 20 digits), so no argument regrows it.
+    // Sized once (the key count has at most 20 digits), so no argument regrows it.
     let mut cmd = Cmd::with_capacity(
-        5 + keys.items.len() + pairs.items.len() * 2,
-        verb.len() + script.len() + 60 + key_bytes + pairs.items.len() * 40 + ops.len(),
+        5 + keys.items.len(),
+        verb.len() + script.len() + 60 + key_bytes + pairs.items.len() * 16 + ops.len(),
     );
     cmd.arg(verb).arg(script).arg(keys.items.len());
     for key in &keys.items {
         cmd.arg(*key);
     }
-    cmd.arg(pairs.items.len());
-    for (interval, burst) in &pairs.items {
-        cmd.arg(*interval).arg(*burst);
-    }
+    let params: Vec<u8> = (pairs.items.iter())
+        .flat_map(|&(interval, burst)| [interval as f64, burst as f64])
+        .flat_map(f64::to_le_bytes)
+        .collect();
+    cmd.arg(params);
     cmd.arg(ops);
     cmd
 }
@@ -544,7 +543,11 @@ mod tests {
                 ::redis::Arg::Cursor => Vec::new(),
             })
             .collect();
-        let text: Vec<&[u8]> = args[..12].iter().map(Vec::as_slice).collect();
+        let params: Vec<u8> = [10.0_f64, 100.0, 20.0, 200.0]
+            .iter()
+            .flat_map(|n| n.to_le_bytes())
+            .collect();
+        let text: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         assert_eq!(
             text,
             [
@@ -554,16 +557,12 @@ mod tests {
                 b"ip1",
                 b"k1",
                 b"k2",
-                b"2",
-                b"10",
-                b"100",
-                b"20",
-                b"200",
+                // The two pairs, interval then burst, as doubles.
+                &params,
                 // Five decisions, four bytes each: key index, then pair * 8 + op.
                 &[0, 0, 0, 1, 0, 1, 0, 11, 0, 0, 0, 1, 0, 2, 0, 11, 0, 1, 0, 10],
             ]
         );
-        assert_eq!(args.len(), 12);
     }
 
     #[test]
