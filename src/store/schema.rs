@@ -145,7 +145,7 @@ const V5: [&str; 3] = [
 /// Version 6, PostgreSQL only: the secret hashes compare byte by byte (collation "C").
 /// They are lowercase hex, so no order or equality changes, but under a database's
 /// default collation every comparison of a batched lookup's index search goes through
-/// the locale, which made that search most of PostgreSQL's work per key (see the cold key
+/// the locale, which made that search the larger part of the lookup (see the cold key
 /// store in benches/load/README.md). Each column keeps its type, so the table is not
 /// rewritten; its unique index is rebuilt. SQLite compares bytes already.
 const V6_POSTGRES: [&str; 2] = [
