@@ -12,7 +12,9 @@
 //! dropped, a server that accepts and never answers) it fails then, as
 //! unreachable rather than slow. Every waiting acquire shares one attempt and
 //! its outcome for [`REUSE`], so a busy pool costs the server at most one
-//! extra connection per [`REUSE`].
+//! extra connection per [`REUSE`]. A failed attempt fails only the acquires
+//! that were already waiting when it ended: one that begins later (the store
+//! may be back by then) makes an attempt of its own.
 use super::StoreError;
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection};
@@ -47,21 +49,27 @@ impl ConnectCheck {
         deadline: Duration,
         acquire: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
+        let began = Instant::now();
         let mut acquire = pin!(acquire);
         if let Ok(done) = tokio::time::timeout(CHECK_AFTER, &mut acquire).await {
             return done.map_err(super::sql_error::unavailable);
         }
         tokio::select! {
             done = &mut acquire => done.map_err(super::sql_error::unavailable),
-            refused = self.refused(opts, deadline) => Err(refused),
+            refused = self.refused(opts, deadline, began) => Err(refused),
         }
     }
 
-    /// Resolves only once a direct attempt fails; while the server accepts,
-    /// tries again every [`REUSE`].
-    async fn refused(&self, opts: &AnyConnectOptions, deadline: Duration) -> StoreError {
+    /// Resolves only once a direct attempt that ended after `began` fails;
+    /// while the server accepts, tries again every [`REUSE`].
+    async fn refused(
+        &self,
+        opts: &AnyConnectOptions,
+        deadline: Duration,
+        began: Instant,
+    ) -> StoreError {
         loop {
-            if let Err(e) = self.attempt(opts, deadline).await {
+            if let Err(e) = self.attempt(opts, deadline, began).await {
                 return e;
             }
             tokio::time::sleep(REUSE).await;
@@ -69,17 +77,18 @@ impl ConnectCheck {
     }
 
     /// One direct connection (opened and closed), or the outcome of one
-    /// that finished less than [`REUSE`] ago.
+    /// that finished less than [`REUSE`] ago (a failure: after `began`).
     async fn attempt(
         &self,
         opts: &AnyConnectOptions,
         deadline: Duration,
+        began: Instant,
     ) -> Result<(), StoreError> {
-        if let Some(outcome) = self.recent() {
+        if let Some(outcome) = self.recent(began) {
             return outcome;
         }
         let _one = self.running.lock().await;
-        if let Some(outcome) = self.recent() {
+        if let Some(outcome) = self.recent(began) {
             return outcome;
         }
         let connect = async { AnyConnection::connect_with(opts).await?.close().await };
@@ -96,10 +105,50 @@ impl ConnectCheck {
         outcome
     }
 
-    fn recent(&self) -> Option<Result<(), StoreError>> {
+    /// The last outcome, if it is less than [`REUSE`] old and, for a
+    /// failure, ended after `began`: an acquire that began after a refusal
+    /// may be meeting a server that is back.
+    fn recent(&self, began: Instant) -> Option<Result<(), StoreError>> {
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.as_ref()
-            .filter(|(at, _)| at.elapsed() < REUSE)
+            .filter(|(at, outcome)| at.elapsed() < REUSE && (outcome.is_ok() || *at >= began))
             .map(|(_, outcome)| outcome.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_with(outcome: Result<(), StoreError>) -> ConnectCheck {
+        let check = ConnectCheck::default();
+        *check.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), outcome));
+        check
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_fails_only_the_acquires_already_waiting_for_it() {
+        let refused = StoreError::Unreachable(Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        let waiting = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let check = check_with(Err(refused));
+        assert!(matches!(check.recent(waiting), Some(Err(_))));
+        // An acquire begun after the refusal (the store may be back) tries itself.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(check.recent(Instant::now()).is_none());
+        // Past REUSE, no one shares it.
+        tokio::time::advance(REUSE).await;
+        assert!(check.recent(waiting).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_is_shared_by_every_acquire_for_reuse() {
+        let check = check_with(Ok(()));
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert!(matches!(check.recent(Instant::now()), Some(Ok(()))));
+        tokio::time::advance(REUSE).await;
+        assert!(check.recent(Instant::now()).is_none());
     }
 }

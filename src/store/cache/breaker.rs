@@ -15,11 +15,16 @@
 //! pings but fails lookups does not flap it, and its log, many times a
 //! second. One line is logged when it opens and one when it closes.
 //!
+//! A failure counts only if its lookup began after the breaker last closed
+//! ([`Breaker::epoch`]): a lookup still waiting on a connect from the outage
+//! that ends in an error once a probe has found the store again says
+//! nothing of the store now, and must not open it again.
+//!
 //! The per-request cost is one atomic load, and only for lookups that are
 //! not fresh hits.
 use crate::metrics::names;
 use crate::store::{KeyStore, StoreError};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,6 +54,9 @@ pub(super) struct Breaker {
     state: AtomicU8,
     /// Timeouts and server errors since the last success.
     failures: AtomicU32,
+    /// How many times it has closed: a lookup's failure counts only if none
+    /// happened since the lookup began.
+    closings: AtomicU64,
     /// `true` while open or half-open; loads waiting on the store watch it.
     open_tx: watch::Sender<bool>,
     /// What the probe pings.
@@ -70,6 +78,7 @@ impl Breaker {
         Arc::new(Breaker {
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
+            closings: AtomicU64::new(0),
             open_tx: watch::Sender::new(false),
             store,
             history: Mutex::new(History {
@@ -98,8 +107,17 @@ impl Breaker {
         }
     }
 
-    /// A lookup failed with `e` (only store-down errors count).
-    pub(super) fn failed(self: &Arc<Self>, e: &StoreError) {
+    /// Taken when a lookup begins, and given back with its failure.
+    pub(super) fn epoch(&self) -> u64 {
+        self.closings.load(Ordering::Acquire)
+    }
+
+    /// A lookup begun at `epoch` failed with `e` (only store-down errors
+    /// count, and only if the breaker has not closed since it began).
+    pub(super) fn failed(self: &Arc<Self>, e: &StoreError, epoch: u64) {
+        if self.closings.load(Ordering::Acquire) != epoch {
+            return;
+        }
         let open_now = match e {
             StoreError::Unreachable(_) => true,
             StoreError::Timeout | StoreError::Unavailable(_) => {
@@ -169,6 +187,7 @@ impl Breaker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .closed_at = Some(Instant::now());
+        self.closings.fetch_add(1, Ordering::AcqRel);
         self.open_tx.send_replace(false);
         self.state.store(CLOSED, Ordering::Release);
         metrics::gauge!(names::STORE_BREAKER_OPEN).set(0.0);

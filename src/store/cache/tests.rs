@@ -669,3 +669,24 @@ fn change_log_overflow_counts_as_changed() {
     assert!(!log.changed_since(now, |_| false));
     assert!(log.changed_since(now, |_| true));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_of_a_lookup_begun_before_the_breaker_closed_does_not_open_it_again() {
+    let store = Arc::new(FakeStore::default());
+    let breaker = breaker::Breaker::new(store.clone());
+    let before = breaker.epoch();
+    breaker.failed(&refused(), before);
+    assert!(breaker.is_open());
+    // The store answers the probe: closed.
+    tokio::time::sleep(PROBE_EVERY * 2).await;
+    assert!(!breaker.is_open());
+    // A lookup from before the close (a connect of the outage) fails now.
+    breaker.failed(&refused(), before);
+    assert!(
+        !breaker.is_open(),
+        "a failure from the outage opened it again"
+    );
+    // One begun since does open it.
+    breaker.failed(&refused(), breaker.epoch());
+    assert!(breaker.is_open());
+}

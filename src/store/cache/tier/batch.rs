@@ -117,11 +117,12 @@ impl<T: Cached> Tier<T> {
     /// (then that hash goes back in the queue).
     async fn fetch(&self, batch: Vec<Waiter<T>>, hashes: Vec<SecretHash>) {
         let start_epoch = self.log.epoch();
+        let breaker_epoch = self.breaker.epoch();
         let started = Instant::now();
         let mut found: ByHash<T> = match (self.loader)(Arc::clone(&self.store), hashes).await {
             Ok(found) => found.into_iter().collect(),
             Err(e) => {
-                self.breaker.failed(&e);
+                self.breaker.failed(&e, breaker_epoch);
                 let answers = batch.into_iter().map(|w| (w, Err(e.clone())));
                 self.answer(answers.collect());
                 return;
