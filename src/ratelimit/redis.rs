@@ -12,9 +12,9 @@
 //! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
 //! applied in the order they were asked; each caller still waits at most the configured
 //! timeout for its own answer (the batching task keeps one deadline per call for that).
-//! A decision made only if another is allowed (the request's
-//! guard, then its policy) goes in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one reconnecting, multiplexed connection
-//! (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
+//! A decision made only if another is allowed (the request's guard, then its policy) goes
+//! in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one
+//! reconnecting, multiplexed connection (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
 //! call goes again as EVAL with the script's text, which caches it again.
 //!
 //! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
