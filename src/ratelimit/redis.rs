@@ -14,8 +14,9 @@
 //! timeout for its own answer (the batching task keeps one deadline per call for that).
 //! A decision made only if another is allowed (the request's guard, then its policy) goes
 //! in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one
-//! reconnecting, multiplexed connection (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a Redis restart or `SCRIPT FLUSH`) the
-//! call goes again as EVAL with the script's text, which caches it again.
+//! reconnecting, multiplexed connection (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a
+//! Redis restart or `SCRIPT FLUSH`) the call goes again as EVAL with the script's text,
+//! which caches it again.
 //!
 //! Keys are `{prefix}rl:{policy index}:{key}` and carry a millisecond TTL ending when the
 //! bucket is full again, so idle keys vanish by themselves. On a Redis Cluster a call holds
