@@ -23,6 +23,10 @@ const USAGE_FLUSH: Duration = Duration::from_secs(10);
 /// compiles the route table.
 pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
     let store = open_store(&settings).await?;
+    // Where the change log stands before anything is cached: the follower
+    // then has nothing to clear when it starts (a key the first requests
+    // cached would otherwise be dropped, and missed in an outage soon after).
+    let from = store.latest_change_seq().await.ok();
     let s = &settings.store;
     let keys = CachedKeyStore::new(
         Arc::new(store.clone()),
@@ -34,7 +38,7 @@ pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
             stale_if_error: s.stale_if_error,
         },
     );
-    spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL);
+    spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL, from);
     spawn_audit_pruning(store.clone(), s.audit_retention);
     let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
     let limiter = Arc::new(build_limiter(&settings).await?);

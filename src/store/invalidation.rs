@@ -79,6 +79,16 @@ struct Follower {
 }
 
 impl Follower {
+    /// A follower that applies what is logged after `from` (the position
+    /// read before anything was cached); `None`: see [`Self::poll`].
+    fn starting_at(from: Option<i64>) -> Self {
+        Self {
+            high: from,
+            last_ok: from.map(|_| std::time::Instant::now()),
+            ..Self::default()
+        }
+    }
+
     /// Reads new changes and invalidates what they touch.
     async fn poll(
         &mut self,
@@ -145,10 +155,17 @@ impl Follower {
 /// Spawns the task that applies the store's change log to `cache` every
 /// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives) and prunes the
 /// log every [`PRUNE_EVERY`]. Runs until aborted.
+///
+/// `from` is the log's position read before anything was cached (at start,
+/// before the gateway serves): the follower applies what comes after it and
+/// keeps what is cached. Without it the first poll reads the position and
+/// clears the cache, since an entry cached before may predate a change it
+/// will never read.
 pub fn spawn_invalidation(
     store: SqlStore,
     cache: CachedKeyStore,
     poll: Duration,
+    from: Option<i64>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let wake = Arc::new(Notify::new());
@@ -161,7 +178,7 @@ pub fn spawn_invalidation(
         let _pruner = AbortOnDropHandle::new(tokio::spawn(prune(store.clone())));
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut follower = Follower::default();
+        let mut follower = Follower::starting_at(from);
         // A store outage fails every poll: one line when reads begin to
         // fail, a count per summary interval, one when they succeed again.
         let failing = Incident::new();

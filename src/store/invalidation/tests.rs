@@ -127,6 +127,45 @@ async fn follower_survives_errors_and_misses_nothing() {
     assert_eq!(cache.entry_count(), 0, "the key's entry was dropped");
 }
 
+/// A gateway reads the log's position before it serves: what its first
+/// requests cache survives the follower's first poll, and changes after the
+/// position still reach the cache. Without a position the first poll clears.
+#[tokio::test]
+async fn a_follower_given_its_start_keeps_what_was_cached_before_its_first_poll() {
+    let db = TestDb::sqlite();
+    let (_store, cache, secret, id) = cached_key(&db).await;
+    let log = FakeLog::default();
+    log.rows
+        .lock()
+        .map(|mut r| r.push((1, Change::All, 0)))
+        .ok();
+    assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+    let mut follower = Follower::starting_at(Some(1));
+    assert!(follower.poll(&log, &cache).await.is_ok());
+    assert_eq!(cache.entry_count(), 1, "the entry cached first was dropped");
+    log.rows
+        .lock()
+        .map(|mut r| r.push((2, Change::ApiKey { id }, 0)))
+        .ok();
+    assert!(follower.poll(&log, &cache).await.is_ok());
+    assert_eq!(follower.high, Some(2));
+    assert_eq!(
+        cache.entry_count(),
+        0,
+        "the change after the start was missed"
+    );
+
+    assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
+    let mut unknown = Follower::starting_at(None);
+    assert!(unknown.poll(&log, &cache).await.is_ok());
+    assert_eq!(unknown.high, Some(2));
+    assert_eq!(
+        cache.entry_count(),
+        0,
+        "cached before the position was known"
+    );
+}
+
 #[tokio::test]
 async fn out_of_order_commits_are_applied_once() {
     let db = TestDb::sqlite();
@@ -274,7 +313,12 @@ async fn the_task_prunes_past_retention_and_a_live_follower_keeps_its_cache() {
         panic!("session failed")
     };
     assert_eq!(store.delete_session(&ses.id).await.ok(), Some(true));
-    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+    let task = spawn_invalidation(
+        store.clone(),
+        cache.clone(),
+        Duration::from_millis(20),
+        None,
+    );
     let mut pruned = false;
     for _ in 0..250 {
         if change_rows(&store).await == 1 {
@@ -302,7 +346,12 @@ async fn the_task_prunes_past_retention_and_a_live_follower_keeps_its_cache() {
 async fn sqlite_revocation_reaches_the_cache_by_polling() {
     let db = TestDb::sqlite();
     let (store, cache, secret, id) = cached_key(&db).await;
-    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+    let task = spawn_invalidation(
+        store.clone(),
+        cache.clone(),
+        Duration::from_millis(20),
+        None,
+    );
     assert!(eventually(&cache, &secret, KeyStatus::Active).await);
     assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
     assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
@@ -328,7 +377,12 @@ async fn postgres_revocation_arrives_by_notify() {
     };
     assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
     // The poll timer fires once at start, then never again in this test.
-    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_secs(3600));
+    let task = spawn_invalidation(
+        store.clone(),
+        cache.clone(),
+        Duration::from_secs(3600),
+        None,
+    );
     assert!(store.revoke_api_key(&id, unix_now()).await.is_ok());
     assert!(eventually(&cache, &secret, KeyStatus::Revoked).await);
     // The follower is initialized now: the next change can only come by NOTIFY.
@@ -359,7 +413,12 @@ async fn postgres_listener_resubscribes_after_its_connection_is_killed() {
         panic!("not postgres")
     };
     let (store, cache, secret, id) = cached_key(&db).await;
-    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_secs(3600));
+    let task = spawn_invalidation(
+        store.clone(),
+        cache.clone(),
+        Duration::from_secs(3600),
+        None,
+    );
     let Ok(mut admin) = sqlx::PgConnection::connect(&db.url()).await else {
         panic!("admin connect")
     };
@@ -406,7 +465,12 @@ async fn postgres_listener_resubscribes_after_its_connection_is_killed() {
 /// another gateway sees the shortened expiry (here: none, so at once).
 async fn rotation_reaches_a_follower_cache(db: &TestDb) {
     let (store, cache, secret, id) = cached_key(db).await;
-    let task = spawn_invalidation(store.clone(), cache.clone(), Duration::from_millis(20));
+    let task = spawn_invalidation(
+        store.clone(),
+        cache.clone(),
+        Duration::from_millis(20),
+        None,
+    );
     assert!(eventually(&cache, &secret, KeyStatus::Active).await);
     let rotated = store.rotate_api_key(&id, 0, unix_now()).await;
     let Ok(Some(rotation)) = rotated else {
