@@ -431,6 +431,36 @@ async fn the_next_batch_goes_out_while_a_call_is_on_its_way() {
     cleanup(&prefix).await;
 }
 
+/// A request that becomes ready to run after another queued its decision (its bytes came
+/// in the same turn of the event loop) has its decision in the same call: the batching
+/// task lets the tasks ready to run queue theirs before it sends.
+#[tokio::test]
+async fn decisions_of_tasks_ready_in_the_same_turn_share_one_call() {
+    let prefix = random_prefix();
+    let redis = connect(&prefix, vec![quota(100, 60)]).await;
+    assert!(redis.check(P, "warm").await.unwrap().allowed);
+    let calls = redis.calls();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let second = {
+        let (redis, go) = (redis.clone(), go.clone());
+        tokio::spawn(async move {
+            go.notified().await;
+            redis.check(P, "b").await
+        })
+    };
+    // `second` now waits for `go`.
+    tokio::task::yield_now().await;
+    let first = redis.check(P, "a");
+    tokio::pin!(first);
+    // Queues `a` (waking the batching task), then readies `second` behind it.
+    assert!(futures_util::poll!(&mut first).is_pending());
+    go.notify_one();
+    assert!(first.await.unwrap().allowed);
+    assert!(second.await.unwrap().unwrap().allowed);
+    assert_eq!(redis.calls() - calls, 1, "one call for both");
+    cleanup(&prefix).await;
+}
+
 #[tokio::test]
 async fn a_batch_of_many_distinct_quotas_gives_each_decision_its_own() {
     // A call names each distinct interval and burst once: more of them than the linear
