@@ -9,18 +9,21 @@
 #   benches/load/redis_limits.sh [GATEWAY_BINARY...]   # default target/release/mpg-gateway
 #   options: --runs N (3) --duration S (10) --conns C (50) --paced (add p50/p99 at half of
 #            the local peak, h2load --h1 --rps) --no-saturation
+#            --redis-cpus LIST (where Redis may run, as taskset -c takes it; 1)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
-# upstream nginx and Redis on core 1. Several binaries (a baseline and a change) are
-# measured in turn in every round. Prints one line per run and binary: req/s with each
-# backend and their ratio, the gateway's CPU time per request (µs) with each, Redis's CPU
-# time per request (µs) and requests per script call.
+# upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
+# (a baseline and a change) are measured in turn in every round. Prints one line per run
+# and binary: req/s with each backend and their ratio, the gateway's CPU time per request
+# (µs) with each, Redis's CPU time per request (µs) and requests per script call; with
+# --paced, per binary: p50/p99 (µs) with each backend at half of the local peak, Redis's
+# CPU per request and requests per call at that load, and each core's busy share.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 SATURATION=1 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 SATURATION=1 REDIS_CPUS=1 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --conns) CONNS="$2"; shift ;;
     --paced) PACED=1 ;;
     --no-saturation) SATURATION=0 ;;
+    --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "$SCRIPT: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) BINS+=("$(realpath "$1")") ;;
@@ -49,7 +53,7 @@ URL="http://127.0.0.1:$GW_PORT$PATH_Q"
 upstream_conf "$WORK/up" "$UP_PORT" '{"clusters":[{"id":"c1","name":"bench","status":"running"}]}'
 taskset -c 1 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' &
 PIDS+=($!)
-taskset -c 1 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+taskset -c "$REDIS_CPUS" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$WORK" --logfile "$WORK/redis.log" &
 PIDS+=($!)
 wait_port "$UP_PORT"
@@ -104,18 +108,28 @@ paced() {
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
   rm -f "$WORK/paced.log"
+  local cpu0 calls0 cpu1 calls1
+  cpu0=$(redis_cpu); calls0=$(redis_calls); head -3 /proc/stat >"$WORK/stat0"
   taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
     -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
     { cat "$WORK/paced.out" >&2; exit 1; }
+  cpu1=$(redis_cpu); calls1=$(redis_calls); head -3 /proc/stat >"$WORK/stat1"
   stop "$GW_PID"
-  python3 - "$WORK/paced.log" <<'EOF'
+  python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" <<'EOF'
 import sys
 ok = sorted(int(l.split("\t")[2]) for l in open(sys.argv[1]) if l.strip() and l.split("\t")[1] == "200")
-print(ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))])
+cpu, calls = float(sys.argv[3]) - float(sys.argv[2]), int(sys.argv[5]) - int(sys.argv[4])
+# Each core's busy share over the run (/proc/stat: idle and iowait are not busy).
+busy = []
+for a, b in zip(open(sys.argv[6]).readlines()[1:], open(sys.argv[7]).readlines()[1:]):
+    d = [int(y) - int(x) for x, y in zip(a.split()[1:], b.split()[1:])]
+    busy.append(f"{100 * (1 - (d[3] + d[4]) / sum(d)):.0f}%")
+print(ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))],
+      f"{cpu * 1e6 / len(ok):.2f}", f"{len(ok) / calls:.1f}" if calls else "-", *busy)
 EOF
 }
 
-log "gateway on core 0, wrk/h2load + nginx + Redis on core 1; $RUNS x ${DURATION}s, $CONNS connections"
+log "gateway on core 0, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then
   printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s\n' run binary local_rps redis_rps ratio \
@@ -132,16 +146,24 @@ if [ "$SATURATION" = 1 ]; then
 fi
 
 if [ "$PACED" = 1 ]; then
-  printf '%-40s %8s %10s %10s %10s %10s\n' binary rate local_p50 local_p99 redis_p50 redis_p99
-  for bin in "${BINS[@]}"; do
-    if [ -n "${LOCAL_RPS[$bin]:-}" ]; then
-      peak=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '${LOCAL_RPS[$bin]}'.split()])))")
-    else
+  # One rate for every binary, so that their latencies compare: half of the median local
+  # peak over all of them (from the saturation runs, or one run each).
+  peaks="${LOCAL_RPS[*]:-}"
+  if [ -z "${peaks// /}" ]; then
+    for bin in "${BINS[@]}"; do
       read -r peak _ _ < <(saturate "$bin" local)
-    fi
-    rate=$(python3 -c "print(int(float($peak) / 2))")
-    read -r lp50 lp99 < <(paced "$bin" local "$rate")
-    read -r rp50 rp99 < <(paced "$bin" redis "$rate")
-    printf '%-40s %8s %10s %10s %10s %10s\n' "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99"
+      peaks="$peaks $peak"
+    done
+  fi
+  rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s\n' run binary rate local_p50 local_p99 \
+    redis_p50 redis_p99 redis_us reqs/call busy_local busy_redis
+  for r in $(seq "$RUNS"); do
+    for bin in "${BINS[@]}"; do
+      read -r lp50 lp99 _ _ lb0 lb1 < <(paced "$bin" local "$rate")
+      read -r rp50 rp99 rus per_call rb0 rb1 < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s\n' "$r" "$(basename "$bin")" \
+        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$lb0/$lb1" "$rb0/$rb1"
+    done
   done
 fi

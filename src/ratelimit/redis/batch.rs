@@ -2,13 +2,14 @@
 //! one script call, so that a round trip and a script run serve many requests.
 //!
 //! Callers queue a [`Pending`] decision (its Redis key, its GCRA parameters and its op) and
-//! wait on a oneshot for the answer. One task per connection drains the queue: it sends
-//! whatever has accumulated at once (no waiting for more), and the decisions that arrive
-//! while that call is on its way go in the next one, which goes out without waiting for
-//! the first one's answer (up to [`MAX_CALLS`] calls at once on a single server: each call
-//! is atomic, so their order does not change what is admitted). The script applies the decisions in
-//! queue order with the same arithmetic as one call per decision, reading and writing each
-//! key once per call, and returns Redis's time and each decision's debt.
+//! wait on a oneshot for the answer. One task per connection drains the queue: woken by a
+//! decision, it first lets the tasks ready to run queue theirs (one turn of the event
+//! loop, no timer), then sends all that has accumulated; the decisions that arrive while
+//! that call is on its way go in the next one, which goes out without waiting for the
+//! first one's answer (up to [`MAX_CALLS`] calls at once on a single server: each call is
+//! atomic, so their order does not change what is admitted). The script applies the
+//! decisions in queue order with the same arithmetic as one call per decision, reading
+//! and writing each key once per call, and returns Redis's time and each decision's debt.
 //!
 //! A decision may carry a second one made only if it is allowed (the guard's peek, then the
 //! route's policy or the failure it records): both go in the same call, adjacent and in
