@@ -16,8 +16,9 @@
 # (a baseline and a change) are measured in turn in every round. Prints one line per run
 # and binary: req/s with each backend and their ratio, the gateway's CPU time per request
 # (µs) with each, Redis's CPU time per request (µs) and requests per script call; with
-# --paced, per binary: p50/p99 (µs) with each backend at half of the local peak, Redis's
-# CPU per request and requests per call at that load, and each core's busy share.
+# --paced, per round and binary: p50/p99 (µs) with each backend at half of the local
+# peak; at that load Redis's CPU per request, requests per call, Redis's CPU per call
+# against its time in the script (µs), and each core's busy share.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -77,6 +78,11 @@ redis_cpu() { rcli INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {pr
 redis_calls() {
   rcli INFO commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {c += $3} END {print c + 0}'
 }
+# Redis's own time running the script so far (µs; commandstats' usec), the socket and
+# event-loop work around it not counted.
+redis_script_us() {
+  rcli INFO commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {u += $5} END {print u + 0}'
+}
 
 # The gateway's CPU ticks (user + sys).
 gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
@@ -108,24 +114,27 @@ paced() {
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
   rm -f "$WORK/paced.log"
-  local cpu0 calls0 cpu1 calls1
-  cpu0=$(redis_cpu); calls0=$(redis_calls); head -3 /proc/stat >"$WORK/stat0"
+  local cpu0 calls0 script0 cpu1 calls1 script1
+  cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
   taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
     -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
     { cat "$WORK/paced.out" >&2; exit 1; }
-  cpu1=$(redis_cpu); calls1=$(redis_calls); head -3 /proc/stat >"$WORK/stat1"
+  cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
   stop "$GW_PID"
-  python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" <<'EOF'
+  python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
+    "$script0" "$script1" <<'EOF'
 import sys
 ok = sorted(int(l.split("\t")[2]) for l in open(sys.argv[1]) if l.strip() and l.split("\t")[1] == "200")
 cpu, calls = float(sys.argv[3]) - float(sys.argv[2]), int(sys.argv[5]) - int(sys.argv[4])
+script = int(sys.argv[9]) - int(sys.argv[8])
 # Each core's busy share over the run (/proc/stat: idle and iowait are not busy).
 busy = []
 for a, b in zip(open(sys.argv[6]).readlines()[1:], open(sys.argv[7]).readlines()[1:]):
     d = [int(y) - int(x) for x, y in zip(a.split()[1:], b.split()[1:])]
     busy.append(f"{100 * (1 - (d[3] + d[4]) / sum(d)):.0f}%")
 print(ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))],
-      f"{cpu * 1e6 / len(ok):.2f}", f"{len(ok) / calls:.1f}" if calls else "-", *busy)
+      f"{cpu * 1e6 / len(ok):.2f}", f"{len(ok) / calls:.1f}" if calls else "-",
+      f"{cpu * 1e6 / calls:.1f}/{script / calls:.1f}" if calls else "-", *busy)
 EOF
 }
 
@@ -156,14 +165,14 @@ if [ "$PACED" = 1 ]; then
     done
   fi
   rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
-  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s\n' run binary rate local_p50 local_p99 \
-    redis_p50 redis_p99 redis_us reqs/call busy_local busy_redis
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s\n' run binary rate local_p50 \
+    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lp50 lp99 _ _ lb0 lb1 < <(paced "$bin" local "$rate")
-      read -r rp50 rp99 rus per_call rb0 rb1 < <(paced "$bin" redis "$rate")
-      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s\n' "$r" "$(basename "$bin")" \
-        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$lb0/$lb1" "$rb0/$rb1"
+      read -r lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
+      read -r rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s\n' "$r" "$(basename "$bin")" \
+        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" "$lb0/$lb1" "$rb0/$rb1"
     done
   done
 fi
