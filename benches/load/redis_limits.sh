@@ -10,6 +10,7 @@
 #   options: --runs N (3) --duration S (10) --conns C (50) --paced (add p50/p99 at half of
 #            the local peak, h2load --h1 --rps) --no-saturation
 #            --redis-cpus LIST (where Redis may run, as taskset -c takes it; 1)
+#            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -24,13 +25,14 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 SATURATION=1 REDIS_CPUS=1 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 SATURATION=1 REDIS_CPUS=1 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
     --duration) DURATION="$2"; shift ;;
     --conns) CONNS="$2"; shift ;;
     --paced) PACED=1 ;;
+    --oha) PACED=1 OHA=1 ;;
     --no-saturation) SATURATION=0 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#BINS[@]} -gt 0 ] || BINS=("$ROOT/target/release/mpg-gateway")
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$SCRIPT: no gateway binary at $b" >&2; exit 2; }; done
-for tool in wrk h2load nginx redis-server redis-cli taskset; do
+for tool in wrk h2load nginx redis-server redis-cli taskset $([ "$OHA" = 1 ] && echo oha); do
   command -v "$tool" >/dev/null || { echo "$SCRIPT: $tool is needed" >&2; exit 2; }
 done
 
@@ -116,15 +118,29 @@ paced() {
   rm -f "$WORK/paced.log"
   local cpu0 calls0 script0 cpu1 calls1 script1
   cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
-  taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
-    -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
-    { cat "$WORK/paced.out" >&2; exit 1; }
+  if [ "$OHA" = 1 ]; then
+    # As run.sh's fixed loads: oha's bursts on its 1 ms ticks, its own lateness counted.
+    taskset -c 1 oha --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$3" \
+      -c "$CONNS" -H "$AUTH" "$URL" >"$WORK/paced.log" 2>"$WORK/paced.out" ||
+      { cat "$WORK/paced.out" >&2; exit 1; }
+  else
+    taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
+      -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
+      { cat "$WORK/paced.out" >&2; exit 1; }
+  fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
   stop "$GW_PID"
   python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
     "$script0" "$script1" <<'EOF'
-import sys
-ok = sorted(int(l.split("\t")[2]) for l in open(sys.argv[1]) if l.strip() and l.split("\t")[1] == "200")
+import json, sys
+text = open(sys.argv[1]).read()
+if text.startswith("{"):  # oha's report: its percentiles, its count of 2xx
+    d = json.loads(text)
+    p, n = d["latencyPercentiles"], d["statusCodeDistribution"].get("200", 0)
+    p50, p99 = round(p["p50"] * 1e6), round(p["p99"] * 1e6)
+else:  # h2load's log: one line per request, its status and its time (µs)
+    ok = sorted(int(l.split("\t")[2]) for l in text.splitlines() if l.strip() and l.split("\t")[1] == "200")
+    n, p50, p99 = len(ok), ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))]
 cpu, calls = float(sys.argv[3]) - float(sys.argv[2]), int(sys.argv[5]) - int(sys.argv[4])
 script = int(sys.argv[9]) - int(sys.argv[8])
 # Each core's busy share over the run (/proc/stat: idle and iowait are not busy).
@@ -132,8 +148,7 @@ busy = []
 for a, b in zip(open(sys.argv[6]).readlines()[1:], open(sys.argv[7]).readlines()[1:]):
     d = [int(y) - int(x) for x, y in zip(a.split()[1:], b.split()[1:])]
     busy.append(f"{100 * (1 - (d[3] + d[4]) / sum(d)):.0f}%")
-print(ok[len(ok) // 2], ok[min(len(ok) - 1, int(len(ok) * 0.99))],
-      f"{cpu * 1e6 / len(ok):.2f}", f"{len(ok) / calls:.1f}" if calls else "-",
+print(p50, p99, f"{cpu * 1e6 / n:.2f}", f"{n / calls:.1f}" if calls else "-",
       f"{cpu * 1e6 / calls:.1f}/{script / calls:.1f}" if calls else "-", *busy)
 EOF
 }
