@@ -8,7 +8,7 @@ use crate::config::Settings;
 use crate::pipeline::Pipeline;
 use crate::ratelimit::{OnBackendError, Quota, RateLimiter, RedisTarget};
 use crate::store::cache::{CacheConfig, CachedKeyStore};
-use crate::store::invalidation::spawn_invalidation;
+use crate::store::invalidation::{log_start, spawn_invalidation};
 use crate::store::spawn_audit_pruning;
 use crate::store::sql::SqlStore;
 use crate::store::usage::UsageRecorder;
@@ -24,9 +24,10 @@ const USAGE_FLUSH: Duration = Duration::from_secs(10);
 pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
     let store = open_store(&settings).await?;
     // Where the change log stands before anything is cached: the follower
-    // then has nothing to clear when it starts (a key the first requests
-    // cached would otherwise be dropped, and missed in an outage soon after).
-    let from = store.latest_change_seq().await.ok();
+    // then has nothing to clear or re-apply when it starts (a key the first
+    // requests cached would otherwise be dropped, and missed in an outage
+    // soon after).
+    let start = log_start(&store).await.ok();
     let s = &settings.store;
     let keys = CachedKeyStore::new(
         Arc::new(store.clone()),
@@ -38,7 +39,7 @@ pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
             stale_if_error: s.stale_if_error,
         },
     );
-    spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL, from);
+    spawn_invalidation(store.clone(), keys.clone(), INVALIDATION_POLL, start);
     spawn_audit_pruning(store.clone(), s.audit_retention);
     let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
     let limiter = Arc::new(build_limiter(&settings).await?);

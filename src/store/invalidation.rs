@@ -78,14 +78,49 @@ struct Follower {
     last_ok: Option<std::time::Instant>,
 }
 
+/// Where the change log stood before anything was cached: its highest seq
+/// and the changes recent enough to be re-read (PostgreSQL's lookback).
+/// Anything loaded afterwards already reflects them, so a follower starting
+/// here neither clears the cache nor applies them again.
+pub struct LogStart {
+    high: i64,
+    recent: Vec<i64>,
+}
+
+/// Reads where `store`'s change log stands (see [`LogStart`]); at start,
+/// before the gateway serves.
+pub async fn log_start(store: &SqlStore) -> Result<LogStart, StoreError> {
+    read_start(store).await
+}
+
+async fn read_start(src: &dyn ChangeSource) -> Result<LogStart, StoreError> {
+    let high = src.latest().await?;
+    let Some(secs) = src.lookback() else {
+        return Ok(LogStart {
+            high,
+            recent: Vec::new(),
+        });
+    };
+    let read = src.after(high, unix_now() - secs).await?;
+    let recent: Vec<i64> = read.changes.iter().map(|(seq, _)| *seq).collect();
+    Ok(LogStart {
+        high: recent.iter().copied().fold(high, i64::max),
+        recent,
+    })
+}
+
 impl Follower {
-    /// A follower that applies what is logged after `from` (the position
-    /// read before anything was cached); `None`: see [`Self::poll`].
-    fn starting_at(from: Option<i64>) -> Self {
+    /// A follower that applies what is logged after `start`; `None`: see
+    /// [`Self::poll`].
+    fn starting_at(start: Option<LogStart>) -> Self {
+        let Some(start) = start else {
+            return Self::default();
+        };
+        let now = unix_now();
         Self {
-            high: from,
-            last_ok: from.map(|_| std::time::Instant::now()),
-            ..Self::default()
+            high: Some(start.high),
+            seen: start.recent.into_iter().map(|seq| (seq, now)).collect(),
+            last_ok: Some(std::time::Instant::now()),
         }
     }
 
@@ -156,16 +191,15 @@ impl Follower {
 /// `poll` (and, on PostgreSQL, whenever a `NOTIFY` arrives) and prunes the
 /// log every [`PRUNE_EVERY`]. Runs until aborted.
 ///
-/// `from` is the log's position read before anything was cached (at start,
-/// before the gateway serves): the follower applies what comes after it and
-/// keeps what is cached. Without it the first poll reads the position and
-/// clears the cache, since an entry cached before may predate a change it
-/// will never read.
+/// `start` is where the log stood before anything was cached ([`log_start`]):
+/// the follower applies what comes after it and keeps what is cached.
+/// Without it the first poll reads the position and clears the cache, since
+/// an entry cached before may predate a change it will never read.
 pub fn spawn_invalidation(
     store: SqlStore,
     cache: CachedKeyStore,
     poll: Duration,
-    from: Option<i64>,
+    start: Option<LogStart>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let wake = Arc::new(Notify::new());
@@ -178,7 +212,7 @@ pub fn spawn_invalidation(
         let _pruner = AbortOnDropHandle::new(tokio::spawn(prune(store.clone())));
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut follower = Follower::starting_at(from);
+        let mut follower = Follower::starting_at(start);
         // A store outage fails every poll: one line when reads begin to
         // fail, a count per summary interval, one when they succeed again.
         let failing = Incident::new();

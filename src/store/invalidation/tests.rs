@@ -127,25 +127,39 @@ async fn follower_survives_errors_and_misses_nothing() {
     assert_eq!(cache.entry_count(), 0, "the key's entry was dropped");
 }
 
-/// A gateway reads the log's position before it serves: what its first
-/// requests cache survives the follower's first poll, and changes after the
-/// position still reach the cache. Without a position the first poll clears.
+/// A gateway reads where the log stands before it serves: what its first
+/// requests cache survives the follower's first polls, though a recent
+/// change is re-read by each (PostgreSQL's lookback), and changes after the
+/// start still reach the cache. Without a start the first poll clears.
 #[tokio::test]
 async fn a_follower_given_its_start_keeps_what_was_cached_before_its_first_poll() {
     let db = TestDb::sqlite();
     let (_store, cache, secret, id) = cached_key(&db).await;
-    let log = FakeLog::default();
+    let log = FakeLog {
+        lookback: Some(10),
+        ..FakeLog::default()
+    };
+    let recent = Change::ApiKey { id: id.clone() };
     log.rows
         .lock()
-        .map(|mut r| r.push((1, Change::All, 0)))
+        .map(|mut r| r.push((1, recent, unix_now())))
         .ok();
+    let start = read_start(&log).await;
+    assert!(start.is_ok());
+    // Cached after the start was read, as by the gateway's first requests.
     assert_eq!(status(&cache, &secret).await, Some(KeyStatus::Active));
-    let mut follower = Follower::starting_at(Some(1));
-    assert!(follower.poll(&log, &cache).await.is_ok());
-    assert_eq!(cache.entry_count(), 1, "the entry cached first was dropped");
+    let mut follower = Follower::starting_at(start.ok());
+    for _ in 0..2 {
+        assert!(follower.poll(&log, &cache).await.is_ok());
+        assert_eq!(
+            cache.entry_count(),
+            1,
+            "the entry cached after the start was dropped"
+        );
+    }
     log.rows
         .lock()
-        .map(|mut r| r.push((2, Change::ApiKey { id }, 0)))
+        .map(|mut r| r.push((2, Change::ApiKey { id }, unix_now())))
         .ok();
     assert!(follower.poll(&log, &cache).await.is_ok());
     assert_eq!(follower.high, Some(2));
