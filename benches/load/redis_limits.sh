@@ -11,6 +11,7 @@
 #            the local peak, h2load --h1 --rps) --no-saturation
 #            --redis-cpus LIST (where Redis may run, as taskset -c takes it; 1)
 #            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
+#            --rate R (the fixed load in req/s, instead of half of the local peak)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -25,7 +26,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 SATURATION=1 REDIS_CPUS=1 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 RATE= SATURATION=1 REDIS_CPUS=1 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --conns) CONNS="$2"; shift ;;
     --paced) PACED=1 ;;
     --oha) PACED=1 OHA=1 ;;
+    --rate) RATE="$2"; shift ;;
     --no-saturation) SATURATION=0 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -173,7 +175,9 @@ if [ "$PACED" = 1 ]; then
   # One rate for every binary, so that their latencies compare: half of the median local
   # peak over all of them (from the saturation runs, or one run each).
   peaks="${LOCAL_RPS[*]:-}"
-  if [ -z "${peaks// /}" ]; then
+  if [ -n "$RATE" ]; then
+    peaks=$((RATE * 2))
+  elif [ -z "${peaks// /}" ]; then
     for bin in "${BINS[@]}"; do
       read -r peak _ _ < <(saturate "$bin" local)
       peaks="$peaks $peak"
