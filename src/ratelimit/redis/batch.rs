@@ -44,13 +44,14 @@ pub(super) const MAX_CALLS: usize = 4;
 /// KEYS: the batch's distinct buckets, each once. ARGV: two strings. The first holds the
 /// batch's distinct parameter pairs, emission interval T (ns) then burst c*T (ns), each a
 /// little-endian double (both are below 2^53, so exact). The second holds four bytes per
-/// decision, in order: its key's index in KEYS (from 0) and its code, each a big-endian u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2
-/// consume; 3, 4, 5 the same made only if the decision just before was allowed, else
-/// skipped: no write, and -1 in place of its debt). A batch holds a few policies
-/// and, under load, a few hot keys, so a decision costs four bytes, not a key and three
-/// numbers. Returns now's seconds, now's microseconds, then each decision's debt before its
-/// op (ns), packed as little-endian doubles in one string: the numbers the script computes,
-/// exactly, with no RESP integer to write or parse for each.
+/// decision, in order: its key's index in KEYS (from 0) and its code, each a big-endian
+/// u16. The code is 8 * its pair's index (from 0) + its op (0 check, 1 peek, 2 consume; 3,
+/// 4, 5 the same made only if the decision just before was allowed, else skipped: no write,
+/// and -1 in place of its debt). A batch holds a few policies and, under load, a few hot
+/// keys, so a decision costs four bytes, not a key and three numbers. Returns now's
+/// seconds, now's microseconds, then each decision's debt before its op (ns), packed as
+/// little-endian doubles in one string: the numbers the script computes, exactly, with no
+/// RESP integer to write or parse for each.
 ///
 /// Every key is read with one MGET; a key's debt is kept in `debts` as a re-read would give
 /// it (`tat - now`, unclamped), and written once at the end if it changed (`written`): the
