@@ -133,6 +133,161 @@ async fn h2_early_answers_leave_the_stream_open_until_the_upload_ends() {
     assert_eq!(w.up.count(), 1, "a refused request reached the upstream");
 }
 
+/// The gateway's wait for the rest of an HTTP/2 body before an early answer
+/// (`crate::body::BEFORE_ANSWER_*`).
+const BEFORE_ANSWER_TIME: Duration = Duration::from_secs(1);
+const BEFORE_ANSWER_IDLE: Duration = Duration::from_millis(250);
+
+/// Sends a `length`-byte `method` to `path` as curl 7.88 does: in pieces as
+/// the window allows, `pause` after each of the first `pauses` pieces of
+/// 64 KiB, and, if the answer comes first, the upload ended there
+/// (`END_STREAM` short of the declared length). Returns whether the answer
+/// came before the upload's end, when it came, its status and its body.
+async fn h2_upload_like_curl(
+    client: &mut h2::client::SendRequest<Bytes>,
+    w: &World,
+    (method, path, auth): (&str, &str, &str),
+    length: usize,
+    (pauses, pause): (usize, Duration),
+) -> (bool, Duration, u16, Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", w.gw.addr))
+        .header("authorization", auth)
+        .header("content-length", length)
+        .body(())
+        .unwrap();
+    *client = client.clone().ready().await.unwrap();
+    let started = Instant::now();
+    let (res, mut stream) = client.send_request(req, false).unwrap();
+    tokio::pin!(res);
+    let piece = 64 * 1024;
+    let (mut sent, mut early) = (0, false);
+    let res = loop {
+        if sent == length {
+            stream.send_data(Bytes::new(), true).unwrap();
+            break res.await;
+        }
+        tokio::select! {
+            biased;
+            res = &mut res => {
+                early = true;
+                let _ = stream.send_data(Bytes::new(), true);
+                break res;
+            }
+            sending = h2_send(&mut stream, piece.min(length - sent)) => {
+                sending.unwrap();
+                sent += piece.min(length - sent);
+                if sent / piece <= pauses {
+                    tokio::select! {
+                        biased;
+                        res = &mut res => {
+                            early = true;
+                            let _ = stream.send_data(Bytes::new(), true);
+                            break res;
+                        }
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    };
+    let took = started.elapsed();
+    let res = res.expect("no answer");
+    let status = res.status().as_u16();
+    let mut body = res.into_body();
+    let mut bytes = Vec::new();
+    while let Some(piece) = body.data().await {
+        let piece = piece.expect("the answer's body was cut off");
+        let _ = body.flow_control().release_capacity(piece.len());
+        bytes.extend_from_slice(&piece);
+    }
+    (
+        early,
+        took,
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// curl 7.88 ends its upload short as soon as it reads an error status, and
+/// h2 resets such a stream with `PROTOCOL_ERROR`: if the answer's head has
+/// gone out without its body, curl loses the answer. An upload that keeps
+/// coming is therefore read to its end before the answer goes; one that
+/// stalls, trickles past the time bound, or declares more than the drain
+/// reads is answered mid-upload, as before.
+#[tokio::test]
+async fn h2_an_upload_that_keeps_coming_is_answered_after_its_end() {
+    let w = gateway().await;
+    let mut client = h2_connect(&w).await;
+    let bad_key = "Bearer mpg_notakey";
+    let good_key = format!("Bearer {}", w.seed.key);
+    let short = Duration::from_millis(50);
+    for (request, status, error) in [
+        (("POST", CLUSTERS, bad_key), 401, "Unauthorized"),
+        (
+            ("PUT", CLUSTERS, good_key.as_str()),
+            405,
+            "MethodNotAllowed",
+        ),
+        (("POST", "/api/v1/nowhere", bad_key), 404, "NotFound"),
+    ] {
+        // Pauses well under the idle bound, over HTTP/2's window.
+        let (early, _, got, json) =
+            h2_upload_like_curl(&mut client, &w, request, 2 * MIB, (4, short)).await;
+        assert_eq!(
+            (got, json["error"].as_str()),
+            (status, Some(error)),
+            "{json}"
+        );
+        assert!(!early, "{status}: answered while the upload kept coming");
+    }
+    // A client that waits for the answer: it comes once the idle bound passes.
+    let (early, took, got, _) = h2_upload_like_curl(
+        &mut client,
+        &w,
+        ("POST", CLUSTERS, bad_key),
+        2 * MIB,
+        (1, DRAIN_IDLE),
+    )
+    .await;
+    assert_eq!(got, 401);
+    assert!(
+        early && took >= BEFORE_ANSWER_IDLE,
+        "a stalled upload answered after {took:?}"
+    );
+    // A trickle: answered once the time bound passes.
+    let (early, took, got, _) = h2_upload_like_curl(
+        &mut client,
+        &w,
+        ("POST", CLUSTERS, bad_key),
+        2 * MIB,
+        (32, BEFORE_ANSWER_IDLE / 5),
+    )
+    .await;
+    assert_eq!(got, 401);
+    assert!(
+        early && took >= BEFORE_ANSWER_TIME,
+        "a trickle answered after {took:?}"
+    );
+    // More than the drain would read (and than `max_body_bytes`): answered
+    // at once, not held.
+    let (early, took, got, _) = h2_upload_like_curl(
+        &mut client,
+        &w,
+        ("POST", CLUSTERS, bad_key),
+        2 * DRAIN_MAX_BYTES,
+        (1, DRAIN_IDLE),
+    )
+    .await;
+    assert_eq!(got, 413);
+    assert!(
+        early && took < BEFORE_ANSWER_IDLE,
+        "answered after {took:?}"
+    );
+    assert_eq!(w.up.count(), 0, "a refused request reached the upstream");
+}
+
 #[tokio::test]
 async fn h2_a_drain_past_its_bounds_resets_the_stream_with_no_error() {
     let w = gateway().await;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
 use crate::http::relayed::RelayedFields;
-pub(crate) use drain::{DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
+pub(crate) use drain::{read_before_answer, Unread, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
 pub use limited::{Limited, TooLarge};
 pub use request::RequestBody;
 

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::limits::{head_backstop, ListenerLimits};
-use crate::http::body::{Body, RequestBody};
+use crate::http::body::{read_before_answer, Body, RequestBody, Unread, DRAIN_MAX_BYTES};
 use crate::http::service::{ConnInfo, Handler};
 
 /// hyper's HTTP/2 server (HTTP/1.1 is [`crate::h1`]'s).
@@ -105,10 +105,12 @@ impl Drop for ActiveStream {
     }
 }
 
-/// A response body that keeps its request in flight until it has gone.
+/// A response body that keeps its request in flight until it has gone, and
+/// with it what is left unread of the request body, drained after it.
 struct Tracked {
     inner: Body,
     _active: ActiveStream,
+    _unread: Option<Unread>,
 }
 
 impl http_body::Body for Tracked {
@@ -158,7 +160,24 @@ pub(super) async fn serve_h2<S, H>(
             // Boxed per request: hyper keeps a slot for this future in every
             // stream, and the whole pipeline's state machine inline would make
             // each one that much bigger.
-            let reply = Box::pin(handler.handle(req.map(RequestBody::from), conn)).await;
+            // A body that may still be coming, within the drain's byte
+            // bound, comes back if the handler leaves it unread: its rest is
+            // read before the answer goes (`read_before_answer`). hyper
+            // gives a body that ended with its head a length of 0.
+            let hint = http_body::Body::size_hint(req.body());
+            let (give_back, given_back) =
+                if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
+                    (None, None)
+                } else {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    (Some(tx), Some(rx))
+                };
+            let req = req.map(|body| RequestBody::h2(body, give_back));
+            let reply = Box::pin(handler.handle(req, conn)).await;
+            let unread = match given_back.and_then(|mut rx| rx.try_recv().ok()) {
+                Some(body) => read_before_answer(body).await,
+                None => None,
+            };
             // hyper writes the header map only: the stamped fields and a
             // target's relayed fields go in.
             let res = reply.into_response();
@@ -166,6 +185,7 @@ pub(super) async fn serve_h2<S, H>(
             Ok::<_, Infallible>(res.map(|inner| Tracked {
                 inner,
                 _active: active,
+                _unread: unread,
             }))
         }
     });

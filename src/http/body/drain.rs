@@ -1,6 +1,7 @@
-//! Reading past what a handler left unread of a request body, after its
-//! answer: the bounds both servers keep to, and the HTTP/2 drain (an
-//! HTTP/1.1 connection drains its own, in [`crate::h1`]).
+//! Reading past what a handler left unread of a request body: the bounds
+//! both servers keep to after the answer, and on HTTP/2 the read before the
+//! answer and the drain after it (an HTTP/1.1 connection drains its own, in
+//! [`crate::h1`]).
 use http_body_util::BodyExt;
 
 /// After an answer sent before the request body ended (a refusal, or a
@@ -22,32 +23,110 @@ pub(crate) const DRAIN_TIME: std::time::Duration = std::time::Duration::from_sec
 /// body has its stream reset (or its connection closed) this soon.
 pub(crate) const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Reads what is left of an HTTP/2 request body and throws it away (reading
-/// gives the client its flow-control window back), within the drain bounds.
-/// The stream stays open meanwhile: h2 resets it (`NO_ERROR`, RFC 9113
-/// §8.1) only when the last handle on it goes, which is here, after the
-/// client's `END_STREAM` or once a bound is passed.
-pub(super) async fn drain_h2(mut body: hyper::body::Incoming) {
+/// The longest an HTTP/2 answer waits for the rest of a request body that
+/// keeps coming ([`read_before_answer`]).
+const BEFORE_ANSWER_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest gap between that body's frames before the answer goes
+/// anyway: a client that waits for the answer before sending more gets it
+/// this late.
+const BEFORE_ANSWER_IDLE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// An HTTP/2 request body that its handler left unread, carried by the
+/// answer's body until that has gone: then what is left is drained
+/// ([`drain_h2`]), or, past the byte bound, dropped, which resets the stream
+/// (`NO_ERROR`, as the answer has ended).
+pub(crate) struct Unread {
+    body: Option<hyper::body::Incoming>,
+    /// Bytes that may still be read past.
+    left: u64,
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        if let Some(body) = self.body.take() {
+            if self.left > 0 {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(drain_h2(body, self.left));
+                }
+            }
+        }
+    }
+}
+
+/// How a read past an unread HTTP/2 body ([`read_past`]) ended.
+enum Past {
+    /// The body ended, or the client reset the stream.
+    Ended,
+    /// The next frame would pass the byte bound.
+    Cut,
+    /// No frame came within the idle bound, or the time bound passed.
+    TimedOut,
+}
+
+/// Reads `body` and throws it away (reading gives the client its
+/// flow-control window back) until it ends, `left` bytes would be passed,
+/// `deadline` passes, or no frame comes for `idle`.
+async fn read_past(
+    body: &mut hyper::body::Incoming,
+    left: &mut u64,
+    deadline: tokio::time::Instant,
+    idle: std::time::Duration,
+) -> Past {
     use tokio::time::{timeout_at, Instant};
-    let deadline = Instant::now() + DRAIN_TIME;
-    let mut left = DRAIN_MAX_BYTES;
     loop {
-        let by = deadline.min(Instant::now() + DRAIN_IDLE);
+        let by = deadline.min(Instant::now() + idle);
         match timeout_at(by, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                if n > left {
-                    tracing::debug!("request body left unread past the drain limit: stream reset");
-                    return;
+                if n > *left {
+                    return Past::Cut;
                 }
-                left -= n;
+                *left -= n;
             }
-            // The body ended, or the client reset the stream.
-            Ok(None | Some(Err(_))) => return,
-            Err(_) => {
-                tracing::debug!("request body not ended within the drain time: stream reset");
-                return;
-            }
+            Ok(None | Some(Err(_))) => return Past::Ended,
+            Err(_) => return Past::TimedOut,
+        }
+    }
+}
+
+/// Reads the rest of an HTTP/2 request body before its (early) answer goes,
+/// while the client keeps sending: at most [`BEFORE_ANSWER_TIME`], with no
+/// gap over [`BEFORE_ANSWER_IDLE`], within [`DRAIN_MAX_BYTES`]. An answer
+/// that comes while the client is still sending makes curl 7.88 end its
+/// upload short (`END_STREAM` before the declared length); h2 resets such a
+/// stream with `PROTOCOL_ERROR`, and when the answer's head has gone out
+/// without its body, which the connection task may do, curl loses the
+/// answer. Returns what is still unread when a bound ends the wait.
+pub(crate) async fn read_before_answer(mut body: hyper::body::Incoming) -> Option<Unread> {
+    let deadline = tokio::time::Instant::now() + BEFORE_ANSWER_TIME;
+    let mut left = DRAIN_MAX_BYTES;
+    match read_past(&mut body, &mut left, deadline, BEFORE_ANSWER_IDLE).await {
+        Past::Ended => None,
+        Past::Cut => Some(Unread {
+            body: Some(body),
+            left: 0,
+        }),
+        Past::TimedOut => Some(Unread {
+            body: Some(body),
+            left,
+        }),
+    }
+}
+
+/// Reads what is left of an HTTP/2 request body and throws it away, within
+/// the drain bounds and `left` bytes. The stream stays open meanwhile: h2
+/// resets it (`NO_ERROR`, RFC 9113 §8.1) only when the last handle on it
+/// goes, which is here, after the client's `END_STREAM` or once a bound is
+/// passed.
+pub(super) async fn drain_h2(mut body: hyper::body::Incoming, mut left: u64) {
+    let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+    match read_past(&mut body, &mut left, deadline, DRAIN_IDLE).await {
+        Past::Ended => {}
+        Past::Cut => {
+            tracing::debug!("request body left unread past the drain limit: stream reset");
+        }
+        Past::TimedOut => {
+            tracing::debug!("request body not ended within the drain time: stream reset");
         }
     }
 }

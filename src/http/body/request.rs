@@ -3,12 +3,13 @@ use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::drain::drain_h2;
-use super::BoxError;
+use super::{BoxError, DRAIN_MAX_BYTES};
 
 /// A request's body as handlers receive it, from either server: hyper's
 /// (HTTP/2) or ours (HTTP/1.1, see [`crate::h1`]). An HTTP/2 body dropped
-/// before its end is drained ([`super::DRAIN_MAX_BYTES`]); an HTTP/1.1 one
-/// is drained by its connection.
+/// before its end goes back to its server, or is drained
+/// ([`super::DRAIN_MAX_BYTES`]); an HTTP/1.1 one is drained by its
+/// connection.
 pub struct RequestBody {
     kind: Kind,
 }
@@ -22,6 +23,9 @@ enum Kind {
         /// Seen to have ended, so that dropping it need not ask h2 again
         /// (each ask takes the connection's lock).
         ended: AtomicBool,
+        /// Where the body goes if dropped before its end: to the server,
+        /// which reads the rest before the answer goes.
+        give_back: Option<tokio::sync::oneshot::Sender<hyper::body::Incoming>>,
     },
     Streamed(Streamed),
 }
@@ -72,12 +76,18 @@ impl RequestBody {
     }
 }
 
-impl From<hyper::body::Incoming> for RequestBody {
-    fn from(body: hyper::body::Incoming) -> Self {
+impl RequestBody {
+    /// An HTTP/2 body from hyper; if dropped before its end, sent on
+    /// `give_back` when given (and still listened to), else drained.
+    pub(crate) fn h2(
+        body: hyper::body::Incoming,
+        give_back: Option<tokio::sync::oneshot::Sender<hyper::body::Incoming>>,
+    ) -> Self {
         RequestBody {
             kind: Kind::Hyper {
                 body,
                 ended: AtomicBool::new(false),
+                give_back,
             },
         }
     }
@@ -87,15 +97,25 @@ impl Drop for RequestBody {
     fn drop(&mut self) {
         // Only a body the handler left unread costs more than this test.
         let unread = match &mut self.kind {
-            Kind::Hyper { body, ended } => {
+            Kind::Hyper { body, ended, .. } => {
                 !*ended.get_mut() && !http_body::Body::is_end_stream(body)
             }
             _ => false,
         };
         if unread {
-            if let Kind::Hyper { body, .. } = std::mem::replace(&mut self.kind, Kind::Empty) {
+            if let Kind::Hyper {
+                body, give_back, ..
+            } = std::mem::replace(&mut self.kind, Kind::Empty)
+            {
+                let body = match give_back {
+                    Some(tx) => match tx.send(body) {
+                        Ok(()) => return,
+                        Err(body) => body,
+                    },
+                    None => body,
+                };
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(drain_h2(body));
+                    runtime.spawn(drain_h2(body, DRAIN_MAX_BYTES));
                 }
             }
         }
@@ -114,7 +134,7 @@ impl http_body::Body for RequestBody {
         match &mut self.get_mut().kind {
             Kind::Empty => Poll::Ready(None),
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d)))),
-            Kind::Hyper { body, ended } => {
+            Kind::Hyper { body, ended, .. } => {
                 let frame = std::pin::Pin::new(body).poll_frame(cx);
                 if let Poll::Ready(None) = frame {
                     ended.store(true, Ordering::Relaxed);
@@ -154,7 +174,7 @@ impl http_body::Body for RequestBody {
         match &self.kind {
             Kind::Empty => true,
             Kind::Full(data) => data.is_none(),
-            Kind::Hyper { body, ended } => {
+            Kind::Hyper { body, ended, .. } => {
                 let end = body.is_end_stream();
                 if end {
                     ended.store(true, Ordering::Relaxed);
