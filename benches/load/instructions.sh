@@ -10,6 +10,8 @@
 #   N=3000 RATE=300 benches/load/instructions.sh
 #       # counted requests paced at RATE per second (oha -q): each one finds the
 #       # gateway idle, so the count includes waking it and parking it again
+#   H2=1 N=5000 benches/load/instructions.sh
+#       # the same over h2c (oha --http2, prior knowledge): the HTTP/2 server's path
 #   BACKEND=redis N=5000 benches/load/instructions.sh
 #       # the same with `[rate_limit] backend = "redis"` against a Redis of its
 #       # own (redis-server on a free port): the gateway's side of the shared limiter
@@ -20,7 +22,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
-BACKEND=${BACKEND:-local}
+BACKEND=${BACKEND:-local} H2=${H2:-}
 case "$BACKEND" in
   local) tools="valgrind callgrind_control nginx" ;;
   redis) tools="valgrind callgrind_control nginx redis-server" ;;
@@ -69,13 +71,13 @@ valgrind --tool=callgrind --callgrind-out-file="$OUT" "$GW" run --config "$CFG" 
 VG=$!
 PIDS+=("$VG")
 wait_port "$GW_PORT" 60 # valgrind starts slowly
-"$OHA" --no-tui -n "$WARM" -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
+"$OHA" --no-tui ${H2:+--http2} -n "$WARM" -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
 callgrind_control -z "$VG" >/dev/null 2>&1
-"$OHA" --no-tui -n "$N" -c 50 ${RATE:+-q "$RATE"} -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1
+"$OHA" --no-tui ${H2:+--http2} -n "$N" -c 50 ${RATE:+-q "$RATE"} -H "Authorization: Bearer $KEY" "$URL" >"$WORK/oha.txt" 2>&1
 grep -q 'Success rate:.*100.00%' "$WORK/oha.txt" || { echo "instructions.sh: requests failed" >&2; cat "$WORK/oha.txt" >&2; exit 1; }
 callgrind_control -d "$VG" >/dev/null 2>&1
 sleep 1
 # The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
-echo "$N requests${RATE:+ at $RATE/s} ($BACKEND limiter): $total instructions in the gateway's user space, $((total / N)) per request"
+echo "$N requests${H2:+ over h2c}${RATE:+ at $RATE/s} ($BACKEND limiter): $total instructions in the gateway's user space, $((total / N)) per request"
 echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"

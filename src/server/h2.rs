@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::limits::{head_backstop, ListenerLimits};
 use crate::http::body::{read_before_answer, Body, RequestBody, Unread, DRAIN_MAX_BYTES};
-use crate::http::service::{ConnInfo, Handler};
+use crate::http::service::{ConnInfo, Handler, Reply};
 
 /// hyper's HTTP/2 server (HTTP/1.1 is [`crate::h1`]'s).
 pub(super) fn h2_builder(limits: &ListenerLimits) -> http2::Builder<TokioExecutor> {
@@ -110,7 +110,7 @@ impl Drop for ActiveStream {
 struct Tracked {
     inner: Body,
     _active: ActiveStream,
-    _unread: Option<Unread>,
+    _unread: Option<Box<Unread>>,
 }
 
 impl http_body::Body for Tracked {
@@ -131,6 +131,25 @@ impl http_body::Body for Tracked {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Handles a request whose body may still be coming. A body the handler
+/// leaves unread comes back, and its rest is read before the answer goes
+/// ([`read_before_answer`]); what is still unread then goes with the answer's
+/// body, to be drained after it.
+async fn handle_with_body<H: Handler>(
+    handler: &H,
+    req: Request<Incoming>,
+    conn: Arc<ConnInfo>,
+) -> (Reply, Option<Box<Unread>>) {
+    let (give_back, mut given_back) = tokio::sync::oneshot::channel();
+    let req = req.map(|body| RequestBody::h2(body, Some(give_back)));
+    let reply = handler.handle(req, conn).await;
+    let unread = match given_back.try_recv() {
+        Ok(body) => read_before_answer(body).await.map(Box::new),
+        Err(_) => None,
+    };
+    (reply, unread)
 }
 
 /// Serves an HTTP/2 connection until it ends; closes it gracefully once it
@@ -161,22 +180,14 @@ pub(super) async fn serve_h2<S, H>(
             // stream, and the whole pipeline's state machine inline would make
             // each one that much bigger.
             // A body that may still be coming, within the drain's byte
-            // bound, comes back if the handler leaves it unread: its rest is
-            // read before the answer goes (`read_before_answer`). hyper
-            // gives a body that ended with its head a length of 0.
+            // bound, takes the longer way (`handle_with_body`). hyper gives a
+            // body that ended with its head a length of 0.
             let hint = http_body::Body::size_hint(req.body());
-            let (give_back, given_back) =
-                if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
-                    (None, None)
-                } else {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    (Some(tx), Some(rx))
-                };
-            let req = req.map(|body| RequestBody::h2(body, give_back));
-            let reply = Box::pin(handler.handle(req, conn)).await;
-            let unread = match given_back.and_then(|mut rx| rx.try_recv().ok()) {
-                Some(body) => read_before_answer(body).await,
-                None => None,
+            let (reply, unread) = if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
+                let req = req.map(|body| RequestBody::h2(body, None));
+                (Box::pin(handler.handle(req, conn)).await, None)
+            } else {
+                Box::pin(handle_with_body(&*handler, req, conn)).await
             };
             // hyper writes the header map only: the stamped fields and a
             // target's relayed fields go in.
