@@ -12,6 +12,8 @@
 #            --redis-cpus LIST (where Redis may run, as taskset -c takes it; 1)
 #            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
 #            --rate R (the fixed load in req/s, instead of half of the local peak)
+#            --own-time (with the admin listener on, also the gateway's own p99 at the
+#            fixed load, from its request-duration histogram: own_time.py)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -26,7 +28,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 RATE= SATURATION=1 REDIS_CPUS=1 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
     --paced) PACED=1 ;;
     --oha) PACED=1 OHA=1 ;;
     --rate) RATE="$2"; shift ;;
+    --own-time) OWN=1 ;;
     --no-saturation) SATURATION=0 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -51,7 +54,7 @@ done
 
 work_dir redis-limits
 raise_nofile
-UP_PORT=$(free_port); GW_PORT=$(free_port); REDIS_PORT=$(free_port)
+UP_PORT=$(free_port); GW_PORT=$(free_port); REDIS_PORT=$(free_port); ADM_PORT=$(free_port)
 PATH_Q="/api/v1/clusters?organization_id=acme"
 URL="http://127.0.0.1:$GW_PORT$PATH_Q"
 
@@ -72,6 +75,11 @@ for backend in local redis; do
 done
 # The local config names no Redis url.
 sed -i '/^redis_url = /d' "$WORK/gw-local.toml"
+if [ "$OWN" = 1 ]; then
+  sed -i "s|^enabled = false\$|listen = \"127.0.0.1:$ADM_PORT\"|" "$WORK/gw-local.toml" "$WORK/gw-redis.toml"
+  grep -q "^listen = \"127.0.0.1:$ADM_PORT\"" "$WORK/gw-redis.toml" ||
+    { echo "$SCRIPT: the bench config no longer has the [admin] enabled = false line" >&2; exit 1; }
+fi
 GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
@@ -120,6 +128,7 @@ paced() {
   rm -f "$WORK/paced.log"
   local cpu0 calls0 script0 cpu1 calls1 script1
   cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
+  [ "$OWN" = 0 ] || curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
   if [ "$OHA" = 1 ]; then
     # As run.sh's fixed loads: oha's bursts on its 1 ms ticks, its own lateness counted.
     taskset -c 1 oha --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$3" \
@@ -131,7 +140,14 @@ paced() {
       { cat "$WORK/paced.out" >&2; exit 1; }
   fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
+  local own=-
+  if [ "$OWN" = 1 ]; then
+    curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
+    own=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["own_p99_us"])')
+  fi
   stop "$GW_PID"
+  echo -n "$own "
   python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
     "$script0" "$script1" <<'EOF'
 import json, sys
@@ -184,14 +200,15 @@ if [ "$PACED" = 1 ]; then
     done
   fi
   rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
-  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s\n' run binary rate local_p50 \
-    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s\n' run binary rate local_p50 \
+    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
-      read -r rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
-      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s\n' "$r" "$(basename "$bin")" \
-        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" "$lb0/$lb1" "$rb0/$rb1"
+      read -r lown lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
+      read -r rown rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s\n' "$r" "$(basename "$bin")" \
+        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" "$lb0/$lb1" "$rb0/$rb1" \
+        "$lown/$rown"
     done
   done
 fi
