@@ -78,6 +78,12 @@ async fn h2_early_answer(
         .await
         .expect("no answer while the body was being sent")
         .unwrap();
+    let (status, json) = h2_read_answer(res).await;
+    (stream, status, json)
+}
+
+/// An answer's status and its whole body, as JSON.
+async fn h2_read_answer(res: http::Response<h2::RecvStream>) -> (u16, Value) {
     let status = res.status().as_u16();
     let mut body = res.into_body();
     let mut bytes = Vec::new();
@@ -86,8 +92,10 @@ async fn h2_early_answer(
         let _ = body.flow_control().release_capacity(piece.len());
         bytes.extend_from_slice(&piece);
     }
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (stream, status, json)
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 #[tokio::test]
@@ -168,6 +176,17 @@ async fn h2_upload_like_curl(
             stream.send_data(Bytes::new(), true).unwrap();
             break res.await;
         }
+        // One piece, then its pause (if any), while watching for the answer.
+        let take = piece.min(length - sent);
+        let wait = if sent / piece < pauses {
+            pause
+        } else {
+            Duration::ZERO
+        };
+        let step = async {
+            h2_send(&mut stream, take).await.unwrap();
+            tokio::time::sleep(wait).await;
+        };
         tokio::select! {
             biased;
             res = &mut res => {
@@ -175,39 +194,12 @@ async fn h2_upload_like_curl(
                 let _ = stream.send_data(Bytes::new(), true);
                 break res;
             }
-            sending = h2_send(&mut stream, piece.min(length - sent)) => {
-                sending.unwrap();
-                sent += piece.min(length - sent);
-                if sent / piece <= pauses {
-                    tokio::select! {
-                        biased;
-                        res = &mut res => {
-                            early = true;
-                            let _ = stream.send_data(Bytes::new(), true);
-                            break res;
-                        }
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-            }
+            _ = step => sent += take,
         }
     };
     let took = started.elapsed();
-    let res = res.expect("no answer");
-    let status = res.status().as_u16();
-    let mut body = res.into_body();
-    let mut bytes = Vec::new();
-    while let Some(piece) = body.data().await {
-        let piece = piece.expect("the answer's body was cut off");
-        let _ = body.flow_control().release_capacity(piece.len());
-        bytes.extend_from_slice(&piece);
-    }
-    (
-        early,
-        took,
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let (status, json) = h2_read_answer(res.expect("no answer")).await;
+    (early, took, status, json)
 }
 
 /// curl 7.88 ends its upload short as soon as it reads an error status, and
@@ -242,49 +234,37 @@ async fn h2_an_upload_that_keeps_coming_is_answered_after_its_end() {
         );
         assert!(!early, "{status}: answered while the upload kept coming");
     }
-    // A client that waits for the answer: it comes once the idle bound passes.
-    let (early, took, got, _) = h2_upload_like_curl(
-        &mut client,
-        &w,
-        ("POST", CLUSTERS, bad_key),
-        2 * MIB,
-        (1, DRAIN_IDLE),
-    )
-    .await;
-    assert_eq!(got, 401);
-    assert!(
-        early && took >= BEFORE_ANSWER_IDLE,
-        "a stalled upload answered after {took:?}"
-    );
-    // A trickle: answered once the time bound passes.
-    let (early, took, got, _) = h2_upload_like_curl(
-        &mut client,
-        &w,
-        ("POST", CLUSTERS, bad_key),
-        2 * MIB,
-        (32, BEFORE_ANSWER_IDLE / 5),
-    )
-    .await;
-    assert_eq!(got, 401);
-    assert!(
-        early && took >= BEFORE_ANSWER_TIME,
-        "a trickle answered after {took:?}"
-    );
-    // More than the drain would read (and than `max_body_bytes`): answered
-    // at once, not held.
-    let (early, took, got, _) = h2_upload_like_curl(
-        &mut client,
-        &w,
-        ("POST", CLUSTERS, bad_key),
-        2 * DRAIN_MAX_BYTES,
-        (1, DRAIN_IDLE),
-    )
-    .await;
-    assert_eq!(got, 413);
-    assert!(
-        early && took < BEFORE_ANSWER_IDLE,
-        "answered after {took:?}"
-    );
+    // Answered mid-upload past a bound, each at its time: a client that
+    // waits for the answer, once the idle bound passes; a trickle, once the
+    // time bound passes; more than the drain would read (and than
+    // `max_body_bytes`), at once.
+    type Within = fn(Duration) -> bool;
+    let cases: [(&str, usize, (usize, Duration), u16, Within); 3] = [
+        ("a stalled upload", 2 * MIB, (1, DRAIN_IDLE), 401, |t| {
+            t >= BEFORE_ANSWER_IDLE
+        }),
+        (
+            "a trickle",
+            2 * MIB,
+            (32, BEFORE_ANSWER_IDLE / 5),
+            401,
+            |t| t >= BEFORE_ANSWER_TIME,
+        ),
+        (
+            "an upload past the drain",
+            2 * DRAIN_MAX_BYTES,
+            (1, DRAIN_IDLE),
+            413,
+            |t| t < BEFORE_ANSWER_IDLE,
+        ),
+    ];
+    for (what, length, pauses, status, within) in cases {
+        let request = ("POST", CLUSTERS, bad_key);
+        let (early, took, got, _) =
+            h2_upload_like_curl(&mut client, &w, request, length, pauses).await;
+        assert_eq!(got, status, "{what}");
+        assert!(early && within(took), "{what} answered after {took:?}");
+    }
     assert_eq!(w.up.count(), 0, "a refused request reached the upstream");
 }
 
