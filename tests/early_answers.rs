@@ -239,7 +239,8 @@ async fn h2_an_upload_that_keeps_coming_is_answered_after_its_end() {
     // time bound passes; more than the drain would read (and than
     // `max_body_bytes`), at once.
     type Within = fn(Duration) -> bool;
-    let cases: [(&str, usize, (usize, Duration), u16, Within); 3] = [
+    type Case = (&'static str, usize, (usize, Duration), u16, Within);
+    let cases: [Case; 3] = [
         ("a stalled upload", 2 * MIB, (1, DRAIN_IDLE), 401, |t| {
             t >= BEFORE_ANSWER_IDLE
         }),

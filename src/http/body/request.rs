@@ -74,9 +74,7 @@ impl RequestBody {
             }),
         }
     }
-}
 
-impl RequestBody {
     /// An HTTP/2 body from hyper; if dropped before its end, sent on
     /// `give_back` when given (and still listened to), else drained.
     pub(crate) fn h2(
