@@ -175,7 +175,10 @@ pub(super) async fn serve_h2<S, H>(
     let service = service_fn(move |req: Request<Incoming>| {
         let (handler, conn) = (handler.clone(), conn.clone());
         let active = ActiveStream::start(track.clone());
-        async move {
+        // Each stream is a task of its own (hyper's), outside the
+        // connection task's clock reading: the pipeline's clock reads share
+        // one reading per poll here too.
+        crate::clock::reading_once_per_poll(async move {
             // Boxed per request: hyper keeps a slot for this future in every
             // stream, and the whole pipeline's state machine inline would make
             // each one that much bigger.
@@ -198,7 +201,7 @@ pub(super) async fn serve_h2<S, H>(
                 _active: active,
                 _unread: unread,
             }))
-        }
+        })
     });
     let connection = h2.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
@@ -256,3 +259,60 @@ pub(super) async fn serve_h2<S, H>(
 /// The longest a closing HTTP/2 connection with no stream in flight is left
 /// to finish its GOAWAY exchange.
 const GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Response, StatusCode};
+
+    /// Answers 200 when two clock readings, 2 ms apart within one poll,
+    /// are the same reading.
+    struct TwoReadings;
+
+    impl Handler for TwoReadings {
+        async fn handle(&self, _: Request<RequestBody>, _: Arc<ConnInfo>) -> Reply {
+            let first = crate::clock::now();
+            std::thread::sleep(Duration::from_millis(2));
+            let mut res = Response::new(crate::http::body::empty());
+            if crate::clock::now() != first {
+                *res.status_mut() = StatusCode::CONFLICT;
+            }
+            res.into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streams_clock_reads_share_one_reading_per_poll() {
+        let limits = ListenerLimits {
+            name: "test",
+            max_connections: 16,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            shutdown_grace: Duration::from_secs(1),
+        };
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let (_stop, stop) = watch::channel(false);
+        let conn = Arc::new(ConnInfo::new(([127, 0, 0, 1], 1).into(), false));
+        tokio::spawn(async move {
+            let h2 = h2_builder(&limits);
+            let by = Instant::now() + limits.header_read_timeout;
+            serve_h2(
+                server_io,
+                &h2,
+                conn,
+                Arc::new(TwoReadings),
+                &limits,
+                by,
+                stop,
+            )
+            .await;
+        });
+        let (client, connection) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        let req = http::Request::get("http://gateway/").body(()).unwrap();
+        let (res, _) = client.send_request(req, true).unwrap();
+        assert_eq!(res.await.unwrap().status(), StatusCode::OK);
+    }
+}
