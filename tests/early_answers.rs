@@ -149,15 +149,14 @@ const BEFORE_ANSWER_IDLE: Duration = Duration::from_millis(250);
 /// Sends a `length`-byte `method` to `path` as curl 7.88 does: in pieces as
 /// the window allows, `pause` after each of the first `pauses` pieces of
 /// 64 KiB, and, if the answer comes first, the upload ended there
-/// (`END_STREAM` short of the declared length). Returns whether the answer
-/// came before the upload's end, when it came, its status and its body.
+/// (`END_STREAM` short of the declared length).
 async fn h2_upload_like_curl(
     client: &mut h2::client::SendRequest<Bytes>,
     w: &World,
     (method, path, auth): (&str, &str, &str),
     length: usize,
     (pauses, pause): (usize, Duration),
-) -> (bool, Duration, u16, Value) {
+) -> Upload {
     let req = http::Request::builder()
         .method(method)
         .uri(format!("http://{}{path}", w.gw.addr))
@@ -199,7 +198,25 @@ async fn h2_upload_like_curl(
     };
     let took = started.elapsed();
     let (status, json) = h2_read_answer(res.expect("no answer")).await;
-    (early, took, status, json)
+    Upload {
+        early,
+        took,
+        sent,
+        status,
+        json,
+    }
+}
+
+/// What [`h2_upload_like_curl`] saw.
+struct Upload {
+    /// The answer came before the upload's end.
+    early: bool,
+    /// From the request's start to the answer's head.
+    took: Duration,
+    /// Body bytes sent by then.
+    sent: usize,
+    status: u16,
+    json: Value,
 }
 
 /// curl 7.88 ends its upload short as soon as it reads an error status, and
@@ -225,47 +242,44 @@ async fn h2_an_upload_that_keeps_coming_is_answered_after_its_end() {
         (("POST", "/api/v1/nowhere", bad_key), 404, "NotFound"),
     ] {
         // Pauses well under the idle bound, over HTTP/2's window.
-        let (early, _, got, json) =
-            h2_upload_like_curl(&mut client, &w, request, 2 * MIB, (4, short)).await;
+        let up = h2_upload_like_curl(&mut client, &w, request, 2 * MIB, (4, short)).await;
         assert_eq!(
-            (got, json["error"].as_str()),
+            (up.status, up.json["error"].as_str()),
             (status, Some(error)),
-            "{json}"
+            "{}",
+            up.json
         );
-        assert!(!early, "{status}: answered while the upload kept coming");
+        assert!(!up.early, "{status}: answered while the upload kept coming");
     }
-    // Answered mid-upload past a bound, each at its time: a client that
-    // waits for the answer, once the idle bound passes; a trickle, once the
-    // time bound passes; more than the drain would read (and than
-    // `max_body_bytes`), at once.
-    type Within = fn(Duration) -> bool;
-    type Case = (&'static str, usize, (usize, Duration), u16, Within);
-    let cases: [Case; 3] = [
-        ("a stalled upload", 2 * MIB, (1, DRAIN_IDLE), 401, |t| {
-            t >= BEFORE_ANSWER_IDLE
-        }),
+    // Answered mid-upload past a bound: a client that waits for the answer,
+    // once the idle bound passes; a trickle, once the time bound passes.
+    for (what, pauses, bound) in [
+        ("a stalled upload", (1, DRAIN_IDLE), BEFORE_ANSWER_IDLE),
         (
             "a trickle",
-            2 * MIB,
             (32, BEFORE_ANSWER_IDLE / 5),
-            401,
-            |t| t >= BEFORE_ANSWER_TIME,
+            BEFORE_ANSWER_TIME,
         ),
-        (
-            "an upload past the drain",
-            2 * DRAIN_MAX_BYTES,
-            (1, DRAIN_IDLE),
-            413,
-            |t| t < BEFORE_ANSWER_IDLE,
-        ),
-    ];
-    for (what, length, pauses, status, within) in cases {
+    ] {
         let request = ("POST", CLUSTERS, bad_key);
-        let (early, took, got, _) =
-            h2_upload_like_curl(&mut client, &w, request, length, pauses).await;
-        assert_eq!(got, status, "{what}");
-        assert!(early && within(took), "{what} answered after {took:?}");
+        let up = h2_upload_like_curl(&mut client, &w, request, 2 * MIB, pauses).await;
+        assert_eq!(up.status, 401, "{what}");
+        assert!(
+            up.early && up.took >= bound,
+            "{what} answered after {:?}",
+            up.took
+        );
     }
+    // More than the drain would read (and than `max_body_bytes`), sent
+    // without a pause: answered at once, not after the drain's bytes.
+    let request = ("POST", CLUSTERS, bad_key);
+    let up = h2_upload_like_curl(&mut client, &w, request, 2 * DRAIN_MAX_BYTES, (0, short)).await;
+    assert_eq!(up.status, 413);
+    assert!(
+        up.early && up.sent < DRAIN_MAX_BYTES,
+        "answered after {} bytes",
+        up.sent
+    );
     assert_eq!(w.up.count(), 0, "a refused request reached the upstream");
 }
 
