@@ -181,10 +181,10 @@ pub(super) async fn serve_h2<S, H>(
         crate::clock::reading_once_per_poll(async move {
             // Boxed per request: hyper keeps a slot for this future in every
             // stream, and the whole pipeline's state machine inline would make
-            // each one that much bigger.
-            // A body that may still be coming, within the drain's byte
-            // bound, takes the longer way (`handle_with_body`). hyper gives a
-            // body that ended with its head a length of 0.
+            // each one that much bigger. A body that may still be coming,
+            // within the drain's byte bound, takes the longer way
+            // (`handle_with_body`); hyper gives a body that ended with its
+            // head a length of 0.
             let hint = http_body::Body::size_hint(req.body());
             let (reply, unread) = if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
                 let req = req.map(|body| RequestBody::h2(body, None));

@@ -45,9 +45,7 @@ impl Drop for Unread {
     fn drop(&mut self) {
         if let Some(body) = self.body.take() {
             if self.left > 0 {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(drain_h2(body, self.left));
-                }
+                drain_h2(body, self.left);
             }
         }
     }
@@ -100,33 +98,37 @@ async fn read_past(
 pub(crate) async fn read_before_answer(mut body: hyper::body::Incoming) -> Option<Unread> {
     let deadline = tokio::time::Instant::now() + BEFORE_ANSWER_TIME;
     let mut left = DRAIN_MAX_BYTES;
-    match read_past(&mut body, &mut left, deadline, BEFORE_ANSWER_IDLE).await {
-        Past::Ended => None,
-        Past::Cut => Some(Unread {
-            body: Some(body),
-            left: 0,
-        }),
-        Past::TimedOut => Some(Unread {
-            body: Some(body),
-            left,
-        }),
-    }
+    let left = match read_past(&mut body, &mut left, deadline, BEFORE_ANSWER_IDLE).await {
+        Past::Ended => return None,
+        Past::Cut => 0,
+        Past::TimedOut => left,
+    };
+    Some(Unread {
+        body: Some(body),
+        left,
+    })
 }
 
-/// Reads what is left of an HTTP/2 request body and throws it away, within
-/// the drain bounds and `left` bytes. The stream stays open meanwhile: h2
-/// resets it (`NO_ERROR`, RFC 9113 §8.1) only when the last handle on it
-/// goes, which is here, after the client's `END_STREAM` or once a bound is
-/// passed.
-pub(super) async fn drain_h2(mut body: hyper::body::Incoming, mut left: u64) {
-    let deadline = tokio::time::Instant::now() + DRAIN_TIME;
-    match read_past(&mut body, &mut left, deadline, DRAIN_IDLE).await {
-        Past::Ended => {}
-        Past::Cut => {
-            tracing::debug!("request body left unread past the drain limit: stream reset");
+/// Spawns a task that reads what is left of an HTTP/2 request body and
+/// throws it away, within the drain bounds and `left` bytes. The stream
+/// stays open meanwhile: h2 resets it (`NO_ERROR`, RFC 9113 §8.1) only when
+/// the last handle on it goes, which is there, after the client's
+/// `END_STREAM` or once a bound is passed. Outside a runtime (the process
+/// ending), the body is dropped at once.
+pub(super) fn drain_h2(mut body: hyper::body::Incoming, mut left: u64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+        match read_past(&mut body, &mut left, deadline, DRAIN_IDLE).await {
+            Past::Ended => {}
+            Past::Cut => {
+                tracing::debug!("request body left unread past the drain limit: stream reset");
+            }
+            Past::TimedOut => {
+                tracing::debug!("request body not ended within the drain time: stream reset");
+            }
         }
-        Past::TimedOut => {
-            tracing::debug!("request body not ended within the drain time: stream reset");
-        }
-    }
+    });
 }

@@ -112,9 +112,7 @@ impl Drop for RequestBody {
                     },
                     None => body,
                 };
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(drain_h2(body, DRAIN_MAX_BYTES));
-                }
+                drain_h2(body, DRAIN_MAX_BYTES);
             }
         }
     }
