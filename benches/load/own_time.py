@@ -6,27 +6,38 @@ upstream's answer included). Prints one raw line for run.sh: the requests
 counted, the share answered within 1 ms, and the p99 read off the buckets
 (linearly within the bucket it falls in).
 
-usage: own_time.py METRICS_BEFORE METRICS_AFTER RUN
+With FAMILY and LABELS, another histogram instead: its family name and the label
+text that comes before `le` (`mpg_rate_limit_backend_duration_seconds
+'backend="redis"'`: the time each request waited for its Redis decision).
+
+usage: own_time.py METRICS_BEFORE METRICS_AFTER RUN [FAMILY LABELS]
 """
 import json
 import re
 import sys
 
 ROUTE = "/api/v1/clusters"
-PATTERN = re.compile(
-    r'^mpg_request_duration_seconds_bucket\{route="' + re.escape(ROUTE) + r'",le="([^"]+)"\} (\S+)$'
-)
 
 
-def buckets(path):
+def pattern(family, labels):
+    return re.compile(
+        "^" + re.escape(family) + r"_bucket\{" + re.escape(labels) + r',le="([^"]+)"\} (\S+)$'
+    )
+
+
+def buckets(path, pattern):
     with open(path) as f:
-        return {m.group(1): float(m.group(2)) for m in map(PATTERN.match, f) if m}
+        return {m.group(1): float(m.group(2)) for m in map(pattern.match, f) if m}
 
 
 def main():
-    before, after, run = buckets(sys.argv[1]), buckets(sys.argv[2]), int(sys.argv[3])
+    family, labels = "mpg_request_duration_seconds", f'route="{ROUTE}"'
+    if len(sys.argv) > 4:
+        family, labels = sys.argv[4], sys.argv[5]
+    wanted = pattern(family, labels)
+    before, after, run = buckets(sys.argv[1], wanted), buckets(sys.argv[2], wanted), int(sys.argv[3])
     if not after:
-        sys.exit(f"own_time.py: no request-duration histogram for {ROUTE} in {sys.argv[2]}")
+        sys.exit(f"own_time.py: no {family}{{{labels}}} histogram in {sys.argv[2]}")
     cumulative = sorted((float(le), after[le] - before.get(le, 0.0)) for le in after)
     n = cumulative[-1][1]
     if n <= 0:

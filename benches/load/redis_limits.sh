@@ -13,7 +13,8 @@
 #            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
 #            --rate R (the fixed load in req/s, instead of half of the local peak)
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
-#            fixed load, from its request-duration histogram: own_time.py)
+#            fixed load, from its request-duration histogram, and the p99 of its wait
+#            for Redis's decisions, from the backend-duration one: own_time.py)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -140,14 +141,16 @@ paced() {
       { cat "$WORK/paced.out" >&2; exit 1; }
   fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
-  local own=-
+  local own=- wait=-
   if [ "$OWN" = 1 ]; then
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
-    own=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 |
-      python3 -c 'import json, sys; print(json.load(sys.stdin)["own_p99_us"])')
+    p99() { python3 -c 'import json, sys; print(json.load(sys.stdin)["own_p99_us"])'; }
+    own=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 | p99)
+    [ "$2" = local ] || wait=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 \
+      mpg_rate_limit_backend_duration_seconds 'backend="redis"' | p99)
   fi
   stop "$GW_PID"
-  echo -n "$own "
+  echo -n "$own $wait "
   python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
     "$script0" "$script1" <<'EOF'
 import json, sys
@@ -200,15 +203,15 @@ if [ "$PACED" = 1 ]; then
     done
   fi
   rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
-  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s\n' run binary rate local_p50 \
-    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s\n' run binary rate local_p50 \
+    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99 wait_p99
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lown lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
-      read -r rown rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
-      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s\n' "$r" "$(basename "$bin")" \
+      read -r lown _ lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
+      read -r rown rwait rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s\n' "$r" "$(basename "$bin")" \
         "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" "$lb0/$lb1" "$rb0/$rb1" \
-        "$lown/$rown"
+        "$lown/$rown" "$rwait"
     done
   done
 fi
