@@ -23,7 +23,8 @@
 # (µs) with each, Redis's CPU time per request (µs) and requests per script call; with
 # --paced, per round and binary: p50/p99 (µs) with each backend at half of the local
 # peak; at that load Redis's CPU per request, requests per call, Redis's CPU per call
-# against its time in the script (µs), and each core's busy share.
+# against its time in the script (µs), each core's busy share, and the gateway's CPU time
+# (µs) and its sleeps (voluntary context switches) per request with each backend.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -99,6 +100,8 @@ redis_script_us() {
 
 # The gateway's CPU ticks (user + sys).
 gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+# The times the gateway went to sleep waiting for work (its voluntary context switches).
+gw_sleeps() { awk '/^voluntary_ctxt_switches:/ {print $2}' "/proc/$GW_PID/status"; }
 CLK_TCK=$(getconf CLK_TCK)
 
 # saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ"
@@ -127,8 +130,9 @@ paced() {
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
   rm -f "$WORK/paced.log"
-  local cpu0 calls0 script0 cpu1 calls1 script1
+  local cpu0 calls0 script0 cpu1 calls1 script1 t0 t1 s0 s1
   cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
+  t0=$(gw_ticks); s0=$(gw_sleeps)
   [ "$OWN" = 0 ] || curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
   if [ "$OHA" = 1 ]; then
     # As run.sh's fixed loads: oha's bursts on its 1 ms ticks, its own lateness counted.
@@ -141,6 +145,7 @@ paced() {
       { cat "$WORK/paced.out" >&2; exit 1; }
   fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
+  t1=$(gw_ticks); s1=$(gw_sleeps)
   local own=- wait=-
   if [ "$OWN" = 1 ]; then
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
@@ -152,7 +157,7 @@ paced() {
   stop "$GW_PID"
   echo -n "$own $wait "
   python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
-    "$script0" "$script1" <<'EOF'
+    "$script0" "$script1" "$(((t1 - t0) * 1000000 / CLK_TCK))" "$((s1 - s0))" <<'EOF'
 import json, sys
 text = open(sys.argv[1]).read()
 if text.startswith("{"):  # oha's report: its percentiles, its count of 2xx
@@ -170,7 +175,8 @@ for a, b in zip(open(sys.argv[6]).readlines()[1:], open(sys.argv[7]).readlines()
     d = [int(y) - int(x) for x, y in zip(a.split()[1:], b.split()[1:])]
     busy.append(f"{100 * (1 - (d[3] + d[4]) / sum(d)):.0f}%")
 print(p50, p99, f"{cpu * 1e6 / n:.2f}", f"{n / calls:.1f}" if calls else "-",
-      f"{cpu * 1e6 / calls:.1f}/{script / calls:.1f}" if calls else "-", *busy)
+      f"{cpu * 1e6 / calls:.1f}/{script / calls:.1f}" if calls else "-", *busy,
+      f"{int(sys.argv[10]) / n:.1f}", f"{int(sys.argv[11]) / n:.3f}")
 EOF
 }
 
@@ -203,15 +209,16 @@ if [ "$PACED" = 1 ]; then
     done
   fi
   rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
-  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s\n' run binary rate local_p50 \
-    local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99 wait_p99
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %11s %11s\n' run binary rate \
+    local_p50 local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99 \
+    wait_p99 gw_us sleeps/req
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lown _ lp50 lp99 _ _ _ lb0 lb1 < <(paced "$bin" local "$rate")
-      read -r rown rwait rp50 rp99 rus per_call split rb0 rb1 < <(paced "$bin" redis "$rate")
-      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s\n' "$r" "$(basename "$bin")" \
-        "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" "$lb0/$lb1" "$rb0/$rb1" \
-        "$lown/$rown" "$rwait"
+      read -r lown _ lp50 lp99 _ _ _ lb0 lb1 lgw lsl < <(paced "$bin" local "$rate")
+      read -r rown rwait rp50 rp99 rus per_call split rb0 rb1 rgw rsl < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %11s %11s\n' "$r" \
+        "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" \
+        "$lb0/$lb1" "$rb0/$rb1" "$lown/$rown" "$rwait" "$lgw/$rgw" "$lsl/$rsl"
     done
   done
 fi
