@@ -112,3 +112,30 @@ pub(crate) async fn build_limiter(settings: &Settings) -> Result<RateLimiter, St
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::body::RequestBody;
+    use crate::http::service::ConnInfo;
+
+    /// Every request's future is boxed (per HTTP/2 stream, per HTTP/1.1 request) and
+    /// moved into its box whole: what only some routes await, such as a store query's
+    /// future, is boxed where it is awaited, so that the rest do not carry room for it.
+    #[tokio::test]
+    async fn a_requests_future_stays_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[server]\ninsecure_http = true\n[store]\npath = \"{}/gw.db\"\n\
+             [upstreams.c]\ntargets = [\"http://127.0.0.1:9\"]\n\
+             [[routes]]\nmethod = \"GET\"\npath = \"/a\"\nauth = \"none\"\nupstream = \"c\"\n",
+            dir.path().display()
+        );
+        let pipeline = Arc::new(build(Settings::parse(&text).unwrap()).await.unwrap());
+        let req = http::Request::new(RequestBody::empty());
+        let conn = Arc::new(ConnInfo::new("127.0.0.1:1".parse().unwrap(), false));
+        let future = pipeline.handle(req, conn);
+        let size = std::mem::size_of_val(&future);
+        assert!(size <= 3072, "a request's future is {size} bytes");
+    }
+}

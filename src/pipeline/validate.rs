@@ -41,9 +41,9 @@ impl Pipeline {
             OrgSource::Path(_) => v.organization = path_param,
             OrgSource::Key(_) => {
                 let id = path_param.unwrap_or_default();
-                let key = self
-                    .store
-                    .get_api_key(&id)
+                // Boxed: a store query's future is about 4 KiB, and inline it would
+                // be room in every request's future, which is boxed per request.
+                let key = Box::pin(self.store.get_api_key(&id))
                     .await
                     .map_err(crate::store::unavailable)?;
                 let key = key.ok_or(GatewayError::NotFound)?;
