@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Sends the rate limiter's script calls to a Redis, built as the gateway builds them
-(src/ratelimit/redis/batch.rs, `script_cmd`): each distinct key once, the distinct
-(interval, burst) pairs as little-endian doubles, then four bytes per decision (key index,
-pair * 8 + op, each a big-endian u16). Every request is two decisions: the auth-failure guard's peek of its
-client's key, then, only if allowed, a check of its API key's bucket.
+(src/ratelimit/redis/script.rs, `script_cmd`): each distinct key once, the distinct
+(interval, burst) pairs as little-endian doubles, then the requests in runs of alike ones,
+each run its length (a big-endian u16, top bit set: paired) and four bytes per decision
+(key index, pair * 8 + op, each a big-endian u16). Every request is two decisions: the
+auth-failure guard's peek of its client's key, then, only if allowed, a check of its API
+key's bucket.
 
     redis_script_cost.py PORT SCRIPT_FILE CALLS REQUESTS_PER_CALL CLIENTS
 
@@ -54,16 +56,24 @@ def command(*args):
 
 sha = command("SCRIPT", "LOAD", script)
 GUARD = (1_000_000_000, 100_000_000_000_000)  # pair 0: peek (op 1)
-POLICY = (1_000, 1_000_000_000_000_000)  # pair 1: check if allowed (op 3)
+POLICY = (1_000, 1_000_000_000_000_000)  # pair 1: check (op 0), if the peek allowed
 PARAMS = struct.pack("<4d", *GUARD, *POLICY)
 for i in range(calls):
-    keys, ops = [], b""
+    # Consecutive requests of one client: (client, run length).
+    runs = []
     for r in range(per_call):
         client = (i * per_call + r) % clients
-        for key, code in ((b"bench:rl:9:ip%d" % client, 0 * 8 + 1), (b"bench:rl:0:k%d" % client, 1 * 8 + 3)):
+        if runs and runs[-1][0] == client:
+            runs[-1][1] += 1
+        else:
+            runs.append([client, 1])
+    keys, ops = [], b""
+    for client, n in runs:
+        ops += (0x8000 | n).to_bytes(2, "big")
+        for key, code in ((b"bench:rl:9:ip%d" % client, 0 * 8 + 1), (b"bench:rl:0:k%d" % client, 1 * 8 + 0)):
             if key not in keys:
                 keys.append(key)
             ops += keys.index(key).to_bytes(2, "big") + code.to_bytes(2, "big")
     reply = command("EVALSHA", sha, len(keys), *keys, PARAMS, ops)
-    if len(reply) != 8 * (2 + 2 * per_call):
+    if len(reply) != 8 * (2 + 2 * len(runs)):
         sys.exit(f"redis_script_cost.py: a reply of {len(reply)} bytes for {per_call} requests")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Redis's instructions per script call and per request for the limiter's script
-# (src/ratelimit/redis/batch.rs), counted by valgrind's callgrind on a redis-server of its
+# (src/ratelimit/redis/script.rs), counted by valgrind's callgrind on a redis-server of its
 # own: repeatable where Redis's CPU time from INFO is not. Calls are built as the gateway
 # builds them (redis_script_cost.py): each request is the guard's peek then the policy's
 # check, with 1 or 10 requests a call, from one client (hot keys: a call names each key
@@ -18,7 +18,7 @@ for tool in valgrind redis-server redis-cli; do
 done
 work_dir redis-script-cost
 python3 -c "import sys; print(open(sys.argv[1]).read().split('r#\"', 1)[1].split('\"#', 1)[0])" \
-  "$ROOT/src/ratelimit/redis/batch.rs" >"$WORK/script.lua"
+  "$ROOT/src/ratelimit/redis/script.rs" >"$WORK/script.lua"
 
 # count CALLS PER_CALL CLIENTS: Redis's instructions over the whole run.
 count() {

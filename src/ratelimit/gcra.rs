@@ -35,12 +35,6 @@ impl Op {
             Op::Consume => 2,
         }
     }
-
-    /// The code of the op made only if the decision before it in the script's call was
-    /// allowed (a skipped op takes nothing and reads nothing).
-    pub(crate) fn code_if_allowed(self) -> u64 {
-        self.code() + 3
-    }
 }
 
 /// The result of applying an [`Op`] to a key's debt.

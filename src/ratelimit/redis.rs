@@ -10,8 +10,9 @@
 //! computed in Rust by `gcra.rs`, the same code the local limiter runs.
 //!
 //! The decisions waiting at the same moment share one script call (`redis/batch.rs`),
-//! applied in the order they were asked; each caller still waits at most the configured
-//! timeout for its own answer (the batching task keeps one deadline per call for that).
+//! applied in the order they were asked, alike ones in a row as one run
+//! (`redis/script.rs`); each caller still waits at most the configured timeout for its own
+//! answer (the batching task keeps one deadline per call for that).
 //! A decision made only if another is allowed (the request's guard, then its policy) goes
 //! in the same call as that one ([`RedisLimiter::decide_then`]). Calls go over one
 //! reconnecting, multiplexed connection (`redis_target.rs`) as EVALSHA; after NOSCRIPT (a
@@ -25,6 +26,7 @@
 //! (a failover, a new node) answers NOSCRIPT and gets it with the EVAL.
 
 mod batch;
+mod script;
 
 use std::time::Duration;
 
@@ -32,7 +34,8 @@ use ::redis::cluster_routing::get_slot;
 use ::redis::Script;
 use tokio::sync::oneshot;
 
-use self::batch::{Answer, Batcher, Pending, Step};
+use self::batch::Batcher;
+use self::script::{Answer, Pending, Step};
 use super::gcra::{Gcra, Op};
 use super::redis_target::RedisTarget;
 use super::{Decision, LimiterError, PolicyId, Quota};
@@ -59,7 +62,7 @@ impl RedisLimiter {
         policies: Vec<Quota>,
         timeout: Duration,
     ) -> Result<Self, LimiterError> {
-        let script = Script::new(batch::SCRIPT);
+        let script = Script::new(script::SCRIPT);
         let conn = tokio::time::timeout(timeout, async {
             let mut conn = target.connect(timeout).await?;
             script.prepare_invoke().load_async(&mut conn).await?;

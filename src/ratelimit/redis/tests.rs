@@ -514,3 +514,87 @@ async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
     assert!(refusals > 0, "the guard refused some of them");
     cleanup(&prefix).await;
 }
+
+#[tokio::test]
+async fn runs_of_alike_decisions_decide_as_in_sequence() {
+    let prefix = random_prefix();
+    let (redis, policy, guard) = guarded(&prefix).await;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    let local = LocalLimiter::with_clock(vec![quota(3, 60), quota(2, 3600)], clock);
+    // Runs of one to six alike requests, each run past the policy's 3 or the guard's 2 at
+    // some point: (ip whose guard is peeked first, if any; the policy's key, or, behind a
+    // guard, None for a failure recorded for the ip; the op on the key).
+    let kinds = [
+        (None, Some("k1"), Op::Check),
+        (Some("ip-a"), Some("k2"), Op::Check),
+        (None, Some("k3"), Op::Consume),
+        (Some("ip-b"), None, Op::Consume),
+        (None, Some("k2"), Op::Peek),
+        (Some("ip-b"), Some("k1"), Op::Check),
+    ];
+    let mut asked = Vec::new();
+    for (i, len) in [2, 1, 2, 3, 5, 2, 6, 1, 4, 5, 3, 6].into_iter().enumerate() {
+        asked.extend(std::iter::repeat_n(kinds[i % kinds.len()], len));
+    }
+    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining, d.retry_after_secs);
+    // Twice: the second batch reads what the runs of the first wrote.
+    for round in 0..2 {
+        let before = redis.calls();
+        let decisions = futures_util::future::join_all(asked.iter().map(|&(ip, key, op)| {
+            let redis = &redis;
+            async move {
+                let Some(ip) = ip else {
+                    let key = key.unwrap();
+                    return (None, Some(redis.decide(P, key, policy, op).await.unwrap()));
+                };
+                let then = match key {
+                    Some(key) => (P, key, policy, op),
+                    None => (GUARD, ip, guard, Op::Consume),
+                };
+                let peek = (GUARD, ip, guard, Op::Peek);
+                let (g, then) = redis.decide_then(peek, then).await.unwrap();
+                (Some(g), then)
+            }
+        }))
+        .await;
+        assert_eq!(redis.calls() - before, 1, "one script call for the batch");
+        let (mut allowed, mut refused, mut skipped) = (0, 0, 0);
+        for (i, (&(ip, key, op), (g, then))) in asked.iter().zip(decisions).enumerate() {
+            let want_guard = ip.map(|ip| local.peek(GUARD, ip));
+            let want_then = match (&want_guard, key) {
+                (Some(g), _) if !g.allowed => None,
+                (_, Some(key)) => Some(match op {
+                    Op::Check => local.check(P, key),
+                    Op::Peek => local.peek(P, key),
+                    Op::Consume => local.consume(P, key),
+                }),
+                (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
+                (None, None) => unreachable!(),
+            };
+            match &want_then {
+                Some(d) if d.allowed => allowed += 1,
+                Some(_) => refused += 1,
+                None => skipped += 1,
+            }
+            assert_eq!(
+                g.as_ref().map(fields),
+                want_guard.as_ref().map(fields),
+                "round {round}, request {i}: the guard"
+            );
+            assert_eq!(
+                then.as_ref().map(fields),
+                want_then.as_ref().map(fields),
+                "round {round}, request {i}"
+            );
+        }
+        assert!(
+            allowed > 0 && refused > 0,
+            "{allowed} allowed, {refused} refused"
+        );
+        assert!(
+            round == 0 || skipped > 0,
+            "the guards refuse in the second round"
+        );
+    }
+    cleanup(&prefix).await;
+}

@@ -1,0 +1,569 @@
+//! The limiter's Redis script and what one call of it carries: a batch's decisions, in
+//! runs of alike ones, packed into two arguments ([`script_cmd`]), and the reply, read back
+//! into one answer per decision ([`parse`]).
+
+use std::collections::HashMap;
+
+use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
+use tokio::sync::oneshot;
+
+use super::super::gcra::{Gcra, Op, MAX_BURST_NANOS};
+use super::super::LimiterError;
+
+/// KEYS: the batch's distinct buckets, each once. ARGV: two strings. The first holds the
+/// batch's distinct parameter pairs, emission interval T (ns) then burst c*T (ns), each a
+/// little-endian double (both are below 2^53, so exact). The second holds the decisions in
+/// order, grouped in runs (see [`Run`]): per run six bytes, its length (a big-endian u16,
+/// its top bit set when each decision of the run has a second one), then its decision's
+/// key index in KEYS (from 0) and its code, each a big-endian u16, the code being 8 * its
+/// pair's index (from 0) + its op (0 check, 1 peek, 2 consume); then, if paired, four more
+/// bytes, the second decision's key index and code, made only if the first is allowed (else
+/// skipped: no write, and -1 in place of its debt). A batch holds a few policies and, under
+/// load, a few hot keys, so a decision costs four bytes at most, not a key and three numbers,
+/// and a hot key's run costs the script one step, not one per request. Returns now's
+/// seconds, now's microseconds, then for each run the debt its first decision saw before
+/// its op (ns), and the second decision's, packed as little-endian doubles in one string:
+/// the numbers the script computes, exactly, with no RESP integer to write or parse for
+/// each. The gateway works out each decision of a run from these ([`parse`]).
+///
+/// Every key is read with one MGET; a key's debt is kept in `debts` as a re-read would give
+/// it (`tat - now`, unclamped), and written once at the end if it changed (`written`): the
+/// same result as one call per decision in this order, with one TIME and one MGET per call
+/// and one SET per changed key. A run of `n` takes, at once, the tokens that `n` decisions
+/// one after the other would take: `k = floor((burst - debt) / T)` of them at most, exact in
+/// doubles because a run is only formed where `burst + T < 2^53` ([`Run::repeats`]).
+pub(super) const SCRIPT: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_s = tonumber(t[1])
+local now_ns = tonumber(t[2]) * 1000
+local out = { now_s, tonumber(t[2]) }
+local o = 2
+local params = { struct.unpack('<' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
+local ops = ARGV[2]
+local stored = redis.call('MGET', unpack(KEYS))
+local debts = {}
+local written = {}
+local i = 1
+while i < #ops do
+  local n1, n2, k1, k2, c1, c2 = string.byte(ops, i, i + 5)
+  local n = n1 * 256 + n2
+  local last = i + 2
+  if n >= 32768 then
+    n = n - 32768
+    last = i + 6
+  end
+  local allowed = true
+  for j = i + 2, last, 4 do
+    o = o + 1
+    if not allowed then
+      out[o] = -1
+    else
+      if j > i + 2 then k1, k2, c1, c2 = string.byte(ops, j, j + 3) end
+      local key = k1 * 256 + k2 + 1
+      local code = c1 * 256 + c2
+      local op = code % 8
+      local p = (code - op) / 4 + 1
+      local interval = params[p]
+      local burst = params[p + 1]
+      local debt = debts[key]
+      if debt == nil then
+        debt = 0
+        local tat = stored[key]
+        if tat then
+          local tat_s = tonumber(string.sub(tat, 1, -10))
+          local tat_ns = tonumber(string.sub(tat, -9))
+          if tat_s and tat_ns then
+            debt = (tat_s - now_s) * 1000000000 + (tat_ns - now_ns)
+          end
+        end
+        debts[key] = debt
+      end
+      if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
+      allowed = debt + interval <= burst
+      local after = debt
+      if op ~= 1 then
+        local k = 0
+        if allowed then
+          k = 1
+          if n > 1 then
+            k = math.floor((burst - debt) / interval)
+            if k > n then k = n end
+          end
+        end
+        after = debt + k * interval
+        if op == 2 and k < n then after = burst end
+      end
+      if after ~= debt and after > 0 then
+        written[key] = after
+        debts[key] = after
+      end
+      out[o] = debt
+    end
+  end
+  i = last + 4
+end
+for key = 1, #KEYS do
+  local after = written[key]
+  if after then
+    local total = now_ns + after
+    local carry = math.floor(total / 1000000000)
+    local rem = total - carry * 1000000000
+    if rem < 0 then carry = carry - 1; rem = rem + 1000000000
+    elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
+    local tat = string.format('%d%09d', now_s + carry, rem)
+    redis.call('SET', KEYS[key], tat, 'PX', math.ceil(after / 1000000))
+  end
+end
+return struct.pack('<' .. string.rep('d', #out), unpack(out))
+"#;
+
+/// Redis's answer to one decision (and to the one made after it, if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Answer {
+    /// Redis's time at the call, Unix ns.
+    pub(super) now: u64,
+    /// The key's debt before the op (ns).
+    pub(super) debt: u64,
+    /// The debt before the second decision's op; `None` when it was skipped (or absent).
+    pub(super) then: Option<u64>,
+}
+
+/// One decision waiting for its batch.
+pub(super) struct Pending {
+    /// The full Redis key of the bucket.
+    pub(super) key: String,
+    /// The bucket's parameters (a per-request quota travels here too).
+    pub(super) gcra: Gcra,
+    pub(super) op: Op,
+    /// A decision made right after this one, in the same call, only if this one is
+    /// allowed (on a cluster, its key is in the same slot).
+    pub(super) then: Option<Step>,
+    pub(super) reply: oneshot::Sender<Result<Answer, LimiterError>>,
+}
+
+/// The second decision of a [`Pending`].
+pub(super) struct Step {
+    pub(super) key: String,
+    pub(super) gcra: Gcra,
+    pub(super) op: Op,
+}
+
+/// Decisions in a row that the script applies as one step: alike in key, parameters and
+/// op, and alike in their second decision if they have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Run {
+    len: usize,
+    first: (Gcra, Op),
+    then: Option<(Gcra, Op)>,
+}
+
+impl Run {
+    /// Longest run: its length and the paired bit share a u16.
+    const MAX: usize = 0x7fff;
+
+    /// A run of `p` alone.
+    fn of(p: &Pending) -> Self {
+        Self {
+            len: 1,
+            first: (p.gcra, p.op),
+            then: p.then.as_ref().map(|t| (t.gcra, t.op)),
+        }
+    }
+
+    /// Whether a decision alike to `p` may join its run: where the script's step for a run
+    /// stays exact in doubles (`burst + T < 2^53`), and, for a pair, where every first
+    /// decision of the run sees the same bucket (a peek, at another key than the second's),
+    /// so that every second decision is made, or none.
+    fn repeats(p: &Pending) -> bool {
+        let exact = |g: &Gcra| g.burst() + g.interval() <= MAX_BURST_NANOS;
+        exact(&p.gcra)
+            && p.then
+                .as_ref()
+                .is_none_or(|t| p.op == Op::Peek && t.key != p.key && exact(&t.gcra))
+    }
+}
+
+/// Whether two decisions are alike: the same key, parameters and op, and the same second
+/// decision or none.
+fn alike(a: &Pending, b: &Pending) -> bool {
+    let same_step = match (&a.then, &b.then) {
+        (Some(s), Some(t)) => s.key == t.key && s.gcra == t.gcra && s.op == t.op,
+        (None, None) => true,
+        _ => false,
+    };
+    a.key == b.key && a.gcra == b.gcra && a.op == b.op && same_step
+}
+
+/// `batch` in runs, in order: under load most of a batch is a few hot keys' requests.
+pub(super) fn runs(batch: &[Pending]) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut last: Option<&Pending> = None;
+    for p in batch {
+        match (runs.last_mut(), last) {
+            (Some(run), Some(prev)) if run.len < Run::MAX && alike(prev, p) && Run::repeats(p) => {
+                run.len += 1
+            }
+            _ => runs.push(Run::of(p)),
+        }
+        last = Some(p);
+    }
+    runs
+}
+
+/// `EVALSHA hash` or `EVAL script`, then the batch's distinct keys, its distinct parameter
+/// pairs and its runs packed (a second decision's right after its first's).
+pub(super) fn script_cmd(verb: &str, script: &str, batch: &[Pending], runs: &[Run]) -> Cmd {
+    let mut pairs = Distinct::default();
+    let mut keys = Distinct::default();
+    let mut ops = Vec::with_capacity(runs.len() * 10);
+    let mut at = 0;
+    for run in runs {
+        let p = &batch[at];
+        at += run.len;
+        let paired = if p.then.is_some() { 0x8000 } else { 0 };
+        ops.extend_from_slice(&(run.len as u16 | paired).to_be_bytes());
+        let first = (p.key.as_str(), &p.gcra, p.op);
+        let then = p.then.as_ref().map(|t| (t.key.as_str(), &t.gcra, t.op));
+        for (key, gcra, op) in std::iter::once(first).chain(then) {
+            let key = keys.index(key);
+            let code = pairs.index((gcra.interval(), gcra.burst())) * 8 + op.code() as usize;
+            // At most 2 * MAX_BATCH keys and pairs, so both fit in a u16.
+            ops.extend_from_slice(&(key as u16).to_be_bytes());
+            ops.extend_from_slice(&(code as u16).to_be_bytes());
+        }
+    }
+    let key_bytes: usize = keys.items.iter().map(|k| k.len()).sum();
+    // Sized once (the key count has at most 20 digits), so no argument regrows it.
+    let mut cmd = Cmd::with_capacity(
+        5 + keys.items.len(),
+        verb.len() + script.len() + 60 + key_bytes + pairs.items.len() * 16 + ops.len(),
+    );
+    cmd.arg(verb).arg(script).arg(keys.items.len());
+    for key in &keys.items {
+        cmd.arg(*key);
+    }
+    let params: Vec<u8> = (pairs.items.iter())
+        .flat_map(|&(interval, burst)| [interval as f64, burst as f64])
+        .flat_map(f64::to_le_bytes)
+        .collect();
+    cmd.arg(params);
+    cmd.arg(ops);
+    cmd
+}
+
+/// The distinct items of a batch in first use, each with its index. A batch usually holds
+/// a few policies and a few hot keys, found by a linear search; past those (every request
+/// a client and a key of its own) a map keeps the search short.
+struct Distinct<T> {
+    items: Vec<T>,
+    more: HashMap<T, usize, foldhash::fast::RandomState>,
+}
+
+impl<T> Default for Distinct<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            more: HashMap::default(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Distinct<T> {
+    /// Searched linearly before the map.
+    const LINEAR: usize = 8;
+
+    fn index(&mut self, item: T) -> usize {
+        let found = self
+            .items
+            .iter()
+            .take(Self::LINEAR)
+            .position(|&i| i == item);
+        if let Some(index) = found.or_else(|| self.more.get(&item).copied()) {
+            return index;
+        }
+        self.items.push(item);
+        if self.items.len() > Self::LINEAR {
+            self.more.insert(item, self.items.len() - 1);
+        }
+        self.items.len() - 1
+    }
+}
+
+/// The script's reply to `runs`: seconds, microseconds, then per run the debt its first
+/// decision saw and, if paired, the second's (or -1: skipped), each a little-endian double.
+/// Each later decision of a run saw what the one before it left, as [`Gcra::apply`] gives
+/// it: the rule the script applies.
+pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
+    let bad = || RedisError::from((ErrorKind::TypeError, "unexpected rate-limit script reply"));
+    let Value::BulkString(bytes) = value else {
+        return Err(bad());
+    };
+    let n = runs.len() + runs.iter().filter(|run| run.then.is_some()).count();
+    if bytes.len() != (n + 2) * 8 {
+        return Err(bad());
+    }
+    let mut numbers = bytes.chunks_exact(8).map(|b| {
+        let mut le = [0; 8];
+        le.copy_from_slice(b);
+        f64::from_le_bytes(le)
+    });
+    // Every number is a whole one in [0, 2^64), or -1 for a skipped decision (past 2^53
+    // the script's doubles are whole already, and as exact as its arithmetic was).
+    let mut int = || match numbers.next() {
+        Some(v) if (0.0..18_446_744_073_709_551_616.0).contains(&v) && v.fract() == 0.0 => {
+            Ok(Some(v as u64))
+        }
+        Some(-1.0) => Ok(None),
+        _ => Err(bad()),
+    };
+    let now_s = int()?.ok_or_else(bad)?;
+    let now_us = int()?.ok_or_else(bad)?;
+    let now = now_s
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now_us.saturating_mul(1_000));
+    let mut answers = Vec::with_capacity(runs.iter().map(|run| run.len).sum());
+    for run in runs {
+        let mut debt = int()?.ok_or_else(bad)?;
+        let mut then = match run.then {
+            Some(_) => int()?,
+            None => None,
+        };
+        for _ in 0..run.len {
+            answers.push(Answer { now, debt, then });
+            let (gcra, op) = run.first;
+            debt = gcra.apply(op, debt).debt_after;
+            if let (Some(d), Some((gcra, op))) = (then, run.then) {
+                then = Some(gcra.apply(op, d).debt_after);
+            }
+        }
+    }
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A reply as the script packs it.
+    fn packed(numbers: &[f64]) -> Value {
+        Value::BulkString(numbers.iter().flat_map(|n| n.to_le_bytes()).collect())
+    }
+
+    /// Ten tokens per `ns` nanoseconds: an interval of `ns / 10`, a burst of `ns`.
+    fn ten_per(ns: u64) -> Gcra {
+        let ten = std::num::NonZeroU32::new(10).unwrap_or(std::num::NonZeroU32::MIN);
+        Gcra::new(&crate::ratelimit::Quota::new(ten, Duration::from_nanos(ns)))
+    }
+
+    fn run(len: usize, first: Op, then: Option<Op>) -> Run {
+        let g = ten_per(100);
+        Run {
+            len,
+            first: (g, first),
+            then: then.map(|op| (g, op)),
+        }
+    }
+
+    #[test]
+    fn replies_are_checked_for_shape() {
+        let one = [run(1, Op::Check, None)];
+        let answers = parse(packed(&[2.0, 5.0, 7.0]), &one).unwrap();
+        assert_eq!(
+            answers,
+            [Answer {
+                now: 2_000_005_000,
+                debt: 7,
+                then: None,
+            }]
+        );
+        assert!(parse(packed(&[2.0, 5.0]), &one).is_err());
+        assert!(parse(packed(&[2.0, 5.0, -1.0]), &one).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 7.5]), &one).is_err());
+        assert!(parse(packed(&[2.0, 5.0, f64::NAN]), &one).is_err());
+        let ragged = Value::BulkString(vec![0; 23]);
+        assert!(parse(ragged, &one).is_err());
+        assert!(parse(Value::Array(vec![Value::Int(2), Value::Int(5)]), &[]).is_err());
+        assert!(parse(Value::Nil, &[]).is_err());
+    }
+
+    #[test]
+    fn a_second_decision_is_read_with_its_first_and_may_be_skipped() {
+        let reply = packed(&[2.0, 5.0, 7.0, 9.0, 1.0, 3.0, -1.0]);
+        let runs = [
+            run(1, Op::Peek, Some(Op::Check)),
+            run(1, Op::Check, None),
+            run(1, Op::Peek, Some(Op::Check)),
+        ];
+        let answers = parse(reply, &runs).unwrap();
+        let debts: Vec<_> = answers.iter().map(|a| (a.debt, a.then)).collect();
+        assert_eq!(debts, [(7, Some(9)), (1, None), (3, None)]);
+        // A skip only stands for a second decision; a pair needs its second debt.
+        assert!(parse(packed(&[2.0, 5.0, -1.0, 9.0]), &runs[..1]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 7.0]), &runs[..1]).is_err());
+    }
+
+    #[test]
+    fn each_decision_of_a_run_sees_what_the_one_before_it_left() {
+        // Interval 10, burst 100: from a debt of 70, three checks are allowed of five.
+        let reply = packed(&[2.0, 5.0, 70.0, 90.0, 0.0, 90.0, 100.0, -1.0]);
+        let runs = [
+            run(5, Op::Check, None),
+            run(3, Op::Consume, None),
+            run(2, Op::Peek, Some(Op::Check)),
+            run(2, Op::Peek, Some(Op::Consume)),
+        ];
+        let answers = parse(reply, &runs).unwrap();
+        let debts: Vec<_> = answers.iter().map(|a| (a.debt, a.then)).collect();
+        assert_eq!(
+            debts,
+            [
+                (70, None),
+                (80, None),
+                (90, None),
+                (100, None),
+                (100, None),
+                // A refused consume leaves the bucket drained.
+                (90, None),
+                (100, None),
+                (100, None),
+                // The peeks see one debt; the checks after them take a token each, or
+                // none is made.
+                (0, Some(90)),
+                (0, Some(100)),
+                (100, None),
+                (100, None),
+            ]
+        );
+        assert!(parse(packed(&[2.0, 5.0, 70.0]), &runs).is_err());
+    }
+
+    fn pending(key: &str, gcra: Gcra, op: Op, then: Option<Step>) -> Pending {
+        Pending {
+            key: key.into(),
+            gcra,
+            op,
+            then,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    /// The arguments of `cmd`, each as bytes.
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                ::redis::Arg::Simple(bytes) => bytes.to_vec(),
+                ::redis::Arg::Cursor => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_names_each_key_and_pair_once_and_packs_the_decisions() {
+        let (a, b) = (ten_per(100), ten_per(200));
+        let guard = |key: &str| Step {
+            key: key.into(),
+            gcra: b,
+            op: Op::Check,
+        };
+        let batch = [
+            pending("ip1", a, Op::Peek, Some(guard("k1"))),
+            pending("ip1", a, Op::Peek, Some(guard("k2"))),
+            pending("k1", b, Op::Consume, None),
+        ];
+        let args = args(&script_cmd("EVALSHA", "sha", &batch, &runs(&batch)));
+        let params: Vec<u8> = [10.0_f64, 100.0, 20.0, 200.0]
+            .iter()
+            .flat_map(|n| n.to_le_bytes())
+            .collect();
+        let text: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            text,
+            [
+                &b"EVALSHA"[..],
+                b"sha",
+                b"3",
+                b"ip1",
+                b"k1",
+                b"k2",
+                // The two pairs, interval then burst, as doubles.
+                &params,
+                // Three runs of one: its length (top bit: paired), then each decision's
+                // key index and pair * 8 + op.
+                &[
+                    0x80, 1, 0, 0, 0, 1, 0, 1, 0, 8, //
+                    0x80, 1, 0, 0, 0, 1, 0, 2, 0, 8, //
+                    0, 1, 0, 1, 0, 10,
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn alike_decisions_in_a_row_go_as_one_run() {
+        let (a, b) = (ten_per(100), ten_per(200));
+        let step = |key: &str, op| {
+            Some(Step {
+                key: key.into(),
+                gcra: b,
+                op,
+            })
+        };
+        let guarded = |first: Op, key: &str| pending("ip", a, first, step(key, Op::Check));
+        // Whole-day quotas: burst + interval past 2^53 - 1, so no run.
+        let huge = Gcra::new(&crate::ratelimit::Quota::new(
+            std::num::NonZeroU32::MIN,
+            Duration::from_nanos(MAX_BURST_NANOS),
+        ));
+        let batch = [
+            guarded(Op::Peek, "k1"),
+            guarded(Op::Peek, "k1"),
+            guarded(Op::Peek, "k1"),
+            guarded(Op::Peek, "k2"),
+            pending("k1", b, Op::Consume, None),
+            pending("k1", b, Op::Consume, None),
+            pending("k1", a, Op::Consume, None),
+            // A pair whose first decision takes a token: each first changes what the next
+            // sees, so each goes alone.
+            guarded(Op::Check, "k1"),
+            guarded(Op::Check, "k1"),
+            // A pair on one key: the second changes what the next first sees.
+            pending("ip", a, Op::Peek, step("ip", Op::Consume)),
+            pending("ip", a, Op::Peek, step("ip", Op::Consume)),
+            pending("big", huge, Op::Check, None),
+            pending("big", huge, Op::Check, None),
+        ];
+        let lens: Vec<usize> = runs(&batch).iter().map(|run| run.len).collect();
+        assert_eq!(lens, [3, 1, 2, 1, 1, 1, 1, 1, 1, 1]);
+        let args = args(&script_cmd(
+            "EVALSHA",
+            "sha",
+            &batch[..3],
+            &runs(&batch[..3]),
+        ));
+        assert_eq!(args[6], [0x80, 3, 0, 0, 0, 1, 0, 1, 0, 8]);
+    }
+
+    #[test]
+    fn distinct_items_keep_their_first_index_past_the_linear_search() {
+        let mut keys = Distinct::default();
+        let names: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(keys.index(name.as_str()), i);
+        }
+        for (i, name) in names.iter().enumerate().rev() {
+            assert_eq!(keys.index(name.as_str()), i);
+        }
+        assert_eq!(keys.items.len(), 20);
+    }
+
+    #[test]
+    fn large_debts_survive_the_packing() {
+        // A thousand requests a day: a burst of 8.64e16 ns, past 2^53, read as the script
+        // holds it.
+        let day = 86_400_000_000_000_u64 * 1_000;
+        let answers = parse(packed(&[2.0, 5.0, day as f64]), &[run(1, Op::Check, None)]).unwrap();
+        assert_eq!(answers[0].debt, day);
+    }
+}
