@@ -412,6 +412,12 @@ async fn guarded(prefix: &str) -> (RedisLimiter, Gcra, Gcra) {
     (connect(prefix, quotas).await, policy, guard)
 }
 
+/// The local limiter with the quotas of [`guarded`], to decide the same in sequence.
+fn guarded_locally() -> LocalLimiter {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    LocalLimiter::with_clock(vec![quota(3, 60), quota(2, 3600)], clock)
+}
+
 #[tokio::test]
 async fn a_second_decision_goes_in_the_same_call_and_takes_nothing_after_a_refusal() {
     let prefix = random_prefix();
@@ -460,8 +466,7 @@ async fn a_second_decision_goes_in_the_same_call_and_takes_nothing_after_a_refus
 async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
     let prefix = random_prefix();
     let (redis, policy, guard) = guarded(&prefix).await;
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
-    let local = LocalLimiter::with_clock(vec![quota(3, 60), quota(2, 3600)], clock);
+    let local = guarded_locally();
     // (ip, then key: a failure recorded for the ip when None; guarded unless ip is None)
     let mut asked = Vec::new();
     for i in 0..48usize {
@@ -519,10 +524,9 @@ async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
 async fn runs_of_alike_decisions_decide_as_in_sequence() {
     let prefix = random_prefix();
     let (redis, policy, guard) = guarded(&prefix).await;
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
-    let local = LocalLimiter::with_clock(vec![quota(3, 60), quota(2, 3600)], clock);
-    // Runs of one to six alike requests, each run past the policy's 3 or the guard's 2 at
-    // some point: (ip whose guard is peeked first, if any; the policy's key, or, behind a
+    let local = guarded_locally();
+    // Runs of one to six alike requests, some within what their bucket holds and some past
+    // it: (ip whose guard is peeked first, if any; the policy's key, or, behind a
     // guard, None for a failure recorded for the ip; the op on the key).
     let kinds = [
         (None, Some("k1"), Op::Check),
