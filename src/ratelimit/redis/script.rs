@@ -30,7 +30,7 @@ use super::super::LimiterError;
 /// it (`tat - now`, unclamped), and written once at the end if it changed (`written`): the
 /// same result as one call per decision in this order, with one TIME and one MGET per call
 /// and one SET per changed key. A run of `n` takes, at once, the tokens that `n` decisions
-/// one after the other would take: `k = floor((burst - debt) / T)` of them at most, exact in
+/// one after the other would take, `k = min(n, floor((burst - debt) / T))`, exact in
 /// doubles because a run is only formed where `burst + T < 2^53` ([`Run::repeats`]).
 pub(super) const SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
