@@ -520,15 +520,78 @@ async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
     cleanup(&prefix).await;
 }
 
+/// A request of the batches below: the ip whose guard is peeked first, if any; the
+/// policy's key, or, behind a guard, None for a failure recorded for the ip; the op on the
+/// key.
+type Asked = (Option<&'static str>, Option<&'static str>, Op);
+
+/// Sends `asked` in one batch and checks each answer against the local limiter's, made in
+/// sequence; returns how many of the requests' last decisions were allowed, refused and
+/// skipped (a guard refused).
+async fn in_one_call_as_in_sequence(
+    redis: &RedisLimiter,
+    local: &LocalLimiter,
+    (policy, guard): (Gcra, Gcra),
+    asked: &[Asked],
+) -> (usize, usize, usize) {
+    let before = redis.calls();
+    let decisions = futures_util::future::join_all(asked.iter().map(|&(ip, key, op)| async move {
+        let Some(ip) = ip else {
+            let key = key.unwrap();
+            return (None, Some(redis.decide(P, key, policy, op).await.unwrap()));
+        };
+        let then = match key {
+            Some(key) => (P, key, policy, op),
+            None => (GUARD, ip, guard, Op::Consume),
+        };
+        let peek = (GUARD, ip, guard, Op::Peek);
+        let (g, then) = redis.decide_then(peek, then).await.unwrap();
+        (Some(g), then)
+    }))
+    .await;
+    assert_eq!(redis.calls() - before, 1, "one script call for the batch");
+    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining, d.retry_after_secs);
+    let (mut allowed, mut refused, mut skipped) = (0, 0, 0);
+    for (i, (&(ip, key, op), (g, then))) in asked.iter().zip(decisions).enumerate() {
+        let want_guard = ip.map(|ip| local.peek(GUARD, ip));
+        let want_then = match (&want_guard, key) {
+            (Some(g), _) if !g.allowed => None,
+            (_, Some(key)) => Some(match op {
+                Op::Check => local.check(P, key),
+                Op::Peek => local.peek(P, key),
+                Op::Consume => local.consume(P, key),
+            }),
+            (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
+            (None, None) => unreachable!(),
+        };
+        match &want_then {
+            Some(d) if d.allowed => allowed += 1,
+            Some(_) => refused += 1,
+            None => skipped += 1,
+        }
+        let at = format!("request {i} of {asked:?}");
+        assert_eq!(
+            g.as_ref().map(fields),
+            want_guard.as_ref().map(fields),
+            "{at}: the guard"
+        );
+        assert_eq!(
+            then.as_ref().map(fields),
+            want_then.as_ref().map(fields),
+            "{at}"
+        );
+    }
+    (allowed, refused, skipped)
+}
+
 #[tokio::test]
 async fn runs_of_alike_decisions_decide_as_in_sequence() {
     let prefix = random_prefix();
     let (redis, policy, guard) = guarded(&prefix).await;
     let local = guarded_locally();
     // Runs of one to six alike requests, some within what their bucket holds and some past
-    // it: (ip whose guard is peeked first, if any; the policy's key, or, behind a
-    // guard, None for a failure recorded for the ip; the op on the key).
-    let kinds = [
+    // it.
+    let kinds: [Asked; 6] = [
         (None, Some("k1"), Op::Check),
         (Some("ip-a"), Some("k2"), Op::Check),
         (None, Some("k3"), Op::Consume),
@@ -540,65 +603,64 @@ async fn runs_of_alike_decisions_decide_as_in_sequence() {
     for (i, len) in [2, 1, 2, 3, 5, 2, 6, 1, 4, 5, 3, 6].into_iter().enumerate() {
         asked.extend(std::iter::repeat_n(kinds[i % kinds.len()], len));
     }
-    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining, d.retry_after_secs);
     // Twice: the second batch reads what the runs of the first wrote.
-    for round in 0..2 {
-        let before = redis.calls();
-        let decisions = futures_util::future::join_all(asked.iter().map(|&(ip, key, op)| {
-            let redis = &redis;
-            async move {
-                let Some(ip) = ip else {
-                    let key = key.unwrap();
-                    return (None, Some(redis.decide(P, key, policy, op).await.unwrap()));
+    let (allowed, refused, _) =
+        in_one_call_as_in_sequence(&redis, &local, (policy, guard), &asked).await;
+    assert!(
+        allowed > 0 && refused > 0,
+        "{allowed} allowed, {refused} refused"
+    );
+    let (_, _, skipped) = in_one_call_as_in_sequence(&redis, &local, (policy, guard), &asked).await;
+    assert!(skipped > 0, "the guards refuse in the second round");
+    cleanup(&prefix).await;
+}
+
+#[tokio::test]
+async fn random_runs_decide_as_in_sequence() {
+    use rand::{Rng, SeedableRng};
+    let keys = ["k1", "k2", "k3"];
+    let ips = ["ip-a", "ip-b"];
+    let ops = [Op::Check, Op::Peek, Op::Consume];
+    for seed in 0..20 {
+        let prefix = random_prefix();
+        let (redis, policy, guard) = guarded(&prefix).await;
+        let local = guarded_locally();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // Three batches of up to twelve runs of one to eight alike requests each.
+        for _ in 0..3 {
+            let mut asked: Vec<Asked> = Vec::new();
+            for _ in 0..rng.random_range(1..=12) {
+                let ip = rng
+                    .random_bool(0.5)
+                    .then(|| ips[rng.random_range(0..ips.len())]);
+                let key = match ip {
+                    Some(_) if rng.random_bool(0.25) => None,
+                    _ => Some(keys[rng.random_range(0..keys.len())]),
                 };
-                let then = match key {
-                    Some(key) => (P, key, policy, op),
-                    None => (GUARD, ip, guard, Op::Consume),
-                };
-                let peek = (GUARD, ip, guard, Op::Peek);
-                let (g, then) = redis.decide_then(peek, then).await.unwrap();
-                (Some(g), then)
+                let kind = (ip, key, ops[rng.random_range(0..ops.len())]);
+                asked.extend(std::iter::repeat_n(kind, rng.random_range(1..=8)));
             }
-        }))
-        .await;
-        assert_eq!(redis.calls() - before, 1, "one script call for the batch");
-        let (mut allowed, mut refused, mut skipped) = (0, 0, 0);
-        for (i, (&(ip, key, op), (g, then))) in asked.iter().zip(decisions).enumerate() {
-            let want_guard = ip.map(|ip| local.peek(GUARD, ip));
-            let want_then = match (&want_guard, key) {
-                (Some(g), _) if !g.allowed => None,
-                (_, Some(key)) => Some(match op {
-                    Op::Check => local.check(P, key),
-                    Op::Peek => local.peek(P, key),
-                    Op::Consume => local.consume(P, key),
-                }),
-                (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
-                (None, None) => unreachable!(),
-            };
-            match &want_then {
-                Some(d) if d.allowed => allowed += 1,
-                Some(_) => refused += 1,
-                None => skipped += 1,
-            }
-            assert_eq!(
-                g.as_ref().map(fields),
-                want_guard.as_ref().map(fields),
-                "round {round}, request {i}: the guard"
-            );
-            assert_eq!(
-                then.as_ref().map(fields),
-                want_then.as_ref().map(fields),
-                "round {round}, request {i}"
-            );
+            in_one_call_as_in_sequence(&redis, &local, (policy, guard), &asked).await;
         }
-        assert!(
-            allowed > 0 && refused > 0,
-            "{allowed} allowed, {refused} refused"
-        );
-        assert!(
-            round == 0 || skipped > 0,
-            "the guards refuse in the second round"
-        );
+        cleanup(&prefix).await;
     }
+}
+
+#[tokio::test]
+async fn a_run_of_consumes_past_the_burst_leaves_the_bucket_drained() {
+    let prefix = random_prefix();
+    // An interval of 20 s and a burst of 60 s.
+    let redis = connect(&prefix, vec![quota(3, 60)]).await;
+    redis.consume(P, "k").await.unwrap();
+    // The debt is then no whole number of intervals: two more fit, not three.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = redis.calls();
+    let run = futures_util::future::join_all((0..4).map(|_| redis.consume(P, "k"))).await;
+    assert_eq!(redis.calls() - before, 1, "one call, one run");
+    let allowed: Vec<bool> = run.iter().map(|d| d.as_ref().unwrap().allowed).collect();
+    assert_eq!(allowed, [true, true, false, false]);
+    // A refused consume drains the bucket: the next token is a whole interval away.
+    let next = redis.check(P, "k").await.unwrap();
+    assert_eq!((next.allowed, next.retry_after_secs), (false, Some(20)));
     cleanup(&prefix).await;
 }
