@@ -151,7 +151,7 @@ pub(super) struct Step {
 
 /// Decisions in a row that the script applies as one step: alike in key, parameters and
 /// op, and alike in their second decision if they have one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Run {
     len: usize,
     first: (Gcra, Op),
@@ -198,15 +198,13 @@ fn alike(a: &Pending, b: &Pending) -> bool {
 /// `batch` in runs, in order: under load most of a batch is a few hot keys' requests.
 pub(super) fn runs(batch: &[Pending]) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    let mut last: Option<&Pending> = None;
-    for p in batch {
-        match (runs.last_mut(), last) {
-            (Some(run), Some(prev)) if run.len < Run::MAX && alike(prev, p) && Run::repeats(p) => {
+    for (i, p) in batch.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if run.len < Run::MAX && alike(&batch[i - 1], p) && Run::repeats(p) => {
                 run.len += 1
             }
             _ => runs.push(Run::of(p)),
         }
-        last = Some(p);
     }
     runs
 }
@@ -329,9 +327,9 @@ pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
             Some(_) => int()?,
             None => None,
         };
+        let (gcra, op) = run.first;
         for _ in 0..run.len {
             answers.push(Answer { now, debt, then });
-            let (gcra, op) = run.first;
             debt = gcra.apply(op, debt).debt_after;
             if let (Some(d), Some((gcra, op))) = (then, run.then) {
                 then = Some(gcra.apply(op, d).debt_after);

@@ -462,67 +462,9 @@ async fn a_second_decision_goes_in_the_same_call_and_takes_nothing_after_a_refus
     cleanup(&prefix).await;
 }
 
-#[tokio::test]
-async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
-    let prefix = random_prefix();
-    let (redis, policy, guard) = guarded(&prefix).await;
-    let local = guarded_locally();
-    // (ip, then key: a failure recorded for the ip when None; guarded unless ip is None)
-    let mut asked = Vec::new();
-    for i in 0..48usize {
-        let ip = ["ip-a", "ip-b", "ip-c"][i % 3];
-        match i % 4 {
-            0 => asked.push((None, Some(["k1", "k2"][i % 2]))),
-            1 => asked.push((Some(ip), None)),
-            _ => asked.push((Some(ip), Some(["k1", "k2", "k3"][i % 3]))),
-        }
-    }
-    let before = redis.calls();
-    let decisions = futures_util::future::join_all(asked.iter().map(|&(ip, key)| {
-        let redis = &redis;
-        async move {
-            match (ip, key) {
-                (None, Some(key)) => (None, Some(redis.check(P, key).await.unwrap())),
-                (Some(ip), then) => {
-                    let then = match then {
-                        Some(key) => (P, key, policy, Op::Check),
-                        None => (GUARD, ip, guard, Op::Consume),
-                    };
-                    let peek = (GUARD, ip, guard, Op::Peek);
-                    let (g, then) = redis.decide_then(peek, then).await.unwrap();
-                    (Some(g), then)
-                }
-                (None, None) => unreachable!(),
-            }
-        }
-    }))
-    .await;
-    assert_eq!(
-        redis.calls() - before,
-        1,
-        "one script call for the whole batch"
-    );
-    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining, d.retry_after_secs);
-    let mut refusals = 0;
-    for ((ip, key), (g, then)) in asked.into_iter().zip(decisions) {
-        let want_guard = ip.map(|ip| local.peek(GUARD, ip));
-        let want_then = match (&want_guard, key) {
-            (Some(g), _) if !g.allowed => None,
-            (_, Some(key)) => Some(local.check(P, key)),
-            (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
-            (None, None) => unreachable!(),
-        };
-        refusals += usize::from(want_then.is_none());
-        assert_eq!(g.as_ref().map(fields), want_guard.as_ref().map(fields));
-        assert_eq!(then.as_ref().map(fields), want_then.as_ref().map(fields));
-    }
-    assert!(refusals > 0, "the guard refused some of them");
-    cleanup(&prefix).await;
-}
-
-/// A request of the batches below: the ip whose guard is peeked first, if any; the
-/// policy's key, or, behind a guard, None for a failure recorded for the ip; the op on the
-/// key.
+/// A request of the batches of the tests below: the ip whose guard is peeked first, if
+/// any; the policy's key, or, behind a guard, None for a failure recorded for the ip; the
+/// op on the key.
 type Asked = (Option<&'static str>, Option<&'static str>, Op);
 
 /// Sends `asked` in one batch and checks each answer against the local limiter's, made in
@@ -582,6 +524,25 @@ async fn in_one_call_as_in_sequence(
         );
     }
     (allowed, refused, skipped)
+}
+
+#[tokio::test]
+async fn a_batch_mixing_guarded_and_plain_decisions_decides_as_in_sequence() {
+    let prefix = random_prefix();
+    let (redis, policy, guard) = guarded(&prefix).await;
+    let local = guarded_locally();
+    let mut asked: Vec<Asked> = Vec::new();
+    for i in 0..48usize {
+        let ip = ["ip-a", "ip-b", "ip-c"][i % 3];
+        match i % 4 {
+            0 => asked.push((None, Some(["k1", "k2"][i % 2]), Op::Check)),
+            1 => asked.push((Some(ip), None, Op::Check)),
+            _ => asked.push((Some(ip), Some(["k1", "k2", "k3"][i % 3]), Op::Check)),
+        }
+    }
+    let (_, _, skipped) = in_one_call_as_in_sequence(&redis, &local, (policy, guard), &asked).await;
+    assert!(skipped > 0, "the guard refused some of them");
+    cleanup(&prefix).await;
 }
 
 #[tokio::test]
