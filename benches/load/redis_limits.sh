@@ -24,7 +24,8 @@
 # --paced, per round and binary: p50/p99 (µs) with each backend at half of the local
 # peak; at that load Redis's CPU per request, requests per call, Redis's CPU per call
 # against its time in the script (µs), each core's busy share, and the gateway's CPU time
-# (µs) and its sleeps (voluntary context switches) per request with each backend.
+# (µs) and its sleeps (voluntary context switches) per request with each backend. First,
+# the latency of bare round trips from core 0 to Redis (redis-benchmark, when installed).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -181,6 +182,11 @@ EOF
 }
 
 log "gateway on core 0, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
+# The floor under what Redis adds: bare round trips from the gateway's core, all idle.
+if command -v redis-benchmark >/dev/null; then
+  log "a bare round trip from core 0 to Redis: $(taskset -c 0 redis-benchmark -p "$REDIS_PORT" -c 1 -n 10000 \
+    -t ping_mbulk --csv 2>/dev/null | python3 "$HERE/redis_rtt.py")"
+fi
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then
   printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s\n' run binary local_rps redis_rps ratio \

@@ -250,6 +250,9 @@ def build(raw, meta, resources, note):
     # is open (the handshakes at the start of a TLS run are the new-connection
     # scenarios' subject), TLS and plain measured alike and in the same rounds.
     tls_p999_ratio = ratio(p999("tail_tls"), p999("tail_plain"))
+    # Bare round trips from the gateway's core to Redis (PING, one at a time, before the
+    # rounds): a request whose limit is decided in Redis waits for at least one.
+    redis_rtt = meta.get("redis_round_trip") or {}
     # What the bare TCP relay (no HTTP, no auth) added at the same loads: what the
     # layout and the host add for any proxy, before any HTTP work.
     relay_floor = {tool: f["p99_added_ms"] for tool, f in
@@ -271,6 +274,7 @@ def build(raw, meta, resources, note):
         ("Redis limiter / local limiter req/s", ">=", 0.8, pair_or_ratio("gateway_redis", "gateway")),
         ("p99 added by Redis at half of peak, oha (ms)", "<", 0.3, redis_added("fixed_half")),
         ("p99 added by Redis at half of peak, paced arrivals (h2load) (ms)", "<", 0.3, redis_added("paced_half")),
+        ("a bare round trip from core 0 to Redis, servers idle: p99 (ms)", "info", None, redis_rtt.get("p99_ms")),
         ("new TLS connection per request: gateway / nginx", ">=", 1.5,
          pair_or_ratio("gateway", "nginx", scenario="tls_new_conn")),
         ("new TLS connection per request: gateway / HAProxy", ">=", 1.5,
@@ -484,6 +488,12 @@ def markdown(rep):
                    "moves the bytes) added "
                    + " and ".join(f"{v} ms {said[k]}" for k, v in floor.items())
                    + " to direct's p99: what this layout and this host add for any proxy, before any HTTP work.")
+    rtt = rep["meta"].get("redis_round_trip")
+    if rtt:
+        out.append(f"\nA bare round trip from core 0 to the suite's Redis (PING, one at a time, every server idle; "
+                   f"`redis-benchmark -c 1`) took {rtt['p50_ms']} ms at the median and {rtt['p99_ms']} ms at p99 "
+                   f"(at most {rtt['max_ms']} ms): a request whose limit is decided in Redis waits for at least "
+                   "one such round trip.")
     b = rep.get("cpu_budget")
     if b and b["cpu_ratio_to_gateway"]:
         names = {"direct": "direct", "gateway": "gateway", "nginx": "nginx", "haproxy": "HAProxy",

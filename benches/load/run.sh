@@ -880,6 +880,16 @@ taskset -c 1 python3 "$HERE/host_gaps.py" 1 "$GAP_S" >"$WORK/gaps1.json"
 wait "$GAPS_PID"
 log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
 
+# The floor under the p99 Redis adds: bare round trips (PING, one at a time) from the
+# gateway's core to the suite's Redis, every server idle: a request whose limit is decided
+# in Redis waits for at least one such round trip.
+echo null >"$WORK/redis_rtt.json"
+if [ "$HAVE_REDIS" = 1 ] && command -v redis-benchmark >/dev/null; then
+  taskset -c 0 redis-benchmark -u "$REDIS_URL" -c 1 -n 10000 -t ping_mbulk --csv 2>/dev/null |
+    python3 "$HERE/redis_rtt.py" >"$WORK/redis_rtt.json"
+  log "  a bare round trip from core 0 to Redis: $(cat "$WORK/redis_rtt.json")"
+fi
+
 # (1), (2), (9): direct, gateway, nginx and HAProxy at saturation, one of each
 # per round, so that a machine whose speed drifts over minutes (shared hosts
 # do, by ±20%) moves all four alike: the report's paired ratios compare the
@@ -1072,6 +1082,7 @@ print(json.dumps({'mode': '$MODE', 'gateway_build': '$GW_BUILD', 'runs': $RUNS, 
   'tcp_congestion_control': cc,
   'load_before': open('/proc/loadavg').read().split()[:3],
   'core_gaps': [json.load(open(f'$WORK/gaps{c}.json')) for c in (0, 1)],
+  'redis_round_trip': json.load(open('$WORK/redis_rtt.json')),
   'core0_held': json.loads('$CORE0_HELD'),
   'tools': {'wrk': subprocess.run(['wrk','-v'],capture_output=True,text=True).stdout.split(chr(10))[0],
             'nginx': subprocess.run(['nginx','-v'],capture_output=True,text=True).stderr.strip(),
