@@ -12,6 +12,9 @@
 #            --redis-cpus LIST (where Redis may run, as taskset -c takes it; 1)
 #            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
 #            --rate R (the fixed load in req/s, instead of half of the local peak)
+#            --probe (during each Redis-backed fixed-load run, bare round trips to Redis
+#            from core 0, rtt_probe.py at 1 000 a second: the floor under the gateway's
+#            wait for Redis at that load; its PINGs count in Redis's CPU)
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
 #            fixed load, from its request-duration histogram, and the p99 of its wait
 #            for Redis's decisions, from the backend-duration one: own_time.py)
@@ -23,15 +26,17 @@
 # (µs) with each, Redis's CPU time per request (µs) and requests per script call; with
 # --paced, per round and binary: p50/p99 (µs) with each backend at half of the local
 # peak; at that load Redis's CPU per request, requests per call, Redis's CPU per call
-# against its time in the script (µs), each core's busy share, and the gateway's CPU time
-# (µs) and its sleeps (voluntary context switches) per request with each backend. First,
-# the latency of bare round trips from core 0 to Redis (redis-benchmark, when installed).
+# against its time in the script (µs), each core's busy share, with --probe the p99 (µs) of
+# bare round trips to Redis from core 0 during the Redis-backed run, and the gateway's CPU
+# time (µs) and its sleeps (voluntary context switches) per request with each backend.
+# First, the latency of bare round trips from core 0 to Redis with all idle
+# (redis-benchmark, when installed).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -41,6 +46,7 @@ while [ $# -gt 0 ]; do
     --oha) PACED=1 OHA=1 ;;
     --rate) RATE="$2"; shift ;;
     --own-time) OWN=1 ;;
+    --probe) PROBE=1 ;;
     --no-saturation) SATURATION=0 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -135,6 +141,13 @@ paced() {
   cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
   t0=$(gw_ticks); s0=$(gw_sleeps)
   [ "$OWN" = 0 ] || curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
+  # Beside the Redis-backed run, bare round trips to the same Redis from the gateway's
+  # core (1 000 a second): the floor under the gateway's wait for Redis at this load.
+  local probe=""
+  if [ "$2" = redis ] && [ "$PROBE" = 1 ]; then
+    taskset -c 0 python3 "$HERE/rtt_probe.py" "$REDIS_PORT" 1000 "$DURATION" >"$WORK/probe.json" &
+    probe=$!
+  fi
   if [ "$OHA" = 1 ]; then
     # As run.sh's fixed loads: oha's bursts on its 1 ms ticks, its own lateness counted.
     taskset -c 1 oha --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$3" \
@@ -147,7 +160,11 @@ paced() {
   fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
   t1=$(gw_ticks); s1=$(gw_sleeps)
-  local own=- wait=-
+  local own=- wait=- rtt=-
+  if [ -n "$probe" ]; then
+    wait "$probe"
+    rtt=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["p99_us"])' <"$WORK/probe.json")
+  fi
   if [ "$OWN" = 1 ]; then
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
     p99() { python3 -c 'import json, sys; print(json.load(sys.stdin)["own_p99_us"])'; }
@@ -156,7 +173,7 @@ paced() {
       mpg_rate_limit_backend_duration_seconds 'backend="redis"' | p99)
   fi
   stop "$GW_PID"
-  echo -n "$own $wait "
+  echo -n "$own $wait $rtt "
   python3 - "$WORK/paced.log" "$cpu0" "$cpu1" "$calls0" "$calls1" "$WORK/stat0" "$WORK/stat1" \
     "$script0" "$script1" "$(((t1 - t0) * 1000000 / CLK_TCK))" "$((s1 - s0))" <<'EOF'
 import json, sys
@@ -215,16 +232,16 @@ if [ "$PACED" = 1 ]; then
     done
   fi
   rate=$(python3 -c "import statistics; print(int(statistics.median([float(x) for x in '$peaks'.split()]) / 2))")
-  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %11s %11s\n' run binary rate \
+  printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %10s %11s %11s\n' run binary rate \
     local_p50 local_p99 redis_p50 redis_p99 redis_us reqs/call call/script busy_local busy_redis own_p99 \
-    wait_p99 gw_us sleeps/req
+    wait_p99 probe_p99 gw_us sleeps/req
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lown _ lp50 lp99 _ _ _ lb0 lb1 lgw lsl < <(paced "$bin" local "$rate")
-      read -r rown rwait rp50 rp99 rus per_call split rb0 rb1 rgw rsl < <(paced "$bin" redis "$rate")
-      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %11s %11s\n' "$r" \
+      read -r lown _ _ lp50 lp99 _ _ _ lb0 lb1 lgw lsl < <(paced "$bin" local "$rate")
+      read -r rown rwait rtt rp50 rp99 rus per_call split rb0 rb1 rgw rsl < <(paced "$bin" redis "$rate")
+      printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %10s %11s %11s\n' "$r" \
         "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" \
-        "$lb0/$lb1" "$rb0/$rb1" "$lown/$rown" "$rwait" "$lgw/$rgw" "$lsl/$rsl"
+        "$lb0/$lb1" "$rb0/$rb1" "$lown/$rown" "$rwait" "$rtt" "$lgw/$rgw" "$lsl/$rsl"
     done
   done
 fi

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Bare round trips to a Redis at a steady rate while a load runs: one PING at a time,
+RATE a second for SECONDS, each timed from its send to its answer. Prints one JSON line:
+how many, and their p50, p99 and max in µs.
+
+    rtt_probe.py PORT RATE SECONDS     # Redis on 127.0.0.1:PORT
+
+A request whose limit is decided in Redis waits for at least one such round trip, so at
+the same load the probe's p99 is the floor under the gateway's wait for Redis.
+"""
+import json
+import socket
+import sys
+import time
+
+port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+sock = socket.create_connection(("127.0.0.1", port))
+sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+ping, pong = b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n"
+times = []
+step = 1e9 / rate
+start = time.perf_counter_ns()
+end = start + int(seconds * 1e9)
+due = start
+while due < end:
+    now = time.perf_counter_ns()
+    if now < due:
+        time.sleep((due - now) / 1e9)
+    t0 = time.perf_counter_ns()
+    sock.sendall(ping)
+    got = b""
+    while len(got) < len(pong):
+        chunk = sock.recv(64)
+        if not chunk:
+            sys.exit("rtt_probe.py: Redis closed the connection")
+        got += chunk
+    times.append((time.perf_counter_ns() - t0) / 1000)
+    due += step
+times.sort()
+n = len(times)
+print(json.dumps({"n": n, "p50_us": round(times[n // 2]), "p99_us": round(times[min(n - 1, int(n * 0.99))]),
+                  "max_us": round(times[-1])}))
