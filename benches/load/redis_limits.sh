@@ -201,7 +201,7 @@ EOF
 log "gateway on core 0, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
 # The floor under what Redis adds: bare round trips from the gateway's core, all idle.
 if command -v redis-benchmark >/dev/null; then
-  log "a bare round trip from core 0 to Redis: $(taskset -c 0 redis-benchmark -p "$REDIS_PORT" -c 1 -n 10000 \
+  log "a bare round trip from core 0 to Redis: $(timeout 60 taskset -c 0 redis-benchmark -p "$REDIS_PORT" -c 1 -n 10000 \
     -t ping_mbulk --csv 2>/dev/null | python3 "$HERE/redis_rtt.py")"
 fi
 declare -A LOCAL_RPS
