@@ -161,8 +161,7 @@ paced() {
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"
   t1=$(gw_ticks); s1=$(gw_sleeps)
   local own=- wait=- rtt=-
-  if [ -n "$probe" ]; then
-    wait "$probe"
+  if [ -n "$probe" ] && wait "$probe"; then
     rtt=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["p99_us"])' <"$WORK/probe.json")
   fi
   if [ "$OWN" = 1 ]; then

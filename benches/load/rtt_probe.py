@@ -16,6 +16,7 @@ import time
 port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 sock = socket.create_connection(("127.0.0.1", port))
 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+sock.settimeout(10)  # a Redis that stops answering ends the probe, not the run
 ping, pong = b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n"
 times = []
 step = 1e9 / rate
@@ -30,7 +31,10 @@ while due < end:
     sock.sendall(ping)
     got = b""
     while len(got) < len(pong):
-        chunk = sock.recv(64)
+        try:
+            chunk = sock.recv(64)
+        except socket.timeout:
+            sys.exit("rtt_probe.py: no answer from Redis within 10 s")
         if not chunk:
             sys.exit("rtt_probe.py: Redis closed the connection")
         got += chunk
