@@ -19,6 +19,7 @@ mod sql_error;
 mod sql_key_lookup;
 mod sql_keys;
 mod sql_limits;
+mod sql_list;
 mod sql_removal;
 mod sql_rotate;
 mod sql_sessions;

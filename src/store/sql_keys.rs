@@ -4,6 +4,7 @@ use super::sql::{split_page, SqlStore};
 use super::sql_audit::{record_event, Actor};
 use super::sql_error::Db;
 use super::sql_limits::org_limits_of;
+use super::sql_list::{in_list, text_list};
 use super::{ApiKeyAuth, ApiKeyRecord, Change, LimitSpec, StoreError};
 use crate::clock::unix_now;
 use crate::secret::hex;
@@ -308,8 +309,10 @@ impl SqlStore {
 
     /// Stamps `last_used_at` for a batch of (key id, unix seconds), in one
     /// transaction; a stamp never moves backwards. Keys used in the same second
-    /// share one `UPDATE … WHERE id IN (…)`, so a flush after a burst of many
-    /// keys costs a few statements, not one per key.
+    /// share one `UPDATE`, their ids bound as one list ([`in_list`]): a flush
+    /// after a burst of many keys costs a few statements, not one per key, and
+    /// it is one statement whatever the number of ids, so each connection
+    /// prepares it once instead of once for every length of list.
     pub async fn record_key_usage(&self, used: &[(String, i64)]) -> Result<(), StoreError> {
         if used.is_empty() {
             return Ok(());
@@ -318,22 +321,20 @@ impl SqlStore {
         for (id, at) in used {
             by_second.entry(*at).or_default().push(id);
         }
+        let sql = format!(
+            "UPDATE api_keys SET last_used_at = $2 WHERE id {} \
+             AND (last_used_at IS NULL OR last_used_at < $2)",
+            in_list(self.dialect)
+        );
         let mut tx = self.begin().await?;
         self.timed(async {
             for (at, ids) in &by_second {
-                let list = (2..ids.len() + 2)
-                    .map(|n| format!("${n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let sql = format!(
-                    "UPDATE api_keys SET last_used_at = $1 WHERE id IN ({list}) \
-                     AND (last_used_at IS NULL OR last_used_at < $1)"
-                );
-                let mut query = sqlx::query(&sql).bind(*at);
-                for id in ids {
-                    query = query.bind(*id);
-                }
-                query.execute(&mut *tx).await.db()?;
+                sqlx::query(&sql)
+                    .bind(text_list(self.dialect, ids.iter().copied()))
+                    .bind(*at)
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
             }
             Ok(())
         })

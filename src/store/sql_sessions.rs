@@ -3,8 +3,8 @@
 //! cached session) and the session lookup authentication reads through.
 use super::sql::SqlStore;
 use super::sql_error::Db;
-use super::sql_key_lookup::{hash_list, in_list, text_list};
 use super::sql_limits::org_limits_of;
+use super::sql_list::{hash_list, in_list, text_list};
 use super::{Change, SessionAuth, SessionRecord, StoreError};
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
