@@ -5,12 +5,12 @@ use super::schema::Dialect;
 use crate::secret::SecretHash;
 use std::fmt::Write as _;
 
-/// The batched lookups on PostgreSQL: the values come as one text array.
+/// A list on PostgreSQL: the values come as one text array.
 const BATCH_LOOKUP_PG: &str = "= ANY($1::text[])";
-/// The batched lookups on SQLite: the values come as one JSON array.
+/// A list on SQLite: the values come as one JSON array.
 const BATCH_LOOKUP_SQLITE: &str = "IN (SELECT value FROM json_each($1))";
 
-/// The condition a batched lookup puts after its column: "in the list bound as `$1`".
+/// The condition a batched statement puts after its column: "in the list bound as `$1`".
 pub(super) fn in_list(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Postgres => BATCH_LOOKUP_PG,
@@ -18,7 +18,7 @@ pub(super) fn in_list(dialect: Dialect) -> &'static str {
     }
 }
 
-/// `items` as the one parameter of a batched lookup (see [`in_list`]): a
+/// `items` as the one parameter of a batched statement (see [`in_list`]): a
 /// PostgreSQL array literal or a JSON array, each item quoted and escaped.
 pub(super) fn text_list<'a>(dialect: Dialect, items: impl Iterator<Item = &'a str>) -> String {
     let (open, close) = match dialect {
