@@ -13,6 +13,8 @@ import socket
 import sys
 import time
 
+from tail import pct
+
 port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 sock = socket.create_connection(("127.0.0.1", port))
 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -41,6 +43,5 @@ while due < end:
     times.append((time.perf_counter_ns() - t0) / 1000)
     due += step
 times.sort()
-n = len(times)
-print(json.dumps({"n": n, "p50_us": round(times[n // 2]), "p99_us": round(times[min(n - 1, int(n * 0.99))]),
+print(json.dumps({"n": len(times), "p50_us": round(pct(times, 0.5)), "p99_us": round(pct(times, 0.99)),
                   "max_us": round(times[-1])}))
