@@ -87,6 +87,16 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
+# redis_round_trip REDIS-BENCHMARK-TARGET...: bare round trips (PING, one at a time) from
+# core 0 to a Redis (`-u URL` or `-p PORT`), as one JSON line, or `null` when none came
+# back within 60 s (redis-benchmark retries a Redis it cannot reach for ever).
+redis_round_trip() {
+  local out
+  out=$(timeout 60 taskset -c 0 redis-benchmark "$@" -c 1 -n 10000 -t ping_mbulk --csv 2>/dev/null |
+    python3 "$ROOT/benches/load/redis_rtt.py") || out=null
+  echo "$out"
+}
+
 # upstream_conf DIR PORT BODY: DIR/nginx.conf for the upstream the suites proxy to, an
 # nginx answering every request on 127.0.0.1:PORT with the JSON BODY, keep-alive, no
 # access log; its pid file, logs and temporary files in DIR.

@@ -13,8 +13,9 @@
 #            --oha (the fixed-load runs with oha -q, as run.sh's, instead of h2load)
 #            --rate R (the fixed load in req/s, instead of half of the local peak)
 #            --probe (during each Redis-backed fixed-load run, bare round trips to Redis
-#            from core 0, rtt_probe.py at 1 000 a second: the floor under the gateway's
-#            wait for Redis at that load; its PINGs count in Redis's CPU)
+#            from core 0, rtt_probe.py at 1 000 a second: the round trip at that load,
+#            a floor under the gateway's wait where it reads below it; its PINGs count
+#            in Redis's CPU)
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
 #            fixed load, from its request-duration histogram, and the p99 of its wait
 #            for Redis's decisions, from the backend-duration one: own_time.py)
@@ -142,7 +143,7 @@ paced() {
   t0=$(gw_ticks); s0=$(gw_sleeps)
   [ "$OWN" = 0 ] || curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
   # Beside the Redis-backed run, bare round trips to the same Redis from the gateway's
-  # core (1 000 a second): the floor under the gateway's wait for Redis at this load.
+  # core (1 000 a second): the round trip the gateway's wait for Redis stands on.
   local probe=""
   if [ "$2" = redis ] && [ "$PROBE" = 1 ]; then
     taskset -c 0 python3 "$HERE/rtt_probe.py" "$REDIS_PORT" 1000 "$DURATION" >"$WORK/probe.json" &
@@ -200,8 +201,7 @@ EOF
 log "gateway on core 0, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
 # The floor under what Redis adds: bare round trips from the gateway's core, all idle.
 if command -v redis-benchmark >/dev/null; then
-  log "a bare round trip from core 0 to Redis: $(timeout 60 taskset -c 0 redis-benchmark -p "$REDIS_PORT" -c 1 -n 10000 \
-    -t ping_mbulk --csv 2>/dev/null | python3 "$HERE/redis_rtt.py")"
+  log "a bare round trip from core 0 to Redis: $(redis_round_trip -p "$REDIS_PORT")"
 fi
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then

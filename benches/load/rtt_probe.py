@@ -5,8 +5,10 @@ how many, and their p50, p99 and max in µs.
 
     rtt_probe.py PORT RATE SECONDS     # Redis on 127.0.0.1:PORT
 
-A request whose limit is decided in Redis waits for at least one such round trip, so at
-the same load the probe's p99 is the floor under the gateway's wait for Redis.
+A request whose limit is decided in Redis waits for at least one such round trip. The
+probe is a Python process on the gateway's busy core, though: where round trips are cheap
+its own wake-ups dominate its p99, so read that p99 as a floor under the gateway's wait
+only where it is below it.
 """
 import json
 import socket

@@ -885,8 +885,7 @@ log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
 # in Redis waits for at least one such round trip.
 echo null >"$WORK/redis_rtt.json"
 if [ "$HAVE_REDIS" = 1 ] && command -v redis-benchmark >/dev/null; then
-  timeout 60 taskset -c 0 redis-benchmark -u "$REDIS_URL" -c 1 -n 10000 -t ping_mbulk --csv 2>/dev/null |
-    python3 "$HERE/redis_rtt.py" >"$WORK/redis_rtt.json" || echo null >"$WORK/redis_rtt.json"
+  redis_round_trip -u "$REDIS_URL" >"$WORK/redis_rtt.json"
   log "  a bare round trip from core 0 to Redis: $(cat "$WORK/redis_rtt.json")"
 fi
 
