@@ -61,8 +61,9 @@ pub enum GatewayError {
         /// `details.required_scope`.
         required_scope: String,
     },
-    /// 403 for what the request is rather than whose credential it bears
-    /// (the admin listener's refusal of what a browser page could send).
+    /// 403 with a reason rather than a missing scope: what the request is
+    /// (the admin listener's refusal of what a browser page could send), or
+    /// an act only another user may do (`not_key_owner`).
     #[error("forbidden: {reason}")]
     ForbiddenRequest {
         /// `details.reason`, e.g. `cross_site`.

@@ -207,6 +207,14 @@ impl KeysService {
         let limit = self.settings.server.limits.max_body_bytes;
         let bytes = read_body(req.into_body(), limit).await?;
         let grace = grace_period(&bytes)?;
+        // A rotation hands over a secret that acts as the key's user, so only
+        // that user may ask for one; revoke and delete stay with the scope.
+        if key.user_id != caller.principal.user_id() {
+            return Err(GatewayError::ForbiddenRequest {
+                reason: "not_key_owner",
+                message: "only the key's own user may rotate it",
+            });
+        }
         // The new secret carries the old key's scopes: the caller must be
         // able to create such a key.
         let roles = &self.settings.roles;
@@ -322,7 +330,9 @@ fn own_key(caller: &Caller<'_>, key: Option<ApiKeyRecord>) -> Result<ApiKeyRecor
         .ok_or(GatewayError::NotFound)
 }
 
-async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
+/// The whole of `body`, at most `limit` bytes: over it, 413; a client that
+/// breaks off, 400.
+pub(crate) async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
     match body.collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if is_length_limit(e.as_ref()) => Err(GatewayError::PayloadTooLarge { limit }),

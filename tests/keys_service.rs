@@ -90,10 +90,12 @@ on_both_stores!(
     pagination_walks_every_key_once,
     validation_names_the_field,
     scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_not_found,
+    only_the_keys_own_user_may_rotate_it,
     rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period,
     rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key,
     rotation_validation_names_the_field,
     the_key_lifecycle_is_audited_newest_first_without_secrets,
+    audit_ids_and_cursors_tell_nothing_of_other_organizations,
 );
 
 async fn the_whole_lifecycle_works_and_the_secret_is_shown_once(pg: bool) {
@@ -346,18 +348,66 @@ async fn scopes_beyond_the_role_are_forbidden_and_other_organizations_keys_are_n
     assert_eq!(got["status"], "active");
     assert!(got["replaced_by"].is_null(), "{got}");
 
-    // Rotating mints a secret with the key's scopes: a role that could not
-    // create such a key cannot rotate one either.
+    // Rotating mints a secret with the key's scopes: its owner, in a role
+    // that could not create such a key (the CLI made it), cannot rotate it.
+    let (_, beyond) = create_key(&w.path, "acme", "kim", "clusters:read");
     let (status, body) = call(
         &w,
         reqwest::Method::POST,
-        &format!("/api/v1/api-keys/{}/rotate", w.seed.key_id),
+        &format!("/api/v1/api-keys/{beyond}/rotate"),
         &km.session,
         None,
     )
     .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["details"]["required_scope"], "clusters:read");
+}
+
+async fn only_the_keys_own_user_may_rotate_it(pg: bool) {
+    let w = world(pg).await;
+    let bob = seed(&w.path, "acme", "bob", "member", "clusters:read");
+    let rotate = |id: &str| format!("/api/v1/api-keys/{id}/rotate");
+    // A member with `api-keys:write` asks for a new secret of the owner's key.
+    let body = Some(json!({"grace_period_seconds": 0}));
+    let (status, res) = call(
+        &w,
+        reqwest::Method::POST,
+        &rotate(&w.seed.key_id),
+        &bob.session,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, 403, "{res}");
+    assert_eq!(res["details"]["reason"], "not_key_owner", "{res}");
+    assert!(res.get("key").is_none(), "{res}");
+    // Nothing changed: the owner's key still works and has no successor.
+    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
+    let got = cli_ok(&w.path, &["keys", "get", &w.seed.key_id]);
+    assert!(got["replaced_by"].is_null(), "{got}");
+    let events = cli_ok(&w.path, &["audit", "list", "--org", "acme"]);
+    assert!(!events.to_string().contains("api_key.rotated"), "{events}");
+    // Nor can he create a key in someone else's name.
+    let (status, res) = call(
+        &w,
+        reqwest::Method::POST,
+        KEYS,
+        &bob.session,
+        Some(json!({"name": "x", "scopes": ["clusters:read"], "user_id": "alice"})),
+    )
+    .await;
+    assert_eq!(status, 400, "{res}");
+    assert_eq!(res["details"]["field"], "user_id", "{res}");
+    // Bob rotates his own key.
+    let (status, res) = call(
+        &w,
+        reqwest::Method::POST,
+        &rotate(&bob.key_id),
+        &bob.session,
+        body,
+    )
+    .await;
+    assert_eq!(status, 201, "{res}");
+    assert_eq!(res["user_id"], "bob", "{res}");
 }
 
 /// The status and `details.reason` a key gets on the clusters route.
@@ -741,4 +791,55 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
     assert_eq!(data[0]["actor"], "cli");
     assert_eq!(data[0]["request_id"], Value::Null);
     assert_eq!(data[0]["client"], Value::Null);
+}
+
+async fn audit_ids_and_cursors_tell_nothing_of_other_organizations(pg: bool) {
+    let w = world(pg).await;
+    // Another organization is busy in between.
+    let other = seed(&w.path, "globex", "gus", "owner", "clusters:read");
+    for _ in 0..3 {
+        create_key(&w.path, "globex", "gus", "clusters:read");
+    }
+    create_key(&w.path, "acme", "alice", "clusters:read");
+    let (status, page) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("{AUDIT}&limit=1"),
+        &w.seed.session,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let id = page["data"][0]["id"].as_str().unwrap().to_string();
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    // `evt_` and 16 base62 characters: no counter shared by every organization.
+    for opaque in [&id, &cursor] {
+        let rest = opaque
+            .strip_prefix("evt_")
+            .unwrap_or_else(|| panic!("{opaque}"));
+        assert_eq!(rest.len(), 16, "{opaque}");
+        assert!(rest.bytes().all(|b| b.is_ascii_alphanumeric()), "{opaque}");
+        assert!(!rest.bytes().all(|b| b.is_ascii_digit()), "{opaque}");
+    }
+    // The next page follows; the cursor is no good for another organization.
+    let (status, next) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("{AUDIT}&limit=1&cursor={cursor}"),
+        &w.seed.session,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["data"][0]["key_id"], w.seed.key_id.as_str(), "{next}");
+    let (status, body) = call(
+        &w,
+        reqwest::Method::GET,
+        &format!("/api/v1/audit-events?organization_id=globex&cursor={cursor}"),
+        &other.session,
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["details"]["field"], "cursor", "{body}");
 }

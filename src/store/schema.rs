@@ -153,6 +153,26 @@ const V6_POSTGRES: [&str; 2] = [
     "ALTER TABLE sessions ALTER COLUMN token_hash TYPE TEXT COLLATE \"C\"",
 ];
 
+/// Version 7, SQLite: audit events get opaque ids (`evt_` and random hex;
+/// new events get `evt_` and 16 base62 characters from the gateway), so that
+/// neither an id nor a cursor tells how many events other organizations had.
+/// `seq` still orders and pages them. SQLite cannot add a column with a
+/// random default, and one process writes it, so existing rows are filled once.
+const V7_SQLITE: [&str; 3] = [
+    "ALTER TABLE audit_events ADD COLUMN id TEXT",
+    "UPDATE audit_events SET id = 'evt_' || lower(hex(randomblob(12)))",
+    "CREATE UNIQUE INDEX audit_events_id ON audit_events (id)",
+];
+
+/// Version 7, PostgreSQL: as [`V7_SQLITE`], the random default filling
+/// existing rows and any row an instance not yet upgraded still writes.
+const V7_POSTGRES: [&str; 3] = [
+    "ALTER TABLE audit_events ADD COLUMN id TEXT \
+     DEFAULT ('evt_' || replace(gen_random_uuid()::text, '-', ''))",
+    "ALTER TABLE audit_events ALTER COLUMN id SET NOT NULL",
+    "CREATE UNIQUE INDEX audit_events_id ON audit_events (id)",
+];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -184,6 +204,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 6,
         sqlite: &[],
         postgres: &V6_POSTGRES,
+    },
+    Migration {
+        version: 7,
+        sqlite: &V7_SQLITE,
+        postgres: &V7_POSTGRES,
     },
 ];
 

@@ -39,7 +39,8 @@ impl Actor {
 /// One recorded lifecycle event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {
-    /// `evt_` and the event's sequence number.
+    /// `evt_` and random characters: opaque, so that ids say nothing of how
+    /// many events other organizations had.
     pub id: String,
     /// `api_key.created`, `api_key.rotated`, `api_key.revoked` or `api_key.deleted`.
     pub action: String,
@@ -82,9 +83,10 @@ pub(super) async fn record_event(
     actor: &Actor,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO audit_events (action, key_id, organization_id, actor, request_id, \
-         client, at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO audit_events (id, action, key_id, organization_id, actor, request_id, \
+         client, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
+    .bind(crate::secret::generate_id("evt_"))
     .bind(action)
     .bind(key_id)
     .bind(organization_id)
@@ -99,9 +101,8 @@ pub(super) async fn record_event(
 }
 
 fn event_from_row(row: &AnyRow) -> Result<AuditEvent, sqlx::Error> {
-    let seq: i64 = row.try_get("seq")?;
     Ok(AuditEvent {
-        id: format!("evt_{seq}"),
+        id: row.try_get("id")?,
         action: row.try_get("action")?,
         key_id: row.try_get("key_id")?,
         organization_id: row.try_get("organization_id")?,
@@ -114,8 +115,8 @@ fn event_from_row(row: &AnyRow) -> Result<AuditEvent, sqlx::Error> {
 
 impl SqlStore {
     /// One page of `org`'s events, newest first, and the cursor of the next
-    /// page if there is one. The cursor is the last event's sequence number;
-    /// a bad one is Invalid.
+    /// page if there is one. The cursor is the last event's id, as opaque as
+    /// the id; one that names no event of `org` (any more) is Invalid.
     pub async fn list_audit_events(
         &self,
         org: &str,
@@ -125,19 +126,29 @@ impl SqlStore {
         if limit == 0 {
             return Err(StoreError::Invalid("limit".into()));
         }
+        let mut conn = self.conn().await?;
         let before = match cursor {
-            Some(c) => c
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| StoreError::Invalid("cursor".into()))?,
+            Some(c) => {
+                let seq: Option<i64> = self
+                    .timed(async {
+                        sqlx::query_scalar(
+                            "SELECT seq FROM audit_events WHERE id = $1 AND organization_id = $2",
+                        )
+                        .bind(c)
+                        .bind(org)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .db()
+                    })
+                    .await?;
+                seq.ok_or_else(|| StoreError::Invalid("cursor".into()))?
+            }
             None => i64::MAX,
         };
-        let mut conn = self.conn().await?;
         let page = self
             .timed(async {
                 sqlx::query(
-                    "SELECT seq, action, key_id, organization_id, actor, request_id, client, at \
+                    "SELECT id, action, key_id, organization_id, actor, request_id, client, at \
                      FROM audit_events WHERE organization_id = $1 AND seq < $2 \
                      ORDER BY seq DESC LIMIT $3",
                 )
@@ -153,9 +164,7 @@ impl SqlStore {
                 .db()
             })
             .await?;
-        Ok(split_page(page, limit, |e| {
-            e.id.trim_start_matches("evt_").to_owned()
-        }))
+        Ok(split_page(page, limit, |e| e.id.clone()))
     }
 
     /// Deletes events recorded before `before` (unix seconds); returns how many.
@@ -213,8 +222,8 @@ mod tests {
         let old = crate::clock::unix_now() - 3600;
         for (key, at) in [("key_old", old), ("key_new", old + 3590)] {
             let insert = sqlx::query(
-                "INSERT INTO audit_events (action, key_id, organization_id, actor, at) \
-                 VALUES ('api_key.deleted', $1, 'acme', 'cli', $2)",
+                "INSERT INTO audit_events (id, action, key_id, organization_id, actor, at) \
+                 VALUES ($1, 'api_key.deleted', $1, 'acme', 'cli', $2)",
             )
             .bind(key)
             .bind(at)

@@ -246,8 +246,8 @@ pub(super) async fn audit_events_past_retention_are_pruned(store: &SqlStore) {
     let now = crate::clock::unix_now();
     let old = now - 100 * 24 * 3600;
     sqlx::query(
-        "INSERT INTO audit_events (action, key_id, organization_id, actor, at) \
-         VALUES ('api_key.revoked', 'key_old', 'acme', 'cli', $1)",
+        "INSERT INTO audit_events (id, action, key_id, organization_id, actor, at) \
+         VALUES ('evt_old', 'api_key.revoked', 'key_old', 'acme', 'cli', $1)",
     )
     .bind(old)
     .execute(&store.pool)
