@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use super::table::{Pipeline, RouteEntry};
 use crate::config::OrgSource;
 use crate::error::GatewayError;
-use crate::routes::{Query, QueryError};
+use crate::routes::{find_lookalike, Query, QueryError};
 use crate::store::ApiKeyRecord;
 
 /// What stage 4 found: the organization asked for, and the key named by the
@@ -36,6 +36,9 @@ impl Pipeline {
         match &entry.route.organization {
             OrgSource::None => {}
             OrgSource::Query(name) => {
+                if let Some(lookalike) = head.uri.query().and_then(|q| find_lookalike(q, name)) {
+                    return Err(query_error(QueryError::Lookalike(lookalike, name.clone())));
+                }
                 v.organization = Some(query.require(name).map_err(query_error)?.to_string())
             }
             OrgSource::Path(_) => v.organization = path_param,
@@ -85,5 +88,11 @@ fn query_error(e: QueryError) -> GatewayError {
             GatewayError::bad_field(name, "malformed percent-encoding (not UTF-8)")
         }
         QueryError::TooMany => GatewayError::bad_field("query", "too many parameters"),
+        QueryError::Lookalike(name, param) => GatewayError::bad_field(
+            name,
+            &format!(
+                "reads as {param} to some upstream frameworks (send {param} once, as it is spelt)"
+            ),
+        ),
     }
 }

@@ -25,6 +25,10 @@ pub enum QueryError {
     /// A required parameter is empty.
     #[error("{0}: empty")]
     Empty(String),
+    /// A name that is not the parameter but that some upstream framework
+    /// reads as it (see [`find_lookalike`]): the name, decoded.
+    #[error("{0}: reads as {1} to some upstream frameworks")]
+    Lookalike(String, String),
 }
 
 /// A parsed query string.
@@ -153,6 +157,63 @@ pub fn find_secret_param(raw: &str) -> Option<String> {
     None
 }
 
+/// The first name in `raw` (the part after `?`) that is not `param` but
+/// that an upstream framework may read as `param`: equal to it after ASCII
+/// case folding, reading `.`, space and `+` as `_` (PHP, and case-blind
+/// ASP.NET), dropping leading spaces and a trailing `[]` (PHP), or standing
+/// after a `;`, which Rack 2 and Bottle read as a separator like `&`.
+/// Names are compared percent-decoded, so `organization%5Fid` is `param`
+/// itself. Such a name could carry an organization the gateway never checked
+/// to an upstream that reads the query instead of `X-Mpg-Organization-Id`.
+pub fn find_lookalike(raw: &str, param: &str) -> Option<String> {
+    let wanted = param.as_bytes();
+    for piece in raw.split('&') {
+        let mut names = piece.split(';').map(|p| cut(p, b'=').0);
+        // What this parser reads is the name before the first `;`.
+        let first = names.next().unwrap_or("");
+        if first != param
+            && reads_as(first, wanted)
+            && !decoded_bytes(first).eq(wanted.iter().copied())
+        {
+            return Some(lossy_decoded(first));
+        }
+        if let Some(name) = names.find(|n| reads_as(n, wanted)) {
+            return Some(lossy_decoded(name));
+        }
+    }
+    None
+}
+
+/// Whether `raw`, a name as sent, equals `wanted` after the normalisations
+/// of [`find_lookalike`].
+fn reads_as(raw: &str, wanted: &[u8]) -> bool {
+    // Decoding and the dropped `[]` only shorten a name.
+    if raw.len() < wanted.len() {
+        return false;
+    }
+    let mut name: smallvec::SmallVec<[u8; 48]> = decoded_bytes(raw)
+        .skip_while(|&b| b == b' ')
+        .map(fold)
+        .collect();
+    while name.ends_with(b"[]") {
+        name.truncate(name.len() - 2);
+    }
+    name.len() == wanted.len() && name.iter().zip(wanted).all(|(a, b)| *a == fold(*b))
+}
+
+/// One byte of a name as the lenient frameworks read it.
+fn fold(b: u8) -> u8 {
+    match b {
+        b'.' | b' ' | b'+' => b'_',
+        b => b.to_ascii_lowercase(),
+    }
+}
+
+fn lossy_decoded(raw: &str) -> String {
+    let name: Vec<u8> = decoded_bytes(raw).collect();
+    String::from_utf8_lossy(&name).into_owned()
+}
+
 impl<'a> Query<'a> {
     /// Parses `raw` (the part after `?`), refusing repeats and bad escapes.
     pub fn parse(raw: Option<&'a str>) -> Result<Self, QueryError> {
@@ -224,6 +285,73 @@ mod tests {
         }
         // Different names stay different.
         assert!(Query::parse(Some("organization_id=a&organization_id[]=b")).is_ok());
+    }
+
+    #[test]
+    fn lookalikes_of_the_organization_parameter_are_found() {
+        let p = "organization_id";
+        for (raw, name) in [
+            (
+                "organization_id=acme&organization.id=evil",
+                "organization.id",
+            ),
+            (
+                "organization_id=acme&organization+id=evil",
+                "organization id",
+            ),
+            (
+                "organization_id=acme&organization%20id=evil",
+                "organization id",
+            ),
+            (
+                "organization_id=acme&ORGANIZATION_ID=evil",
+                "ORGANIZATION_ID",
+            ),
+            (
+                "organization_id=acme&Organization_Id=evil",
+                "Organization_Id",
+            ),
+            (
+                "organization_id=acme&organization_id[]=evil",
+                "organization_id[]",
+            ),
+            (
+                "organization_id=acme&organization_id%5B%5D=evil",
+                "organization_id[]",
+            ),
+            (
+                "organization_id=acme&%20organization_id=evil",
+                " organization_id",
+            ),
+            (
+                "organization_id=acme&organization%2Bid=evil",
+                "organization+id",
+            ),
+            (
+                "organization_id=acme&x=1;organization_id=evil",
+                "organization_id",
+            ),
+            (
+                "organization_id=acme;organization_id=evil",
+                "organization_id",
+            ),
+            (
+                "x=1;organization.id=evil&organization_id=acme",
+                "organization.id",
+            ),
+        ] {
+            assert_eq!(find_lookalike(raw, p).as_deref(), Some(name), "{raw}");
+        }
+        for raw in [
+            "organization_id=acme",
+            "organization%5Fid=acme",
+            "organization_id=acme&organization_idx=1&organization=2",
+            "organization_id=acme;x=1&limit=5",
+            "organization_id=a.b+c&cursor=organization.id",
+            "",
+        ] {
+            assert_eq!(find_lookalike(raw, p), None, "{raw}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::fmt;
 pub enum RequestTargetError {
     /// Absolute-form, authority-form or `*` on HTTP/1.x.
     NotOriginForm,
-    /// A `.` or `..` segment.
+    /// A `.` or `..` segment, alone or before `;` parameters.
     DotSegment,
     /// `//` or a trailing `/`.
     EmptySegment,
@@ -32,7 +32,7 @@ impl fmt::Display for RequestTargetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             RequestTargetError::NotOriginForm => "the target must be a path (origin-form)",
-            RequestTargetError::DotSegment => "the path has a . or .. segment",
+            RequestTargetError::DotSegment => "the path has a . or .. segment (or ..; or .;)",
             RequestTargetError::EmptySegment => "the path has an empty segment (// or a trailing /)",
             RequestTargetError::EncodedSeparator => "the path has an encoded or backslash separator",
             RequestTargetError::EncodedDot => "the path has a percent-encoded dot",
@@ -243,7 +243,9 @@ fn check_path_bytewise(path: &str) -> Result<(), RequestTargetError> {
         if bytes.is_empty() {
             return Err(RequestTargetError::EmptySegment);
         }
-        if bytes == b"." || bytes == b".." {
+        // Tomcat, Jetty and Spring drop a segment's `;` parameters before
+        // resolving dots, so `..;` (or `..%3B`) is a `..` to them.
+        if matches!(before_parameters(bytes), b"." | b"..") {
             return Err(RequestTargetError::DotSegment);
         }
         let mut i = 0;
@@ -270,6 +272,21 @@ fn check_path_bytewise(path: &str) -> Result<(), RequestTargetError> {
         }
     }
     Ok(())
+}
+
+/// A segment up to its first `;`, raw or as `%3B` in either case.
+fn before_parameters(segment: &[u8]) -> &[u8] {
+    let mut i = 0;
+    while i < segment.len() {
+        match segment[i] {
+            b';' => break,
+            b'%' if segment[i + 1..].starts_with(b"3b") || segment[i + 1..].starts_with(b"3B") => {
+                break
+            }
+            _ => i += 1,
+        }
+    }
+    &segment[..i]
 }
 
 fn check_query(q: &str) -> Result<(), RequestTargetError> {
@@ -316,6 +333,8 @@ mod tests {
             "/api/v1/clusters;x=1",
             "/api/v1/clusters?q=a%20b&x=%2F",
             "/a/..b/c.d/.e",
+            "/a/...;/b;x=..",
+            "/a/x..;/b",
         ] {
             assert_eq!(check(ok), Ok(()), "{ok}");
         }
@@ -328,6 +347,12 @@ mod tests {
             ("/api/../clusters", DotSegment),
             ("/api/./clusters", DotSegment),
             ("/api/v1/..", DotSegment),
+            ("/api/v1/clusters/..;", DotSegment),
+            ("/api/v1/clusters/..;x=1", DotSegment),
+            ("/api/v1/clusters/.;", DotSegment),
+            ("/api/v1/..;/clusters", DotSegment),
+            ("/api/v1/..%3B/clusters", DotSegment),
+            ("/api/v1/..%3bjsessionid=1/x", DotSegment),
             ("/api//clusters", EmptySegment),
             ("/api/v1/clusters/", EmptySegment),
             ("//api", EmptySegment),
