@@ -6,7 +6,9 @@
 //! credential the cache answers for at once (or none usable) needs no lookup:
 //! then the peek goes in one limiter call with the decision that follows it,
 //! stage 3's token or the failure a refusal records, which with Redis is one
-//! round trip instead of two. A guard refusal takes neither.
+//! round trip instead of two. A guard refusal takes neither. Before a lookup
+//! the failure is taken ahead, in one atomic step, and given back when the
+//! credential is good: concurrency cannot widen the budget.
 use http::request;
 use std::sync::Arc;
 
@@ -49,8 +51,6 @@ impl Pipeline {
         // IPv6 clients per /64: one host can take any address in its block.
         let ip = client.addr().limit_key();
         let now = crate::clock::unix_now();
-        // Whether the 401 of a refused credential is counted by the guard yet.
-        let mut recorded = false;
         let (result, taken) = match self.probe(entry, head, now) {
             Probe::Known(Ok(principal)) => {
                 let taken =
@@ -69,16 +69,20 @@ impl Pipeline {
                 (Ok(principal), taken)
             }
             Probe::Known(Err(reason)) => {
-                if let Some(refusal) = self.limiter.guarded_auth_failure(ip).await {
-                    return Err(guard_refusal(refusal, decided));
-                }
-                recorded = true;
+                self.take_failure(ip, decided).await?;
                 (Err(GatewayError::Unauthorized(reason)), None)
             }
             // Brute-force guard: an IP that piled up 401s gets 429 before any lookup.
+            // The failure is counted before the lookup, so that concurrent guesses
+            // cannot all pass one peek, and given back when the store says yes (or
+            // cannot answer: a 503 is no failure of the client's).
             probe => {
-                self.guard(ip, decided).await?;
-                (self.look_up(probe, now).await, None)
+                self.take_failure(ip, decided).await?;
+                let result = self.look_up(probe, now).await;
+                if !matches!(result, Err(GatewayError::Unauthorized(_))) {
+                    self.limiter.refund_auth_failure(ip).await;
+                }
+                (result, None)
             }
         };
         match &result {
@@ -95,9 +99,6 @@ impl Pipeline {
                     reason = reason.as_str(),
                     "authentication failed"
                 );
-                if !recorded {
-                    self.limiter.record_auth_failure(ip).await;
-                }
             }
             Err(_) => self.auth_outcomes.increment(("error", "store_unavailable")),
         }
@@ -107,6 +108,19 @@ impl Pipeline {
     /// `Err` with the guard's refusal when `ip` has used up its failures.
     async fn guard(&self, ip: &str, decided: &mut Option<Decision>) -> Result<(), GatewayError> {
         match self.limiter.auth_failures_exceeded(ip).await {
+            Some(refusal) => Err(guard_refusal(refusal, decided)),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts one authentication failure of `ip` ahead: `Err` with the guard's
+    /// refusal when its failures are used up (nothing is counted then).
+    async fn take_failure(
+        &self,
+        ip: &str,
+        decided: &mut Option<Decision>,
+    ) -> Result<(), GatewayError> {
+        match self.limiter.guarded_auth_failure(ip).await {
             Some(refusal) => Err(guard_refusal(refusal, decided)),
             None => Ok(()),
         }

@@ -24,6 +24,9 @@ pub(crate) enum Op {
     /// Record one unit of cost even when no whole token is left: the bucket drains to empty,
     /// never beyond (used for authentication failures, which have already happened).
     Consume,
+    /// Give back one token taken before (an authentication-failure token taken ahead
+    /// of a lookup that then succeeded): the bucket fills by one, never past full.
+    Refund,
 }
 
 impl Op {
@@ -33,6 +36,7 @@ impl Op {
             Op::Check => 0,
             Op::Peek => 1,
             Op::Consume => 2,
+            Op::Refund => 3,
         }
     }
 }
@@ -100,6 +104,7 @@ impl Gcra {
             Op::Check if allowed => needed,
             Op::Check | Op::Peek => debt,
             Op::Consume => needed.min(self.burst),
+            Op::Refund => debt.saturating_sub(self.interval),
         };
         Outcome {
             allowed,

@@ -220,13 +220,23 @@ impl RateLimiter {
             .await
     }
 
-    /// [`Self::auth_failures_exceeded`] for `client_ip`, then, only if it is not,
-    /// [`Self::record_auth_failure`]: `Some(refusal)` when the guard refused (nothing is
-    /// recorded then). One call with Redis.
+    /// Takes one authentication-failure token of `client_ip` if one is left:
+    /// `Some(refusal)` when none is (nothing is taken then). One step under the
+    /// bucket's lock or in one Redis script, so concurrent failures cannot all pass
+    /// one peek. Taken before a lookup whose outcome is not known yet, it is given
+    /// back with [`Self::refund_auth_failure`] when the credential is good.
     pub async fn guarded_auth_failure(&self, client_ip: &str) -> Option<Decision> {
-        self.after_guard(client_ip, self.auth_policy, client_ip, Op::Consume, None)
-            .await
-            .err()
+        let decision = self
+            .decide(self.auth_policy, client_ip, Op::Check, true, None)
+            .await;
+        (!decision.allowed).then_some(decision)
+    }
+
+    /// Gives back one authentication-failure token of `client_ip` that
+    /// [`Self::guarded_auth_failure`] took (the bucket never fills past full).
+    pub async fn refund_auth_failure(&self, client_ip: &str) {
+        self.decide(self.auth_policy, client_ip, Op::Refund, true, None)
+            .await;
     }
 
     /// `"local"` or `"redis"` (the configured backend, for readiness and metrics).
@@ -374,6 +384,7 @@ impl RateLimiter {
             Op::Check => self.local.check(policy, key),
             Op::Peek => self.local.peek(policy, key),
             Op::Consume => self.local.consume(policy, key),
+            Op::Refund => self.local.refund(policy, key),
         }
     }
 }

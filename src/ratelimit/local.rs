@@ -99,6 +99,11 @@ impl LocalLimiter {
         self.run(policy, key, Op::Consume, None)
     }
 
+    /// Gives back one token taken from `key` before (never past a full bucket).
+    pub fn refund(&self, policy: PolicyId, key: &str) -> Decision {
+        self.run(policy, key, Op::Refund, None)
+    }
+
     /// Number of keys currently tracked under `policy` (for metrics and tests).
     pub fn tracked_keys(&self, policy: PolicyId) -> usize {
         self.policies.get(policy.0).map_or(0, |p| {

@@ -16,7 +16,7 @@ use super::super::LimiterError;
 /// order, grouped in runs (see [`Run`]): per run six bytes, its length (a big-endian u16,
 /// its top bit set when each decision of the run has a second one), then its decision's
 /// key index in KEYS (from 0) and its code, each a big-endian u16, the code being 8 * its
-/// pair's index (from 0) + its op (0 check, 1 peek, 2 consume); then, if paired, four more
+/// pair's index (from 0) + its op (0 check, 1 peek, 2 consume, 3 refund); then, if paired, four more
 /// bytes, the second decision's key index and code, made only if the first is allowed (else
 /// skipped: no write, and -1 in place of its debt). A batch holds a few policies and, under
 /// load, a few hot keys, so a decision costs four bytes at most, not a key and three numbers,
@@ -82,7 +82,10 @@ while i < #ops do
       if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
       allowed = debt + interval <= burst
       local after = debt
-      if op ~= 1 then
+      if op == 3 then
+        after = debt - n * interval
+        if after < 0 then after = 0 end
+      elseif op ~= 1 then
         local k = 0
         if allowed then
           k = 1
@@ -94,7 +97,7 @@ while i < #ops do
         after = debt + k * interval
         if op == 2 and k < n then after = burst end
       end
-      if after ~= debt and after > 0 then
+      if after ~= debt then
         written[key] = after
         debts[key] = after
       end
@@ -112,7 +115,11 @@ for key = 1, #KEYS do
     if rem < 0 then carry = carry - 1; rem = rem + 1000000000
     elseif rem >= 1000000000 then carry = carry + 1; rem = rem - 1000000000 end
     local tat = string.format('%d%09d', now_s + carry, rem)
-    redis.call('SET', KEYS[key], tat, 'PX', math.ceil(after / 1000000))
+    if after > 0 then
+      redis.call('SET', KEYS[key], tat, 'PX', math.ceil(after / 1000000))
+    else
+      redis.call('DEL', KEYS[key])
+    end
   end
 end
 return struct.pack('<' .. string.rep('d', #out), unpack(out))

@@ -199,26 +199,27 @@ async fn one_batch_of_mixed_keys_policies_and_ops_decides_as_in_sequence() {
     let quotas = vec![quota(3, 60), quota(5, 10), quota(2, 3600)];
     let redis = connect(&prefix, quotas.clone()).await;
     let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
-    let local = LocalLimiter::with_clock(quotas, clock);
+    let local = LocalLimiter::with_clock(quotas.clone(), clock);
     let mut asked = Vec::new();
     for i in 0..60usize {
         let policy = PolicyId(i % 3);
         let key = ["a", "b", "c", "d"][i % 4];
-        let op = [Op::Check, Op::Check, Op::Peek, Op::Check, Op::Consume][i % 5];
+        let op = [
+            Op::Check,
+            Op::Check,
+            Op::Peek,
+            Op::Refund,
+            Op::Check,
+            Op::Consume,
+        ][i % 6];
         asked.push((policy, key, op));
     }
     // Polled together, the decisions are queued in this order before the task runs.
     let before = redis.calls();
     let decisions = futures_util::future::join_all(asked.iter().map(|&(policy, key, op)| {
         let redis = &redis;
-        async move {
-            match op {
-                Op::Check => redis.check(policy, key).await,
-                Op::Peek => redis.peek(policy, key).await,
-                Op::Consume => redis.consume(policy, key).await,
-            }
-            .unwrap()
-        }
+        let gcra = Gcra::new(&quotas[policy.0]);
+        async move { redis.decide(policy, key, gcra, op).await.unwrap() }
     }))
     .await;
     assert_eq!(
@@ -231,6 +232,7 @@ async fn one_batch_of_mixed_keys_policies_and_ops_decides_as_in_sequence() {
             Op::Check => local.check(policy, key),
             Op::Peek => local.peek(policy, key),
             Op::Consume => local.consume(policy, key),
+            Op::Refund => local.refund(policy, key),
         };
         assert_eq!(
             (r.allowed, r.limit, r.remaining, r.retry_after_secs),
@@ -502,6 +504,7 @@ async fn in_one_call_as_in_sequence(
                 Op::Check => local.check(P, key),
                 Op::Peek => local.peek(P, key),
                 Op::Consume => local.consume(P, key),
+                Op::Refund => local.refund(P, key),
             }),
             (Some(_), None) => Some(local.consume(GUARD, ip.unwrap())),
             (None, None) => unreachable!(),
@@ -581,7 +584,7 @@ async fn random_runs_decide_as_in_sequence() {
     use rand::{Rng, SeedableRng};
     let keys = ["k1", "k2", "k3"];
     let ips = ["ip-a", "ip-b"];
-    let ops = [Op::Check, Op::Peek, Op::Consume];
+    let ops = [Op::Check, Op::Peek, Op::Consume, Op::Refund];
     for seed in 0..20 {
         let prefix = random_prefix();
         let (redis, policy, guard) = guarded(&prefix).await;
