@@ -396,3 +396,31 @@ async fn behind_the_proxy_protocol_tls_follows_the_header() {
     assert_eq!(seen.headers["x-forwarded-for"], "198.51.100.12");
     assert_eq!(seen.headers["x-forwarded-proto"], "https");
 }
+
+#[tokio::test]
+async fn a_proxy_header_that_names_no_client_leaves_the_forwarded_for_untrusted() {
+    let w = behind_a_local_proxy().await;
+    let with_xff = b"GET /public/ping HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close\r\n\r\n";
+    // v2 UNSPEC and UNIX families, with the PROXY command.
+    let mut unspec = v2(None);
+    unspec[12] = 0x21;
+    let mut unix = b"\r\n\r\n\0\r\nQUIT\n\x21\x31".to_vec();
+    unix.extend(216u16.to_be_bytes());
+    unix.extend([0u8; 216]);
+    for (header, what) in [
+        (v2(None), "v2 LOCAL"),
+        (b"PROXY UNKNOWN\r\n".to_vec(), "v1 UNKNOWN"),
+        (
+            b"PROXY UNKNOWN 198.51.100.7 127.0.0.1 1 2\r\n".to_vec(),
+            "v1 UNKNOWN with addresses",
+        ),
+        (unspec, "v2 UNSPEC"),
+        (unix, "v2 UNIX"),
+    ] {
+        let res = proxied(w.gw.addr, &header, with_xff).await;
+        assert_eq!(res.status, 200, "{what}: {}", res.body);
+        // The balancer's own connection: its address, and the client's
+        // field not believed.
+        assert_eq!(forwarded_for(&w), "127.0.0.1", "{what}");
+    }
+}

@@ -134,19 +134,21 @@ pub async fn serve_behind<H: Handler>(
             let conn = match source {
                 Source::Peer(conn) => conn,
                 Source::ProxyHeader(proxies) => {
-                    let read = proxy_protocol::read_client(
-                        &mut stream,
-                        peer,
-                        first_request_by,
-                        stop.clone(),
-                    );
+                    let read =
+                        proxy_protocol::read_client(&mut stream, first_request_by, stop.clone());
                     match Box::pin(read).await {
-                        Ok(client) => Arc::new(ConnInfo::from_source(
+                        Ok(Some(client)) => Arc::new(ConnInfo::from_source(
                             peer,
                             tls.is_some(),
                             client,
                             proxies.trusted.contains(client),
                         )),
+                        // A header that names no client (a balancer's own
+                        // connection): the peer speaks for itself, and its
+                        // `X-Forwarded-For` is not trusted.
+                        Ok(None) => {
+                            Arc::new(ConnInfo::from_source(peer, tls.is_some(), peer.ip(), false))
+                        }
                         Err(proxy_protocol::HeaderError::Draining) => return,
                         Err(e) => return proxy_protocol::refused(peer, &e),
                     }

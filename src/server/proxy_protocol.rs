@@ -61,22 +61,23 @@ pub(super) enum HeaderError {
 }
 
 /// The client the connection's PROXY header names: its source address, or
-/// `peer` when it names none (a v2 `LOCAL` command, such as a balancer's
-/// health check; v1 `UNKNOWN`; a v2 address family other than IPv4/IPv6).
+/// `None` when it names none (a v2 `LOCAL` command, such as a balancer's
+/// health check; v1 `UNKNOWN`; a v2 address family other than IPv4/IPv6):
+/// then the connection is the balancer's own, and whatever client field it
+/// carries is not to be trusted.
 /// Reads exactly the header's bytes, so what follows (a TLS ClientHello, an
 /// HTTP request) is left on the socket. Gives up at `by`, and at once when
 /// the listener drains.
 pub(super) async fn read_client(
     stream: &mut TcpStream,
-    peer: SocketAddr,
     by: Instant,
     stop: watch::Receiver<bool>,
-) -> Result<IpAddr, HeaderError> {
+) -> Result<Option<IpAddr>, HeaderError> {
     let read = tokio::time::timeout_at(by.into(), read_header(stream));
     tokio::select! {
         biased;
         read = read => match read {
-            Ok(Ok(source)) => Ok(source.unwrap_or(peer.ip())),
+            Ok(Ok(source)) => Ok(source),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(HeaderError::TimedOut),
         },
