@@ -341,6 +341,44 @@ fn migrate_never_prints_the_store_password() {
 }
 
 #[test]
+fn a_store_url_parameter_the_driver_would_ignore_is_refused_by_name_never_logged() {
+    let (mut cfg, db) = config_on(true);
+    let db = db.unwrap();
+    // The PostgreSQL driver ignores these, and logs each with its value.
+    cfg.postgres(&format!(
+        "{}?sslpassword=HUNTER2sslpass&auth_token=HUNTER2token",
+        db.url
+    ));
+    let path = cfg.write();
+    for args in [
+        &["check-config"][..],
+        &["migrate"],
+        &["orgs", "list"],
+        &["run"],
+    ] {
+        // Bounded: a `run` that accepted the file would serve until stopped.
+        let out = common::backends::run_bounded(
+            std::process::Command::new(BIN)
+                .arg("--config")
+                .arg(&path)
+                .args(args),
+            std::time::Duration::from_secs(20),
+        );
+        let (code, err) = (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("store.url: unknown connect parameter \"sslpassword\""),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("\"auth_token\""), "{args:?}: {err}");
+        assert!(!err.contains("HUNTER2"), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn lifetimes_past_the_year_9999_are_refused_not_printed_as_no_expiry() {
     // RFC 3339 stops at 9999-12-31: such an expiry came out as `"expires_at": ""`
     // for a session and `null` (never expires) for a key that does.

@@ -16,11 +16,37 @@ const SSL_MODES: [&str; 6] = [
     "verify-full",
 ];
 
-/// Checks the TLS parameters of a `postgres://` url now, so that a typo in
-/// `sslmode` or a missing `sslrootcert` file is a configuration error
-/// rather than a failed start. Names as the driver reads them (it also
-/// takes `ssl-mode`, `ssl-root-cert` and `ssl-ca`).
-fn postgres_tls(p: &mut Problems, url: &str) {
+/// The connect parameters the PostgreSQL driver reads (sqlx-postgres's
+/// `options/parse.rs`); it ignores any other, and logs its value as it does.
+const CONNECT_PARAMETERS: [&str; 19] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "options[NAME]",
+];
+
+/// Checks the connect parameters of a `postgres://` url now, so that a typo
+/// in `sslmode`, a missing `sslrootcert` file, or a parameter the driver
+/// does not know (which it would ignore, and log with its value, a password
+/// perhaps) is a configuration error rather than a failed start or a secret
+/// in the log. Names as the driver reads them (it also takes `ssl-mode`,
+/// `ssl-root-cert` and `ssl-ca`). Values are never printed.
+fn postgres_params(p: &mut Problems, url: &str) {
     // After the user info, which may hold a `?` in a password.
     let rest = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
     let Some((_, query)) = rest.split_once('?') else {
@@ -39,7 +65,21 @@ fn postgres_tls(p: &mut Problems, url: &str) {
                     p.add("store.url", format!("{name}: {e}"));
                 }
             }
-            _ => {}
+            known if CONNECT_PARAMETERS.contains(&known) => {}
+            option if option.starts_with("options[") && option.ends_with(']') => {}
+            unknown => {
+                let name = match crate::secret::looks_like_secret(unknown.bytes()) {
+                    true => "(a secret)",
+                    false => unknown,
+                };
+                p.add(
+                    "store.url",
+                    format!(
+                        "unknown connect parameter {name:?} (the driver would ignore it); expected one of {}",
+                        CONNECT_PARAMETERS.join(", ")
+                    ),
+                );
+            }
         }
     }
 }
@@ -69,7 +109,7 @@ pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
             }
             match raw.url {
                 Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                    postgres_tls(p, &url);
+                    postgres_params(p, &url);
                     let display = redact_url(&url);
                     (url, display)
                 }

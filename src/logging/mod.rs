@@ -12,11 +12,18 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 use absent::{Style, WithAbsent};
 
+/// A dependency's log target that prints a store url's parameter values
+/// (sqlx-postgres logs each parameter it ignores, value and all): off
+/// whatever `[log] level` says, so that no password in a url reaches the log.
+const QUIET_DEPENDENCY_TARGETS: &str = "sqlx_postgres::options=off";
+
 /// Installs the global subscriber (once per process; later calls are no-ops).
 /// Text is coloured only on a terminal: a file or a log collector would get
 /// the escape codes as text.
 pub fn init(level: &str, format: LogFormat) {
-    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(level)
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(QUIET_DEPENDENCY_TARGETS.parse().expect("a valid directive"));
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -22,8 +22,8 @@ fn store_urls_never_show_a_password_even_with_an_at_sign_or_in_the_query() {
             "postgres://gw@db.internal/gateway?password=***",
         ),
         (
-            "postgres://db.internal/gateway?sslmode=require&PASSWORD=hunter2",
-            "postgres://db.internal/gateway?sslmode=require&PASSWORD=***",
+            "postgres://db.internal/gateway?sslmode=require&password=hunter2",
+            "postgres://db.internal/gateway?sslmode=require&password=***",
         ),
     ] {
         let s = Settings::parse(&format!(
@@ -95,7 +95,7 @@ fn redis_urls_take_tls_and_cluster_forms_and_a_ca_file_only_with_tls() {
 }
 
 #[test]
-fn postgres_tls_parameters_are_checked_before_start() {
+fn postgres_connect_parameters_are_checked_before_start() {
     let pg = |url: &str| format!("{MINIMAL}\n[store]\nkind = \"postgres\"\nurl = {url:?}\n");
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
@@ -119,6 +119,25 @@ fn postgres_tls_parameters_are_checked_before_start() {
         errs[0].starts_with("store.url: sslrootcert: cannot read /nonexistent/ca.pem"),
         "{errs:?}"
     );
+    // A parameter the driver would ignore (and log, value and all) is refused,
+    // by name only; the ones it reads pass.
+    let errs = problems(&pg(
+        "postgres://db.internal/gw?sslpassword=HUNTER2&auth_token=s3cr3t&application_name=gw",
+    ));
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert!(
+        errs[0].starts_with("store.url: unknown connect parameter \"sslpassword\""),
+        "{errs:?}"
+    );
+    assert!(errs[1].contains("\"auth_token\""), "{errs:?}");
+    assert!(
+        !errs
+            .iter()
+            .any(|e| e.contains("HUNTER2") || e.contains("s3cr3t")),
+        "{errs:?}"
+    );
+    let ok = "postgres://u@h:5432/d?sslmode=disable&statement-cache-capacity=10&options[search_path]=x&password=p";
+    assert!(Settings::parse(&pg(ok)).is_ok());
 }
 
 #[test]
