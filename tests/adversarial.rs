@@ -56,6 +56,16 @@ async fn path_traversal_and_route_confusion_never_reach_the_upstream() {
             ("/api/v1/clusters;x=1?organization_id=acme", 404),
             ("/api/v1;/clusters?organization_id=acme", 404),
             ("/api/v1/clusters;/..?organization_id=acme", 400),
+            // `..;` and `.;`: Tomcat, Jetty and Spring drop the `;` part, then the dots.
+            ("/api/v1/clusters/..;?organization_id=acme", 400),
+            ("/api/v1/clusters/.;?organization_id=acme", 400),
+            ("/api/v1/clusters/..;x=1?organization_id=acme", 400),
+            ("/api/v1/..;/v1/clusters?organization_id=acme", 400),
+            ("/api/v1/clusters/..%3B?organization_id=acme", 400),
+            (
+                "/api/v1/clusters/..%3bjsessionid=1?organization_id=acme",
+                400,
+            ),
             // Encoded control bytes and NUL.
             ("/api/v1/clusters%00?organization_id=acme", 400),
             ("/api/v1/clusters%0d%0aX-Evil:1?organization_id=acme", 400),
@@ -137,12 +147,55 @@ async fn query_parameter_pollution_is_refused_never_first_wins() {
             Some("organization_id"),
         ),
         ("organization_id=acme&x=1&x=2", 400, Some("x")),
+        // Names an upstream framework reads as the parameter: PHP (`.`, space
+        // and `+` as `_`, a trailing `[]`), ASP.NET (any case), Rack 2 and
+        // Bottle (`;` a separator).
+        (
+            "organization_id=acme&organization.id=evil",
+            400,
+            Some("organization.id"),
+        ),
+        (
+            "organization_id=acme&organization+id=evil",
+            400,
+            Some("organization id"),
+        ),
+        (
+            "organization_id=acme&organization%20id=evil",
+            400,
+            Some("organization id"),
+        ),
+        (
+            "organization_id=acme&ORGANIZATION_ID=evil",
+            400,
+            Some("ORGANIZATION_ID"),
+        ),
+        (
+            "organization_id=acme&organization_id[]=evil",
+            400,
+            Some("organization_id[]"),
+        ),
+        (
+            "organization_id=acme&x=1;organization_id=evil",
+            400,
+            Some("organization_id"),
+        ),
+        (
+            "organization.id=evil&organization_id=acme",
+            400,
+            Some("organization.id"),
+        ),
         ("organization_id=", 400, Some("organization_id")),
-        ("Organization_id=acme", 400, Some("organization_id")),
+        // A name that some framework reads as the parameter is refused by name.
+        ("Organization_id=acme", 400, Some("Organization_id")),
         ("organization_id=acme%00", 400, None),
         ("organization_id=acme%ff", 400, Some("organization_id")),
-        // Not a separator here: the value is `acme;organization_id=evil`, no such org.
-        ("organization_id=acme;organization_id=evil", 404, None),
+        // `;` is a separator to Rack 2 and Bottle.
+        (
+            "organization_id=acme;organization_id=evil",
+            400,
+            Some("organization_id"),
+        ),
         ("organization_id=ACME", 404, None),
         ("organization_id=acme%20", 404, None),
         ("organization_id=evil", 404, None),
@@ -495,8 +548,23 @@ async fn spoofed_identity_headers_never_reach_the_upstream() {
 }
 
 /// Client-sent headers that frameworks route on or take the client's
-/// address from, in the spellings a client may use (any case, `_` for `-`).
-const ROUTING_AND_CLIENT_IP: [(&str, &str); 12] = [
+/// address or user from, in the spellings a client may use (any case, `_`
+/// for `-`).
+const ROUTING_AND_CLIENT_IP: [(&str, &str); 26] = [
+    ("X-Forwarded", "for=6.6.6.6"),
+    ("Forwarded-For", "6.6.6.6"),
+    ("Fastly-Client-IP", "6.6.6.6"),
+    ("X-Original-Forwarded-For", "6.6.6.6"),
+    ("X-Envoy-External-Address", "6.6.6.6"),
+    ("X-Original-URI", "/admin"),
+    ("X-Original-Host", "/admin.example"),
+    ("X-Original-Method", "/admin DELETE"),
+    ("X-Middleware-Subrequest", "/admin:middleware"),
+    ("x_middleware_subrequest", "/admin:middleware"),
+    ("X-Remote-User", "/admin-user"),
+    ("Remote-User", "/admin-user"),
+    ("remote_user", "/admin-user"),
+    ("X-Auth-Request-User", "/admin-user"),
     ("X-Original-URL", "/admin"),
     ("x-rewrite-url", "/admin"),
     ("X_Original_Url", "/admin"),
@@ -1279,4 +1347,127 @@ async fn credentials_in_the_path_are_refused_and_never_forwarded() {
     // Short prefix-alikes are ordinary segments.
     let res = raw_get(w.gw.addr, "/public/echo/mpg_prod", "").await;
     assert_eq!(res.status, 200, "{}", res.body);
+}
+
+#[tokio::test]
+async fn a_route_may_keep_one_field_some_stacks_trust_and_only_that_one() {
+    let w = world_with(|c| {
+        c.route("method = \"GET\"\npath = \"/public/keep\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"\nkeep_client_headers = [\"X-Original-URI\"]");
+    })
+    .await;
+    let lines = "X-Original-URI: /kept\r\nX-Remote-User: mallory\r\nX-Middleware-Subrequest: middleware\r\n";
+    let res = raw_get(w.gw.addr, "/public/keep", lines).await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    let seen = w.up.last();
+    assert_eq!(seen.headers["x-original-uri"], "/kept");
+    assert!(!seen.headers.contains_key("x-remote-user"));
+    assert!(!seen.headers.contains_key("x-middleware-subrequest"));
+    // Every other route still removes it.
+    let res = raw_get(w.gw.addr, "/public/ping", lines).await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert!(!w.up.last().headers.contains_key("x-original-uri"));
+}
+
+#[tokio::test]
+async fn http2_cookie_crumbs_reach_an_http1_upstream_as_one_line() {
+    let w = world().await;
+    let mut h2 = h2c::connect(w.gw.addr).await;
+    let mut req = h2c::request(w.gw.addr, "GET", "/public/ping");
+    for crumb in ["a=1", "b=2", "c=3"] {
+        req.headers_mut().append("cookie", crumb.parse().unwrap());
+    }
+    let res = h2.send(req).await.unwrap();
+    assert_eq!(res.status, 200, "{res:?}");
+    let seen = w.up.last();
+    let cookies: Vec<_> = seen.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2; c=3"], "{:?}", seen.headers);
+}
+
+/// `n` concurrent HTTP/2 requests from one address, each with a different
+/// well-formed key the store does not know, against a guard of 5 failures:
+/// only 5 reach the store (401), the rest are refused before it (429).
+async fn concurrent_guesses_take_only_the_budget(w: &World, n: usize) {
+    let h2 = h2c::connect(w.gw.addr).await;
+    let guesses = (0..n).map(|_| {
+        let sender = h2.sender.clone();
+        let (guess, _) = mpg_gateway::secret::generate_api_key();
+        let mut req = h2c::request(w.gw.addr, "GET", CLUSTERS);
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {guess}").parse().unwrap());
+        async move {
+            let mut sender = sender.ready().await.unwrap();
+            let (res, _) = sender.send_request(req, true).unwrap();
+            res.await.unwrap().status().as_u16()
+        }
+    });
+    let statuses = futures_util::future::join_all(guesses).await;
+    let count = |s: u16| statuses.iter().filter(|x| **x == s).count();
+    assert_eq!(count(401), 5, "{statuses:?}");
+    assert_eq!(count(429), n - 5, "{statuses:?}");
+    // A good key from the same address is refused too: the budget is spent.
+    let res = raw_get(w.gw.addr, CLUSTERS, &auth(w)).await;
+    assert_eq!(res.status, 429, "{}", res.body);
+    assert_eq!(w.up.count(), 0);
+}
+
+fn five_failures(c: &mut TestConfig) {
+    c.set("rate_limit.auth_failures.requests", 5);
+    c.set("rate_limit.auth_failures.per", "1m");
+}
+
+#[tokio::test]
+async fn concurrent_guesses_cannot_widen_the_auth_failure_budget() {
+    let w = world_with(five_failures).await;
+    concurrent_guesses_take_only_the_budget(&w, 256).await;
+}
+
+#[tokio::test]
+async fn concurrent_guesses_cannot_widen_the_auth_failure_budget_on_redis() {
+    let prefix = common::scale::RedisPrefix::new();
+    let w = world_with(|c| {
+        five_failures(c);
+        c.redis(&common::scale::redis_url(), &prefix.0);
+    })
+    .await;
+    concurrent_guesses_take_only_the_budget(&w, 256).await;
+}
+
+#[tokio::test]
+async fn a_good_key_looked_up_gives_its_failure_token_back() {
+    let w = world_with(five_failures).await;
+    // Each request is a cache miss (a new key each time), so each takes a
+    // failure token ahead of its lookup; the good ones give it back.
+    for i in 0..8 {
+        let (key, _) = create_key(
+            &w.cfg.dir.path().join("gateway.toml"),
+            "acme",
+            "alice",
+            "clusters:read",
+        );
+        let res = raw_get(
+            w.gw.addr,
+            CLUSTERS,
+            &format!("Authorization: Bearer {key}\r\n"),
+        )
+        .await;
+        assert_eq!(res.status, 200, "key {i}: {}", res.body);
+    }
+    for _ in 0..5 {
+        let (guess, _) = mpg_gateway::secret::generate_api_key();
+        let res = raw_get(
+            w.gw.addr,
+            CLUSTERS,
+            &format!("Authorization: Bearer {guess}\r\n"),
+        )
+        .await;
+        assert_eq!(res.status, 401, "{}", res.body);
+    }
+    let (guess, _) = mpg_gateway::secret::generate_api_key();
+    let res = raw_get(
+        w.gw.addr,
+        CLUSTERS,
+        &format!("Authorization: Bearer {guess}\r\n"),
+    )
+    .await;
+    assert_eq!(res.status, 429, "{}", res.body);
 }

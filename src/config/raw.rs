@@ -314,6 +314,7 @@ pub(crate) struct RawUpstream {
     pub(crate) http2: Option<bool>,
     pub(crate) sign_identity_key_env: Option<String>,
     pub(crate) sign_identity_previous_key_env: Option<String>,
+    pub(crate) sign_content_digest: Option<bool>,
 }
 
 impl RawUpstream {
@@ -346,6 +347,7 @@ impl RawUpstream {
                 "sign_identity_previous_key_env",
                 self.sign_identity_previous_key_env.is_some(),
             ),
+            ("sign_content_digest", self.sign_content_digest.is_some()),
         ];
         set.iter().filter(|(_, s)| *s).map(|(k, _)| *k).collect()
     }
@@ -374,6 +376,8 @@ pub(crate) struct RawRoute {
     pub(crate) organization: Option<String>,
     pub(crate) upstream: String,
     pub(crate) rate_limit: Option<String>,
+    #[serde(default)]
+    pub(crate) keep_client_headers: Vec<String>,
 }
 
 mod opt_duration {

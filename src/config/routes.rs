@@ -227,6 +227,7 @@ pub(super) fn route_settings(
         },
         None => policies.iter().position(|x| x.name == "default"),
     };
+    let keep_client_headers = keep_client_headers(p, path, &raw.keep_client_headers);
     if p.len() > before || dangling {
         return None;
     }
@@ -238,5 +239,29 @@ pub(super) fn route_settings(
         organization,
         upstream: raw.upstream,
         rate_limit,
+        keep_client_headers,
     })
+}
+
+/// `keep_client_headers`: names from the list of fields some stacks trust,
+/// which the gateway otherwise removes. Identity, `X-Forwarded-*` and the
+/// other fields the gateway writes or always removes cannot be kept.
+fn keep_client_headers(p: &mut Problems, path: &str, names: &[String]) -> Vec<http::HeaderName> {
+    let mut kept = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let lower = name.to_ascii_lowercase();
+        match crate::http::fields::STACK_TRUSTED_FIELDS.contains(&lower.as_str()) {
+            true => kept.push(http::HeaderName::from_bytes(lower.as_bytes()).ok()),
+            false => {
+                p.add(
+                    format!("{path}.keep_client_headers[{i}]"),
+                    format!(
+                        "{name:?} cannot be kept: only these client fields, removed by default, may be: {}",
+                        crate::http::fields::STACK_TRUSTED_FIELDS.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    kept.into_iter().flatten().collect()
 }

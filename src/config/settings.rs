@@ -275,6 +275,9 @@ pub struct HttpUpstreamSettings {
     pub http2: bool,
     /// Sign the identity headers sent to the targets (`X-Mpg-Signature`).
     pub sign_identity: Option<SigningKeys>,
+    /// With `sign_identity`: send a request's body with its `Content-Digest`
+    /// (SHA-256), inside the signature (`sign_content_digest`, default on).
+    pub sign_content_digest: bool,
 }
 
 /// Where a route finds the organization a request is for.
@@ -307,4 +310,7 @@ pub struct RouteSettings {
     pub upstream: String,
     /// Index into `rate_limit.policies`; `None` = not limited.
     pub rate_limit: Option<usize>,
+    /// Client fields of [`STACK_TRUSTED_FIELDS`](crate::http::fields::STACK_TRUSTED_FIELDS)
+    /// this route passes on instead of removing.
+    pub keep_client_headers: Vec<http::HeaderName>,
 }

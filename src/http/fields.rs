@@ -5,6 +5,31 @@ use http::header::{self, HeaderName};
 /// `X-Request-Id`
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// `Content-Digest` (RFC 9530), which the gateway sets on a signed request
+/// with a body.
+pub const CONTENT_DIGEST: HeaderName = HeaderName::from_static("content-digest");
+
+/// Client fields that some upstream stacks take as the client's address,
+/// the original request or an authenticated user, past what the gateway
+/// checked (`X-Middleware-Subrequest`: Next.js, CVE-2025-29927;
+/// `X-Remote-User`: auth-proxy setups; `X-Envoy-External-Address`: Envoy).
+/// Removed from every forwarded request unless a route names one in
+/// `keep_client_headers`; lower case, as `HeaderName`s are.
+pub const STACK_TRUSTED_FIELDS: [&str; 12] = [
+    "x-forwarded",
+    "forwarded-for",
+    "fastly-client-ip",
+    "x-original-forwarded-for",
+    "x-envoy-external-address",
+    "x-original-uri",
+    "x-original-host",
+    "x-original-method",
+    "x-middleware-subrequest",
+    "x-remote-user",
+    "remote-user",
+    "x-auth-request-user",
+];
+
 /// A field the gateway adds: its name, and the start of its line on the
 /// wire (`name: `), written as one piece.
 pub(crate) struct Field {

@@ -192,7 +192,9 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 /// every `Proxy-*` (hop-by-hop: meant for the proxy they reach, never for
 /// the upstream), and `Proxy` itself (httpoxy, CVE-2016-5385: a CGI-style
 /// upstream reads it as `HTTP_PROXY` and sends its own requests through
-/// the client's proxy).
+/// the client's proxy); and the fields of
+/// [`STACK_TRUSTED_FIELDS`](crate::http::fields::STACK_TRUSTED_FIELDS),
+/// which a route may keep.
 pub(crate) fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();
     let exact = |want: &str| n.len() == want.len() && starts_with_folded(n, want);
@@ -210,11 +212,21 @@ pub(crate) fn is_spoofable(name: &HeaderName) -> bool {
                 || exact("x-http-method-override")
                 || exact("x-method-override")
                 || exact("x-http-method")
+                || exact("x-forwarded")
+                || exact("x-original-forwarded-for")
+                || exact("x-envoy-external-address")
+                || exact("x-original-uri")
+                || exact("x-original-host")
+                || exact("x-original-method")
+                || exact("x-middleware-subrequest")
+                || exact("x-remote-user")
+                || exact("x-auth-request-user")
         }
         Some(b'c') => exact("client-ip") || exact("cf-connecting-ip"),
         Some(b't') => exact("true-client-ip"),
-        Some(b'f') => n == "forwarded",
+        Some(b'f') => n == "forwarded" || exact("forwarded-for") || exact("fastly-client-ip"),
         Some(b'p') => exact("proxy") || starts_with_folded(n, "proxy-"),
+        Some(b'r') => exact("remote-user"),
         _ => false,
     }
 }
@@ -222,8 +234,9 @@ pub(crate) fn is_spoofable(name: &HeaderName) -> bool {
 /// Removes `Authorization`, `Host`, hop-by-hop and `Connection`-named headers,
 /// and every client-sent header [`is_spoofable`] names (also spelled with
 /// `_`): identity, client-address claims, routing and method overrides,
-/// `Proxy` and `Proxy-*`.
-pub fn sanitize_request(headers: &mut HeaderMap) {
+/// `Proxy` and `Proxy-*`; but not the fields of `keep` (a route's
+/// `keep_client_headers`, spelled exactly, in lower case).
+pub fn sanitize_request(headers: &mut HeaderMap, keep: &[HeaderName]) {
     remove_hop_by_hop(headers);
     // One look at the names present; only those are removed (a removal
     // hashes its name, found or not).
@@ -252,7 +265,7 @@ pub fn sanitize_request(headers: &mut HeaderMap) {
     if spoofed {
         let names: Vec<HeaderName> = headers
             .keys()
-            .filter(|n| is_spoofable(n))
+            .filter(|n| is_spoofable(n) && !keep.contains(n))
             .cloned()
             .collect();
         for name in names {
@@ -519,11 +532,11 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("x-kept", "1"),
         ]);
-        sanitize_request(&mut h);
+        sanitize_request(&mut h, &[]);
         assert!(!h.contains_key("connection") && !h.contains_key("keep-alive"));
         assert_eq!(h["x-kept"], "1");
         let mut h = map(&[("connection", "close,  x-a ,,"), ("x-a", "1"), ("x-b", "2")]);
-        sanitize_request(&mut h);
+        sanitize_request(&mut h, &[]);
         assert!(!h.contains_key("x-a"));
         assert_eq!(h["x-b"], "2");
     }
@@ -562,7 +575,7 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("x-kept", "yes"),
         ]);
-        sanitize_request(&mut h);
+        sanitize_request(&mut h, &[]);
         let fwd = ForwardedFor {
             chain: "10.1.2.3",
             proto: "https",
@@ -610,7 +623,7 @@ mod tests {
             ("true-client", "kept"),
             ("content-type", "kept"),
         ]);
-        sanitize_request(&mut h);
+        sanitize_request(&mut h, &[]);
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(
@@ -625,6 +638,31 @@ mod tests {
                 "x-mpgx",
                 "x-real-ip-note"
             ]
+        );
+    }
+
+    #[test]
+    fn fields_some_stacks_trust_are_removed_unless_the_route_keeps_one() {
+        let fields = crate::http::fields::STACK_TRUSTED_FIELDS;
+        let mut pairs: Vec<(String, &str)> = fields.iter().map(|f| (f.to_string(), "x")).collect();
+        // Also spelled with `_`, and lookalikes that are not on the list.
+        pairs.push(("x_middleware_subrequest".into(), "x"));
+        pairs.push(("remote_user".into(), "x"));
+        pairs.push(("x-original-uris".into(), "kept"));
+        pairs.push(("referer".into(), "kept"));
+        let refs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        let mut h = map(&refs);
+        sanitize_request(&mut h, &[]);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["referer", "x-original-uris"]);
+        // A route that keeps one keeps only that spelling of it.
+        let mut h = map(&refs);
+        sanitize_request(&mut h, &[HeaderName::from_static("x-original-uri")]);
+        assert!(h.contains_key("x-original-uri"));
+        assert!(
+            !h.contains_key("x-middleware-subrequest")
+                && !h.contains_key("x_middleware_subrequest")
         );
     }
 
@@ -644,7 +682,7 @@ mod tests {
             ("proxy-authorization", "Basic x"),
             ("x-request-id", "mpg_not_to_be_forwarded"),
         ]);
-        sanitize_request(&mut h);
+        sanitize_request(&mut h, &[]);
         assert!(h.is_empty(), "{h:?}");
         let fwd = ForwardedFor {
             chain: "127.0.0.1",

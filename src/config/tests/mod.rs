@@ -188,6 +188,35 @@ fn route_cross_references_are_checked() {
 }
 
 #[test]
+fn a_route_may_keep_only_fields_that_are_removed_by_default() {
+    let s = Settings::parse(&format!(
+        "{MINIMAL}keep_client_headers = [\"X-Original-URI\", \"remote-user\"]\n"
+    ))
+    .unwrap();
+    let kept: Vec<&str> = s.routes[0]
+        .keep_client_headers
+        .iter()
+        .map(|n| n.as_str())
+        .collect();
+    assert_eq!(kept, ["x-original-uri", "remote-user"]);
+    assert!(Settings::parse(MINIMAL).unwrap().routes[0]
+        .keep_client_headers
+        .is_empty());
+    let errs = problems(&format!(
+        "{MINIMAL}keep_client_headers = [\"x-mpg-user-id\", \"x-forwarded-for\"]\n"
+    ));
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert!(
+        errs[0].starts_with("routes[0].keep_client_headers[0]: \"x-mpg-user-id\" cannot be kept"),
+        "{errs:?}"
+    );
+    assert!(
+        errs[1].starts_with("routes[0].keep_client_headers[1]"),
+        "{errs:?}"
+    );
+}
+
+#[test]
 fn builtin_routes_must_be_key_endpoints() {
     let text = format!(
         "{MINIMAL}\n[upstreams.keys]\nbuiltin = \"api-keys\"\n[[routes]]\nmethod = \"PUT\"\npath = \"/api/v1/api-keys\"\nauth = \"session\"\nscope = \"api-keys:write\"\norganization = \"query:organization_id\"\nupstream = \"keys\"\n"

@@ -3,7 +3,7 @@
 //! against `Content-Length`, or chunked), while the response side is
 //! watched for an early answer.
 use bytes::{Buf, Bytes};
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::header::{HeaderValue, CONTENT_LENGTH, COOKIE, HOST, TRANSFER_ENCODING};
 use http::Method;
 use http_body::Body as HttpBody;
 use std::future::poll_fn;
@@ -204,6 +204,7 @@ pub(super) fn encode_head(
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut declared = false;
+    let mut cookies_written = false;
     for (name, value) in &parts.headers {
         if name == CONTENT_LENGTH {
             declared = true;
@@ -211,6 +212,15 @@ pub(super) fn encode_head(
         }
         // The target's own `Host` went first.
         if name == TRANSFER_ENCODING || name == HOST {
+            continue;
+        }
+        // HTTP/2 splits `cookie` into a field per crumb; an HTTP/1.1 request
+        // carries one line, the crumbs joined with "; " (RFC 9113 §8.2.3).
+        if name == COOKIE {
+            if !cookies_written {
+                cookies_written = true;
+                write_cookies(out, &parts.headers);
+            }
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -230,6 +240,18 @@ pub(super) fn encode_head(
             out.extend_from_slice(b"\r\n");
         }
         None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Every `cookie` field of `headers` as one line.
+fn write_cookies(out: &mut Vec<u8>, headers: &http::HeaderMap) {
+    out.extend_from_slice(b"cookie: ");
+    for (i, crumb) in headers.get_all(COOKIE).iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b"; ");
+        }
+        out.extend_from_slice(crumb.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -259,6 +281,26 @@ mod tests {
             None,
         );
         assert_eq!(out, b"GET /p?q=1 HTTP/1.1\r\nhost: t:1\r\n\r\n");
+    }
+
+    #[test]
+    fn http2_cookie_crumbs_go_out_as_one_line() {
+        let (parts, ()) = http::Request::get("/p")
+            .version(http::Version::HTTP_2)
+            .header("cookie", "a=1")
+            .header("x-a", "1")
+            .header("cookie", "b=2")
+            .header("cookie", "c=3")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let mut out = Vec::new();
+        let host = HeaderValue::from_static("t:1");
+        encode_head(&mut out, &parts, &host, Some(0), None);
+        let head = String::from_utf8(out).unwrap();
+        assert_eq!(head.matches("cookie").count(), 1, "{head}");
+        assert!(head.contains("\r\ncookie: a=1; b=2; c=3\r\n"), "{head}");
+        assert!(head.contains("\r\nx-a: 1\r\n"), "{head}");
     }
 
     #[test]
