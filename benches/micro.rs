@@ -14,7 +14,7 @@ use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
-use mpg_gateway::proxy::signature::IdentitySigner;
+use mpg_gateway::proxy::signature::{self, IdentitySigner};
 use mpg_gateway::ratelimit::{
     LocalLimiter, OnBackendError, PolicyId, Quota, RateLimiter, RedisTarget,
 };
@@ -361,7 +361,7 @@ fn header_rewrite(c: &mut Criterion) {
         b.iter_batched(
             client_headers,
             |mut h| {
-                sanitize_request(&mut h);
+                sanitize_request(&mut h, &[]);
                 added.add_to(&mut h);
                 h
             },
@@ -373,7 +373,7 @@ fn header_rewrite(c: &mut Criterion) {
         b.iter_batched(
             || (client_headers(), Vec::with_capacity(512)),
             |(mut h, mut out)| {
-                sanitize_request(&mut h);
+                sanitize_request(&mut h, &[]);
                 added.write_to(&mut out);
                 (h, out)
             },
@@ -387,9 +387,31 @@ fn header_rewrite(c: &mut Criterion) {
         b.iter(|| {
             signer.sign(
                 black_box(&added),
-                &Method::GET,
-                black_box("/api/v1/clusters?organization_id=acme"),
+                (
+                    &Method::GET,
+                    black_box("/api/v1/clusters?organization_id=acme"),
+                ),
                 1_700_000_000,
+                &signature::nonce(),
+                None,
+            )
+        })
+    });
+    // A signed request with a 1 KiB body: its `Content-Digest`, then the
+    // signature over it.
+    let body = vec![b'x'; 1024];
+    g.bench_function("sign_identity_with_content_digest_1k", |b| {
+        b.iter(|| {
+            let digest = signature::content_digest(black_box(&body));
+            signer.sign(
+                black_box(&added),
+                (
+                    &Method::POST,
+                    black_box("/api/v1/clusters?organization_id=acme"),
+                ),
+                1_700_000_000,
+                &signature::nonce(),
+                Some(digest.as_bytes()),
             )
         })
     });

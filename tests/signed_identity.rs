@@ -1,9 +1,11 @@
 //! `[upstreams.NAME] sign_identity_key_env`: every request forwarded to the
 //! upstream carries `X-Mpg-Signature`, which the upstream verifies on its
 //! own (here with the verifier docs/signed-identity.md gives, in Rust and in
-//! Python), over HTTP/1.1 and HTTP/2, on authenticated and anonymous routes;
-//! a client's own `X-Mpg-Signature` never reaches the upstream; a missing or
-//! empty key variable stops `check-config` and the start, naming it.
+//! Python), over HTTP/1.1 and HTTP/2, on authenticated and anonymous routes,
+//! with a nonce of the gateway's and the body's `Content-Digest` inside; a
+//! client's own `X-Mpg-Signature` and `Content-Digest` never reach the
+//! upstream; a missing or empty key variable stops `check-config` and the
+//! start, naming it.
 mod common;
 
 use common::*;
@@ -15,10 +17,11 @@ const OLD_KEY: &str = "the-previous-signing-key-9876543210";
 const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme&q=a%20b&r=%2F";
 
 // --- the verifier of docs/signed-identity.md ---
+use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
-/// The fields the signature covers after `t`, the method and the path.
+/// The fields the signature covers after `t`, `n`, the method and the path.
 const SIGNED: [&str; 7] = [
     "x-mpg-organization-id",
     "x-mpg-user-id",
@@ -29,53 +32,63 @@ const SIGNED: [&str; 7] = [
     "x-request-id",
 ];
 
-/// Whether `headers` carry an `X-Mpg-Signature` made with one of `keys` over
-/// this request, at most `max_skew` seconds from `now` (Unix seconds).
-/// `path` is the request target as received: the path and query, undecoded.
+/// The nonce of a request whose `X-Mpg-Signature` was made with one of
+/// `keys` over this request and its `body`, at most `max_skew` seconds from
+/// `now` (Unix seconds); `None` for any other. `path` is the request target
+/// as received: the path and query, undecoded. A body must come with the
+/// `Content-Digest` the gateway sends, and match it.
 fn verify_signature(
     keys: &[&[u8]],
-    method: &str,
-    path: &str,
+    (method, path): (&str, &str),
     headers: &http::HeaderMap,
+    body: &[u8],
     now: u64,
     max_skew: u64,
-) -> bool {
-    let Some(value) = headers.get("x-mpg-signature").and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let (mut t, mut v1) = (None, None);
+) -> Option<String> {
+    let value = headers.get("x-mpg-signature")?.to_str().ok()?;
+    let (mut t, mut nonce, mut v2) = (None, None, None);
     for part in value.split(',') {
         match part.split_once('=') {
             Some(("t", x)) => t = Some(x),
-            Some(("v1", x)) => v1 = Some(x),
+            Some(("n", x)) => nonce = Some(x),
+            Some(("v2", x)) => v2 = Some(x),
             _ => {}
         }
     }
-    let (Some(t), Some(v1)) = (t, v1) else {
-        return false;
-    };
-    match t.parse::<u64>() {
-        Ok(at) if at.abs_diff(now) <= max_skew => {}
-        _ => return false,
+    let (t, nonce, tag) = (t?, nonce?, decode_hex(v2?)?);
+    if t.parse::<u64>().ok()?.abs_diff(now) > max_skew {
+        return None;
     }
-    let Some(tag) = decode_hex(v1) else {
-        return false;
-    };
-    let mut message = format!("{t}\n{method}\n{path}\n").into_bytes();
+    let digest = headers.get("content-digest").map(|v| v.as_bytes());
+    match digest {
+        Some(sent) => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(body));
+            // Public values: a plain comparison is enough.
+            if sent != format!("sha-256=:{b64}:").as_bytes() {
+                return None;
+            }
+        }
+        None if !body.is_empty() => return None,
+        None => {}
+    }
+    let mut message = format!("{t}\n{nonce}\n{method}\n{path}\n").into_bytes();
     for name in SIGNED {
         if let Some(value) = headers.get(name) {
             message.extend_from_slice(value.as_bytes());
         }
         message.push(b'\n');
     }
-    keys.iter().any(|key| {
+    message.extend_from_slice(digest.unwrap_or_default());
+    message.push(b'\n');
+    let good = keys.iter().any(|key| {
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
             return false;
         };
         mac.update(&message);
         // Constant-time: how much of a forged tag matched is not told.
         mac.verify_slice(&tag).is_ok()
-    })
+    });
+    good.then(|| nonce.to_string())
 }
 
 /// Lower- or upper-case hex digits → bytes.
@@ -126,6 +139,7 @@ async fn signing_world(test: &str, http2: bool) -> (MockUpstream, TestConfig, Ga
         key_variable(&format!("{test}_old"), OLD_KEY),
     );
     cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    cfg.route("method = \"POST\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
     cfg.route("method = \"GET\"\npath = \"/api/v1/whoami\"\nauth = \"session\"\nscope = \"clusters:read\"\norganization = \"query:organization_id\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
     let path = cfg.write();
     let seed = seed(&path, "acme", "alice", "viewer", "clusters:read");
@@ -142,26 +156,33 @@ fn received(up: &MockUpstream) -> (String, String, http::HeaderMap) {
     (seen.method, target, seen.headers)
 }
 
-/// Sends `GET target` with `credential`, a forged `X-Mpg-Signature` in two
-/// spellings, and checks the upstream's copy verifies with the current key
-/// only, and not once anything signed is changed. Returns the captured
-/// request for the Python check.
+/// Sends `GET target` (with `body`: `POST`) with `credential`, a forged
+/// `X-Mpg-Signature` in two spellings and a forged `Content-Digest`, and
+/// checks the upstream's copy verifies with the current key only, and not
+/// once anything signed is changed. Returns the captured request for the
+/// Python check.
 async fn signed_request(
     gw: &Gateway,
     up: &MockUpstream,
     target: &str,
     credential: Option<&str>,
+    body: Option<&'static str>,
 ) -> Value {
-    let mut req = client()
-        .get(gw.url(target))
-        .header("x-mpg-signature", "t=1,v1=00")
-        .header("x_mpg_signature", "t=2,v1=00");
+    let mut req = match body {
+        Some(b) => client().post(gw.url(target)).body(b),
+        None => client().get(gw.url(target)),
+    }
+    .header("x-mpg-signature", "t=1,v1=00")
+    .header("x_mpg_signature", "t=2,v1=00")
+    .header("content-digest", "sha-256=:forged:");
     if let Some(c) = credential {
         req = req.bearer_auth(c);
     }
     let res = req.send().await.unwrap();
     assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
     let (method, path, headers) = received(up);
+    let received_body = up.last().body;
+    assert_eq!(received_body, body.unwrap_or("").as_bytes());
     assert_eq!(
         path, target,
         "the request target reached the upstream as sent"
@@ -177,37 +198,71 @@ async fn signed_request(
         .parse()
         .unwrap();
     assert!(t.abs_diff(now()) <= 5, "{value}");
+    // The gateway's digest, or none for a request without a body.
+    let digests: Vec<_> = headers.get_all("content-digest").iter().collect();
+    match body {
+        Some(_) => assert_eq!(digests.len(), 1, "{headers:?}"),
+        None => assert!(digests.is_empty(), "{headers:?}"),
+    }
 
     let (key, old) = (KEY.as_bytes(), OLD_KEY.as_bytes());
-    let verify = |keys: &[&[u8]], method: &str, path: &str, headers: &http::HeaderMap| {
-        verify_signature(keys, method, path, headers, now(), 300)
-    };
-    assert!(verify(&[key], &method, &path, &headers), "{headers:?}");
-    assert!(verify(&[old, key], &method, &path, &headers));
+    let verify =
+        |keys: &[&[u8]], method: &str, path: &str, headers: &http::HeaderMap, body: &[u8]| {
+            verify_signature(keys, (method, path), headers, body, now(), 300)
+        };
+    let nonce = verify(&[key], &method, &path, &headers, &received_body);
+    let nonce = nonce.unwrap_or_else(|| panic!("{headers:?}"));
+    assert!(value.contains(&format!(",n={nonce},")), "{value}");
+    assert_eq!(nonce.len(), 32, "{value}");
+    assert!(verify(&[old, key], &method, &path, &headers, &received_body).is_some());
     assert!(
-        !verify(&[old], &method, &path, &headers),
+        verify(&[old], &method, &path, &headers, &received_body).is_none(),
         "the previous key signed"
     );
-    assert!(!verify(&[key], "POST", &path, &headers));
-    assert!(!verify(&[key], &method, &format!("{path}&x=1"), &headers));
-    assert!(!verify_signature(
+    assert!(verify(&[key], "PUT", &path, &headers, &received_body).is_none());
+    assert!(verify(
         &[key],
         &method,
-        &path,
+        &format!("{path}&x=1"),
         &headers,
+        &received_body
+    )
+    .is_none());
+    assert!(verify_signature(
+        &[key],
+        (&method, &path),
+        &headers,
+        &received_body,
         now() + 3600,
         300
-    ));
-    for name in SIGNED {
+    )
+    .is_none());
+    // Another body, or a body added to a request that had none.
+    assert!(verify(&[key], &method, &path, &headers, b"{\"other\":1}").is_none());
+    for name in SIGNED.iter().chain(&["content-digest"]) {
         let mut changed = headers.clone();
-        changed.insert(name, http::HeaderValue::from_static("mallory"));
-        assert!(!verify(&[key], &method, &path, &changed), "{name}");
+        changed.insert(*name, http::HeaderValue::from_static("mallory"));
+        assert!(
+            verify(&[key], &method, &path, &changed, &received_body).is_none(),
+            "{name}"
+        );
     }
+    // The nonce is signed: another one does not verify.
+    let mut changed = headers.clone();
+    let other = value.replace(&nonce, &"0".repeat(32));
+    changed.insert("x-mpg-signature", other.parse().unwrap());
+    assert!(verify(&[key], &method, &path, &changed, &received_body).is_none());
     let captured: serde_json::Map<String, Value> = headers
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap())))
         .collect();
-    json!({ "method": method, "path": path, "headers": captured, "now": now() })
+    json!({
+        "method": method,
+        "path": path,
+        "headers": captured,
+        "body": body.unwrap_or(""),
+        "now": now(),
+    })
 }
 
 /// Checks `requests` with the Python verifier of docs/signed-identity.md:
@@ -225,12 +280,15 @@ fn python_verifies(requests: &[Value]) {
 import json, sys
 results = []
 for r in json.load(sys.stdin):
-    good = verify([b"OLD", b"KEY"], r["method"], r["path"], r["headers"], now=r["now"])
-    old_only = verify([b"OLD"], r["method"], r["path"], r["headers"], now=r["now"])
+    body = r["body"].encode()
+    nonce = r["headers"]["x-mpg-signature"].split(",n=")[1].split(",")[0]
+    good = verify([b"OLD", b"KEY"], r["method"], r["path"], r["headers"], body, now=r["now"]) == nonce
+    old_only = verify([b"OLD"], r["method"], r["path"], r["headers"], body, now=r["now"]) is not None
     forged = dict(r["headers"], **{"x-mpg-user-id": "mallory"})
-    tampered = verify([b"OLD", b"KEY"], r["method"], r["path"], forged, now=r["now"])
-    late = verify([b"KEY"], r["method"], r["path"], r["headers"], now=r["now"] + 3600)
-    results.append([good, old_only, tampered, late])
+    tampered = verify([b"OLD", b"KEY"], r["method"], r["path"], forged, body, now=r["now"]) is not None
+    late = verify([b"KEY"], r["method"], r["path"], r["headers"], body, now=r["now"] + 3600) is not None
+    other_body = verify([b"KEY"], r["method"], r["path"], r["headers"], body + b"x", now=r["now"]) is not None
+    results.append([good, old_only, tampered, late, other_body])
 print(json.dumps(results))
 "#
     .replace("b\"OLD\"", &format!("b{OLD_KEY:?}"))
@@ -257,10 +315,10 @@ print(json.dumps(results))
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let results: Vec<[bool; 4]> = serde_json::from_slice(&out.stdout).unwrap();
+    let results: Vec<[bool; 5]> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(results.len(), requests.len());
     for (r, request) in results.iter().zip(requests) {
-        assert_eq!(r, &[true, false, false, false], "{request}");
+        assert_eq!(r, &[true, false, false, false, false], "{request}");
     }
 }
 
@@ -291,7 +349,7 @@ async fn every_request_to_the_upstream_is_signed(test: &str, http2: bool) {
     let mut captured = Vec::new();
 
     // An API key: every identity field.
-    let api_key = signed_request(&gw, &up, CLUSTERS, Some(&seed.key)).await;
+    let api_key = signed_request(&gw, &up, CLUSTERS, Some(&seed.key), None).await;
     assert_eq!(api_key["headers"]["x-mpg-key-id"], seed.key_id.as_str());
     captured.push(api_key);
     // A session: no key id.
@@ -300,13 +358,14 @@ async fn every_request_to_the_upstream_is_signed(test: &str, http2: bool) {
         &up,
         "/api/v1/whoami?organization_id=acme",
         Some(&seed.session),
+        None,
     )
     .await;
     assert_eq!(session["headers"]["x-mpg-auth"], "session");
     assert_eq!(session["headers"].get("x-mpg-key-id"), None);
     captured.push(session);
     // Anonymous: no identity at all, the request id still signed.
-    let anonymous = signed_request(&gw, &up, "/public/ping", None).await;
+    let anonymous = signed_request(&gw, &up, "/public/ping", None, None).await;
     let names: Vec<&String> = anonymous["headers"].as_object().unwrap().keys().collect();
     assert!(
         names
@@ -314,7 +373,28 @@ async fn every_request_to_the_upstream_is_signed(test: &str, http2: bool) {
             .all(|n| !n.starts_with("x-mpg-") || *n == "x-mpg-signature"),
         "{names:?}"
     );
+    // Nonces are the gateway's own: the same request twice gets two.
+    let again = signed_request(&gw, &up, "/public/ping", None, None).await;
+    let nonce = |r: &Value| {
+        let v = r["headers"]["x-mpg-signature"].as_str().unwrap();
+        v.split(",n=")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(nonce(&anonymous), nonce(&again));
     captured.push(anonymous);
+    // A body goes with its digest, inside the signature.
+    let body = "{\"hello\": \"world\"}";
+    let posted = signed_request(&gw, &up, "/public/ping", None, Some(body)).await;
+    assert_eq!(
+        posted["headers"]["content-digest"],
+        "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+    );
+    captured.push(posted);
     python_verifies(&captured);
 }
 

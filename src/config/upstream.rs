@@ -188,6 +188,9 @@ fn http_settings(
         }
         (None, None) => None,
     };
+    if raw.sign_content_digest.is_some() && raw.sign_identity_key_env.is_none() {
+        p.add(key("sign_content_digest"), "needs sign_identity_key_env");
+    }
     let sign_identity = signing_keys(
         p,
         path,
@@ -212,5 +215,6 @@ fn http_settings(
         client_identity,
         http2: raw.http2.unwrap_or(false),
         sign_identity,
+        sign_content_digest: raw.sign_content_digest.unwrap_or(true),
     })
 }

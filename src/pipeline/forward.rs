@@ -11,6 +11,7 @@ use super::table::{Destination, Pipeline, RouteEntry};
 use super::validate::Validated;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{Body, RequestBody};
+use crate::http::fields::CONTENT_DIGEST;
 use crate::http::service::{ConnInfo, RequestId};
 use crate::ip::Client;
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
@@ -34,7 +35,7 @@ impl Pipeline {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let body = Body::new(crate::http::body::Limited::new(body, max_body));
+            let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
             let upstream = match &entry.destination {
                 Destination::Builtin(op) => {
                     let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
@@ -66,7 +67,7 @@ impl Pipeline {
             let host_field = head.headers.remove(HOST);
             let authority = head.uri.authority().cloned();
             let host = named_host(authority.as_ref(), host_field.as_ref());
-            sanitize_request(&mut head.headers);
+            sanitize_request(&mut head.headers, &entry.route.keep_client_headers);
             // A client-address field of another name than those removed
             // above: its word was taken (or not) here, never passed on.
             if let Some(name) = &self.client_ip_field {
@@ -98,11 +99,16 @@ impl Pipeline {
                 signature: None,
             };
             // Signed once, over the fields and the path as the transports
-            // send them (a retry sends the same).
+            // send them (a retry sends the same), with a nonce of the
+            // gateway's and the body's digest.
             if let Some(signer) = upstream.signer() {
+                let digest;
+                (body, digest) = Box::pin(digest_body(signer, head, body, max_body)).await?;
                 let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
                 let unix = u64::try_from(crate::clock::unix_now()).unwrap_or(0);
-                signature = signer.sign(&added, &head.method, path, unix);
+                let request = (&head.method, path);
+                let nonce = crate::proxy::signature::nonce();
+                signature = signer.sign(&added, request, unix, &nonce, digest.as_deref());
                 added.signature = Some(signature.as_bytes());
             }
             // Whatever form and version the client used, the transports send
@@ -155,4 +161,30 @@ impl Pipeline {
             })
         }
     }
+}
+
+/// For an upstream that signs: the client's own `Content-Digest` is removed
+/// (the gateway's is the one signed), and a body, when the upstream signs
+/// digests, is read whole (at most `max_body` bytes) to send with its
+/// `Content-Digest`. The body to send, and the digest to sign.
+async fn digest_body(
+    signer: &crate::proxy::signature::IdentitySigner,
+    head: &mut request::Parts,
+    body: Body,
+    max_body: u64,
+) -> Result<(Body, Option<Vec<u8>>), GatewayError> {
+    use http_body::Body as _;
+    head.headers.remove(CONTENT_DIGEST);
+    if !signer.signs_content_digest() || body.is_end_stream() {
+        return Ok((body, None));
+    }
+    let bytes = crate::keys_service::read_body(body, max_body).await?;
+    if bytes.is_empty() {
+        return Ok((crate::http::body::full(bytes), None));
+    }
+    let digest = crate::proxy::signature::content_digest(&bytes);
+    if let Ok(value) = http::HeaderValue::from_str(&digest) {
+        head.headers.insert(CONTENT_DIGEST, value);
+    }
+    Ok((crate::http::body::full(bytes), Some(digest.into_bytes())))
 }

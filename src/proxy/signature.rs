@@ -3,15 +3,19 @@
 //! by other means than the gateway can tell the gateway's identity headers
 //! from anyone's.
 //!
-//! The value is `t=<unix seconds>,v1=<64 lower-case hex digits>`. The signed
-//! message is `t`, the method, the path with its query as sent, and the
-//! values of `X-Mpg-Organization-Id`, `X-Mpg-User-Id`, `X-Mpg-Role`,
-//! `X-Mpg-Auth`, `X-Mpg-Key-Id`, `X-Mpg-Scopes` and `X-Request-Id`, in that
-//! order, each followed by `\n`; a field not sent counts as empty.
+//! The value is `t=<unix seconds>,n=<nonce>,v1=<hex>,v2=<hex>`, each tag 64
+//! lower-case hex digits. `n` is 32 hex digits the gateway draws at random
+//! for each request. The `v2` message is `t`, `n`, the method, the path with
+//! its query as sent, the values of `X-Mpg-Organization-Id`,
+//! `X-Mpg-User-Id`, `X-Mpg-Role`, `X-Mpg-Auth`, `X-Mpg-Key-Id`,
+//! `X-Mpg-Scopes` and `X-Request-Id`, and the `Content-Digest` the gateway
+//! sent (RFC 9530, SHA-256 of the body), in that order, each followed by
+//! `\n`; a field not sent counts as empty. The `v1` message, kept for
+//! verifiers written before `v2`, is the same without `n` and the digest.
 //! docs/signed-identity.md says how to verify it.
 use hmac::{Hmac, Mac};
 use http::Method;
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 use std::fmt;
 
 use super::headers::{Added, F_AUTH, F_KEY_ID, F_ORGANIZATION_ID, F_ROLE, F_SCOPES, F_USER_ID};
@@ -34,6 +38,7 @@ static SIGNED: [&Field; 7] = [
 #[derive(Clone)]
 pub struct IdentitySigner {
     keyed: Hmac<Sha256>,
+    content_digest: bool,
 }
 
 impl fmt::Debug for IdentitySigner {
@@ -42,8 +47,12 @@ impl fmt::Debug for IdentitySigner {
     }
 }
 
-/// `t=` + at most 20 digits + `,v1=` + 64 hex digits.
-const MAX_LEN: usize = 2 + 20 + 4 + 64;
+/// Hex digits of a nonce: 128 random bits.
+pub const NONCE_LEN: usize = 32;
+
+/// `t=` + at most 20 digits + `,n=` + the nonce + `,v1=` and `,v2=` with 64
+/// hex digits each.
+const MAX_LEN: usize = 2 + 20 + 3 + NONCE_LEN + 2 * (4 + 64);
 
 /// One `X-Mpg-Signature` value, on the stack.
 pub struct Signature {
@@ -58,24 +67,82 @@ impl Signature {
     }
 }
 
+/// A fresh nonce: 128 bits from the thread's CSPRNG, as lower-case hex.
+pub fn nonce() -> [u8; NONCE_LEN] {
+    let mut out = [0u8; NONCE_LEN];
+    hex_into(&rand::random::<[u8; NONCE_LEN / 2]>(), &mut out);
+    out
+}
+
+/// The `Content-Digest` value of `body` (RFC 9530): `sha-256=:<base64>:`.
+pub fn content_digest(body: &[u8]) -> String {
+    use base64::Engine as _;
+    let hash = Sha256::digest(body);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(hash);
+    format!("sha-256=:{b64}:")
+}
+
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    let hex = b"0123456789abcdef";
+    for (i, byte) in bytes.iter().enumerate() {
+        out[2 * i] = hex[usize::from(byte >> 4)];
+        out[2 * i + 1] = hex[usize::from(byte & 0xf)];
+    }
+}
+
 impl IdentitySigner {
     /// A signer with `key` (any length; HMAC hashes a key longer than a
     /// block). `None` only if the HMAC implementation refused the key.
     pub fn new(key: &[u8]) -> Option<IdentitySigner> {
         let keyed = Hmac::<Sha256>::new_from_slice(key).ok()?;
-        Some(IdentitySigner { keyed })
+        Some(IdentitySigner {
+            keyed,
+            content_digest: true,
+        })
+    }
+
+    /// The same signer, sending bodies with their `Content-Digest` or not
+    /// (`sign_content_digest`).
+    pub fn with_content_digest(mut self, on: bool) -> IdentitySigner {
+        self.content_digest = on;
+        self
+    }
+
+    /// Whether a request's body goes with its `Content-Digest`, signed.
+    pub fn signs_content_digest(&self) -> bool {
+        self.content_digest
     }
 
     /// The signature of a request with `method` and `path` (with its query,
-    /// as the transports send it) carrying `added`'s fields, at `unix`
-    /// seconds.
-    pub fn sign(&self, added: &Added<'_>, method: &Method, path: &str, unix: u64) -> Signature {
-        let mut mac = self.keyed.clone();
+    /// as the transports send it) carrying `added`'s fields and, if it has a
+    /// body, `digest` (its `Content-Digest` value), at `unix` seconds, with
+    /// `nonce` (from [`nonce`]).
+    pub fn sign(
+        &self,
+        added: &Added<'_>,
+        request: (&Method, &str),
+        unix: u64,
+        nonce: &[u8; NONCE_LEN],
+        digest: Option<&[u8]>,
+    ) -> Signature {
+        let (method, path) = request;
         let mut t = itoa::Buffer::new();
         let t = t.format(unix).as_bytes();
-        for part in [t, method.as_str().as_bytes(), path.as_bytes()] {
-            mac.update(part);
-            mac.update(b"\n");
+        let (mut v1, mut v2) = (self.keyed.clone(), self.keyed.clone());
+        const NL: &[u8] = b"\n";
+        for part in [t, NL] {
+            v1.update(part);
+        }
+        for part in [t, NL, nonce, NL] {
+            v2.update(part);
+        }
+        let mut both = |bytes: &[u8]| {
+            v1.update(bytes);
+            v2.update(bytes);
+        };
+        for part in [method.as_str().as_bytes(), path.as_bytes()] {
+            both(part);
+            both(b"\n");
         }
         // The fields come in the message's order; one left out (not sent)
         // is an empty line.
@@ -85,16 +152,17 @@ impl IdentitySigner {
                 return;
             };
             for _ in 0..at {
-                mac.update(b"\n");
+                both(b"\n");
             }
-            mac.update(value);
-            mac.update(b"\n");
+            both(value);
+            both(b"\n");
             next += at + 1;
         });
         for _ in next..SIGNED.len() {
-            mac.update(b"\n");
+            both(b"\n");
         }
-        let tag = mac.finalize().into_bytes();
+        v2.update(digest.unwrap_or_default());
+        v2.update(b"\n");
         let mut buf = [0u8; MAX_LEN];
         let mut len = 0;
         let mut push = |bytes: &[u8]| {
@@ -103,10 +171,13 @@ impl IdentitySigner {
         };
         push(b"t=");
         push(t);
-        push(b",v1=");
-        for byte in tag {
-            let hex = b"0123456789abcdef";
-            push(&[hex[usize::from(byte >> 4)], hex[usize::from(byte & 0xf)]]);
+        push(b",n=");
+        push(nonce);
+        for (label, mac) in [(b",v1=", v1), (b",v2=", v2)] {
+            let mut hex = [0u8; 64];
+            hex_into(&mac.finalize().into_bytes(), &mut hex);
+            push(label);
+            push(&hex);
         }
         Signature { buf, len }
     }
@@ -125,6 +196,18 @@ mod tests {
         mac.update(message.as_bytes());
         let tag = mac.finalize().into_bytes();
         tag.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    const N: [u8; NONCE_LEN] = *b"00112233445566778899aabbccddeeff";
+
+    /// The header value for `t`, with nonce [`N`], over the two messages.
+    fn value(key: &[u8], t: &str, v1: &str, v2: &str) -> String {
+        let n = std::str::from_utf8(&N).unwrap();
+        format!(
+            "t={t},n={n},v1={},v2={}",
+            expected(key, v1),
+            expected(key, v2)
+        )
     }
 
     fn forwarded() -> ForwardedFor<'static> {
@@ -152,9 +235,17 @@ mod tests {
             signature: None,
         };
         let signer = IdentitySigner::new(b"k3y").unwrap();
-        let sig = signer.sign(&added, &Method::POST, "/api/v1/x?a=1&b=2", 1_700_000_000);
-        let message = "1700000000\nPOST\n/api/v1/x?a=1&b=2\nacme\nalice\nowner\napi_key\nkey_1\nclusters:read keys:read\nrid-1\n";
-        let want = format!("t=1700000000,v1={}", expected(b"k3y", message));
+        let request = (&Method::POST, "/api/v1/x?a=1&b=2");
+        let digest = b"sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:";
+        let sig = signer.sign(&added, request, 1_700_000_000, &N, Some(digest));
+        let fields = "acme\nalice\nowner\napi_key\nkey_1\nclusters:read keys:read\nrid-1\n";
+        let v1 = format!("1700000000\nPOST\n/api/v1/x?a=1&b=2\n{fields}");
+        let v2 = format!(
+            "1700000000\n{}\nPOST\n/api/v1/x?a=1&b=2\n{fields}{}\n",
+            std::str::from_utf8(&N).unwrap(),
+            std::str::from_utf8(digest).unwrap()
+        );
+        let want = value(b"k3y", "1700000000", &v1, &v2);
         assert_eq!(std::str::from_utf8(sig.as_bytes()).unwrap(), want);
     }
 
@@ -176,12 +267,11 @@ mod tests {
             signature: None,
         };
         let signer = IdentitySigner::new(b"k").unwrap();
-        let sig = signer.sign(&session, &Method::GET, "/", 7);
-        let message = "7\nGET\n/\nacme\nbob\nviewer\nsession\n\n\nr\n";
-        assert_eq!(
-            sig.as_bytes(),
-            format!("t=7,v1={}", expected(b"k", message)).as_bytes()
-        );
+        let sig = signer.sign(&session, (&Method::GET, "/"), 7, &N, None);
+        let n = std::str::from_utf8(&N).unwrap();
+        let v1 = "7\nGET\n/\nacme\nbob\nviewer\nsession\n\n\nr\n";
+        let v2 = format!("7\n{n}\nGET\n/\nacme\nbob\nviewer\nsession\n\n\nr\n\n");
+        assert_eq!(sig.as_bytes(), value(b"k", "7", v1, &v2).as_bytes());
 
         // Anonymous: only the request id.
         let mut anonymous = Added {
@@ -190,9 +280,11 @@ mod tests {
             request_id: b"r",
             signature: None,
         };
-        let sig = signer.sign(&anonymous, &Method::GET, "/p", u64::MAX);
-        let message = format!("{}\nGET\n/p\n\n\n\n\n\n\nr\n", u64::MAX);
-        let want = format!("t={},v1={}", u64::MAX, expected(b"k", &message));
+        let sig = signer.sign(&anonymous, (&Method::GET, "/p"), u64::MAX, &N, None);
+        let max = u64::MAX.to_string();
+        let v1 = format!("{max}\nGET\n/p\n\n\n\n\n\n\nr\n");
+        let v2 = format!("{max}\n{n}\nGET\n/p\n\n\n\n\n\n\nr\n\n");
+        let want = value(b"k", &max, &v1, &v2);
         assert_eq!(sig.as_bytes(), want.as_bytes());
         assert_eq!(sig.as_bytes().len(), MAX_LEN);
 
@@ -226,12 +318,32 @@ mod tests {
             signature: None,
         };
         let signer = IdentitySigner::new(b"k").unwrap();
-        let sig = signer.sign(&added, &Method::GET, "/", 1);
-        let message = "1\nGET\n/\nacme\n\nowner\napi_key\nkey_1\n\nr\n";
-        assert_eq!(
-            sig.as_bytes(),
-            format!("t=1,v1={}", expected(b"k", message)).as_bytes()
+        let sig = signer.sign(&added, (&Method::GET, "/"), 1, &N, None);
+        let v1 = "1\nGET\n/\nacme\n\nowner\napi_key\nkey_1\n\nr\n";
+        let v2 = format!(
+            "1\n{}\nGET\n/\nacme\n\nowner\napi_key\nkey_1\n\nr\n\n",
+            std::str::from_utf8(&N).unwrap()
         );
+        assert_eq!(sig.as_bytes(), value(b"k", "1", v1, &v2).as_bytes());
         assert_eq!(format!("{signer:?}"), "IdentitySigner { .. }");
+    }
+
+    #[test]
+    fn content_digests_and_nonces_are_what_others_compute() {
+        // RFC 9530's own example (its appendix B), and SHA-256("hello") as
+        // every implementation gives it.
+        assert_eq!(
+            content_digest(br#"{"hello": "world"}"#),
+            "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+        );
+        assert_eq!(
+            content_digest(b"hello"),
+            "sha-256=:LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=:"
+        );
+        let (a, b) = (nonce(), nonce());
+        assert_ne!(a, b);
+        assert!(a
+            .iter()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
     }
 }

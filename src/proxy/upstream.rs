@@ -87,9 +87,13 @@ impl Upstream {
         ));
         let connector = connector(cfg).map_err(UpstreamError::Config)?;
         let signer = match &cfg.sign_identity {
-            Some(keys) => Some(IdentitySigner::new(keys.key()).ok_or_else(|| {
-                UpstreamError::Config("sign_identity_key_env: the key was refused".into())
-            })?),
+            Some(keys) => Some(
+                IdentitySigner::new(keys.key())
+                    .ok_or_else(|| {
+                        UpstreamError::Config("sign_identity_key_env: the key was refused".into())
+                    })?
+                    .with_content_digest(cfg.sign_content_digest),
+            ),
             None => None,
         };
         let transport = Arc::new(if cfg.http2 {

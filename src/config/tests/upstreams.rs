@@ -141,6 +141,33 @@ fn with_env(text: &str, vars: &[(&str, &str)]) -> Result<Settings, Vec<String>> 
 }
 
 #[test]
+fn content_digests_are_signed_by_default_and_need_a_signing_key() {
+    let signed = MINIMAL.replacen(
+        "targets = [\"http://127.0.0.1:9000\"]",
+        "targets = [\"http://127.0.0.1:9000\"]\nsign_identity_key_env = \"MPG_SIGN\"",
+        1,
+    );
+    let s = with_env(&signed, &[("MPG_SIGN", "k")]).unwrap();
+    assert!(clusters(&s).sign_content_digest);
+    let off = signed.replacen(
+        "sign_identity_key_env",
+        "sign_content_digest = false\nsign_identity_key_env",
+        1,
+    );
+    let s = with_env(&off, &[("MPG_SIGN", "k")]).unwrap();
+    assert!(!clusters(&s).sign_content_digest);
+    let alone = MINIMAL.replacen(
+        "targets = [\"http://127.0.0.1:9000\"]",
+        "targets = [\"http://127.0.0.1:9000\"]\nsign_content_digest = true",
+        1,
+    );
+    assert_eq!(
+        with_env(&alone, &[]).unwrap_err(),
+        ["upstreams.clusters.sign_content_digest: needs sign_identity_key_env"]
+    );
+}
+
+#[test]
 fn the_identity_signing_key_comes_from_the_named_variable() {
     let text = &MINIMAL.replacen(
         "targets = [\"http://127.0.0.1:9000\"]",
