@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use super::table::{Pipeline, RouteEntry};
 use crate::config::OrgSource;
 use crate::error::GatewayError;
-use crate::routes::{find_lookalike, Query, QueryError};
+use crate::routes::{Query, QueryError};
 use crate::store::ApiKeyRecord;
 
 /// What stage 4 found: the organization asked for, and the key named by the
@@ -36,7 +36,7 @@ impl Pipeline {
         match &entry.route.organization {
             OrgSource::None => {}
             OrgSource::Query(name) => {
-                if let Some(lookalike) = head.uri.query().and_then(|q| find_lookalike(q, name)) {
+                if let Some(lookalike) = query.lookalike(name) {
                     return Err(query_error(QueryError::Lookalike(lookalike, name.clone())));
                 }
                 v.organization = Some(query.require(name).map_err(query_error)?.to_string())

@@ -4,9 +4,7 @@
 mod query;
 mod request_target;
 
-pub use query::{
-    decode_segment, find_lookalike, find_secret_param, path_holds_secret, Query, QueryError,
-};
+pub use query::{decode_segment, find_secret_param, path_holds_secret, Query, QueryError};
 pub use request_target::{check_head, check_request_target, named_host, RequestTargetError};
 
 use http::header::HeaderValue;

@@ -34,6 +34,7 @@ pub enum QueryError {
 /// A parsed query string.
 #[derive(Debug, Default)]
 pub struct Query<'a> {
+    raw: &'a str,
     params: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
@@ -157,48 +158,19 @@ pub fn find_secret_param(raw: &str) -> Option<String> {
     None
 }
 
-/// The first name in `raw` (the part after `?`) that is not `param` but
-/// that an upstream framework may read as `param`: equal to it after ASCII
-/// case folding, reading `.`, space and `+` as `_` (PHP, and case-blind
-/// ASP.NET), dropping leading spaces and a trailing `[]` (PHP), or standing
-/// after a `;`, which Rack 2 and Bottle read as a separator like `&`.
-/// Names are compared percent-decoded, so `organization%5Fid` is `param`
-/// itself. Such a name could carry an organization the gateway never checked
-/// to an upstream that reads the query instead of `X-Mpg-Organization-Id`.
-pub fn find_lookalike(raw: &str, param: &str) -> Option<String> {
-    let wanted = param.as_bytes();
-    for piece in raw.split('&') {
-        let mut names = piece.split(';').map(|p| cut(p, b'=').0);
-        // What this parser reads is the name before the first `;`.
-        let first = names.next().unwrap_or("");
-        if first != param
-            && reads_as(first, wanted)
-            && !decoded_bytes(first).eq(wanted.iter().copied())
-        {
-            return Some(lossy_decoded(first));
-        }
-        if let Some(name) = names.find(|n| reads_as(n, wanted)) {
-            return Some(lossy_decoded(name));
-        }
+/// Whether `decoded`, a percent-decoded name, equals `wanted` once read as
+/// PHP and ASP.NET read names: leading spaces and trailing `[]`s dropped,
+/// ASCII case folded, and `.`, space and `+` taken as `_`.
+fn reads_as(decoded: &[u8], wanted: &[u8]) -> bool {
+    let start = decoded
+        .iter()
+        .position(|&b| b != b' ')
+        .unwrap_or(decoded.len());
+    let mut name = &decoded[start..];
+    while let Some(rest) = name.strip_suffix(b"[]") {
+        name = rest;
     }
-    None
-}
-
-/// Whether `raw`, a name as sent, equals `wanted` after the normalisations
-/// of [`find_lookalike`].
-fn reads_as(raw: &str, wanted: &[u8]) -> bool {
-    // Decoding and the dropped `[]` only shorten a name.
-    if raw.len() < wanted.len() {
-        return false;
-    }
-    let mut name: smallvec::SmallVec<[u8; 48]> = decoded_bytes(raw)
-        .skip_while(|&b| b == b' ')
-        .map(fold)
-        .collect();
-    while name.ends_with(b"[]") {
-        name.truncate(name.len() - 2);
-    }
-    name.len() == wanted.len() && name.iter().zip(wanted).all(|(a, b)| *a == fold(*b))
+    name.len() == wanted.len() && name.iter().zip(wanted).all(|(a, b)| fold(*a) == fold(*b))
 }
 
 /// One byte of a name as the lenient frameworks read it.
@@ -209,9 +181,18 @@ fn fold(b: u8) -> u8 {
     }
 }
 
-fn lossy_decoded(raw: &str) -> String {
-    let name: Vec<u8> = decoded_bytes(raw).collect();
-    String::from_utf8_lossy(&name).into_owned()
+/// The first name in `raw` standing after a `;`, which Rack 2 and Bottle
+/// read as a separator like `&`, that reads as `wanted` ([`reads_as`]).
+fn after_semicolons(raw: &str, wanted: &[u8]) -> Option<String> {
+    for piece in raw.split('&') {
+        for name in piece.split(';').skip(1).map(|p| cut(p, b'=').0) {
+            let decoded: Vec<u8> = decoded_bytes(name).collect();
+            if reads_as(&decoded, wanted) {
+                return Some(String::from_utf8_lossy(&decoded).into_owned());
+            }
+        }
+    }
+    None
 }
 
 impl<'a> Query<'a> {
@@ -219,7 +200,7 @@ impl<'a> Query<'a> {
     pub fn parse(raw: Option<&'a str>) -> Result<Self, QueryError> {
         let mut params: Vec<(Cow<'a, str>, Cow<'a, str>)> = Vec::new();
         let Some(raw) = raw else {
-            return Ok(Query { params });
+            return Ok(Query { raw: "", params });
         };
         // Empty pieces (`a=1&&b=2`) are skipped.
         for (name, value) in pieces(raw).filter(|(n, v)| !n.is_empty() || v.is_some()) {
@@ -235,7 +216,29 @@ impl<'a> Query<'a> {
             }
             params.push((name, value));
         }
-        Ok(Query { params })
+        Ok(Query { raw, params })
+    }
+
+    /// The first name that is not `param` but that an upstream framework
+    /// may read as `param`, decoded: equal to it after ASCII case folding,
+    /// reading `.`, space and `+` as `_` (PHP, and case-blind ASP.NET),
+    /// dropping leading spaces and a trailing `[]` (PHP), or standing after a
+    /// `;`, which Rack 2 and Bottle read as a separator like `&`. Names are
+    /// compared percent-decoded, so `organization%5Fid` is `param` itself.
+    /// Such a name could carry an organization the gateway never checked to
+    /// an upstream that reads the query instead of `X-Mpg-Organization-Id`.
+    pub fn lookalike(&self, param: &str) -> Option<String> {
+        let wanted = param.as_bytes();
+        // The names read here: only one at least as long as `param` can
+        // read as it (decoding is done, and the dropped `[]` only shorten).
+        let read = self.params.iter().map(|(n, _)| n).find(|n| {
+            n.len() >= wanted.len() && n.as_ref() != param && reads_as(n.as_bytes(), wanted)
+        });
+        match read {
+            Some(name) => Some(name.to_string()),
+            None if self.raw.as_bytes().contains(&b';') => after_semicolons(self.raw, wanted),
+            None => None,
+        }
     }
 
     /// The decoded value of `name`, if present.
@@ -340,7 +343,8 @@ mod tests {
                 "organization.id",
             ),
         ] {
-            assert_eq!(find_lookalike(raw, p).as_deref(), Some(name), "{raw}");
+            let q = Query::parse(Some(raw)).unwrap();
+            assert_eq!(q.lookalike(p).as_deref(), Some(name), "{raw}");
         }
         for raw in [
             "organization_id=acme",
@@ -350,7 +354,7 @@ mod tests {
             "organization_id=a.b+c&cursor=organization.id",
             "",
         ] {
-            assert_eq!(find_lookalike(raw, p), None, "{raw}");
+            assert_eq!(Query::parse(Some(raw)).unwrap().lookalike(p), None, "{raw}");
         }
     }
 
