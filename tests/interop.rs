@@ -134,6 +134,26 @@ fn cases(seed: &Seed, read_only_key: &str) -> Vec<Case> {
             200,
             Want::Large,
         ),
+        // Refused in stages 1 and 4: a name an upstream framework reads as
+        // the organization parameter, and a `..;` segment.
+        case(
+            "400 lookalike",
+            "GET",
+            "/api/v1/clusters?organization_id=acme&organization.id=evil",
+            key,
+            0,
+            400,
+            Want::Error("BadRequest"),
+        ),
+        case(
+            "400 dot-semicolon",
+            "GET",
+            "/api/v1/clusters/..;?organization_id=acme",
+            key,
+            0,
+            400,
+            Want::Error("BadRequest"),
+        ),
         case(
             "401",
             "POST",
