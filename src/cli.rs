@@ -80,6 +80,9 @@ pub enum Command {
     /// The audit trail of the key lifecycle.
     #[command(subcommand)]
     Audit(AuditCmd),
+    /// Bearer tokens for the admin API (`/admin/v1` on the admin listener).
+    #[command(subcommand, name = "admin-tokens")]
+    AdminTokens(AdminTokensCmd),
 }
 
 /// `demo` options. A configuration file named by `--config` (or
@@ -247,6 +250,24 @@ pub enum SessionsCmd {
     /// End a session: running gateways refuse its token within a second.
     Revoke {
         /// Session id (`ses_…`).
+        id: String,
+    },
+}
+
+/// `admin-tokens …`
+#[derive(Debug, Subcommand)]
+pub enum AdminTokensCmd {
+    /// Make a token; prints it once (only its SHA-256 is stored).
+    Create {
+        /// What the token is for (1-100 characters).
+        #[arg(long)]
+        name: String,
+    },
+    /// List the tokens (ids, names and times, never a token).
+    List,
+    /// Revoke a token: the admin API refuses it at once, on every instance.
+    Revoke {
+        /// Token id (`adm_…`).
         id: String,
     },
 }

@@ -8,6 +8,8 @@ use std::fmt;
 pub const API_KEY_PREFIX: &str = "mpg_";
 /// Every session token starts with this.
 pub const SESSION_PREFIX: &str = "mps_";
+/// Every admin token (for the admin API) starts with this.
+pub const ADMIN_TOKEN_PREFIX: &str = "mpga_";
 
 /// The base62 alphabet, in digit order: `0-9A-Za-z`.
 const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -15,8 +17,6 @@ const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmn
 const KEY_BODY_LEN: usize = 32;
 /// Base62 characters of the CRC32 checksum (62^6 > 2^32).
 const KEY_CHECK_LEN: usize = 6;
-/// Total length of an API key secret.
-const API_KEY_LEN: usize = API_KEY_PREFIX.len() + KEY_BODY_LEN + KEY_CHECK_LEN;
 /// Random characters in a session token.
 const SESSION_BODY_LEN: usize = 43;
 /// Total length of a session token.
@@ -144,23 +144,43 @@ fn checksum_chars(body: &[u8]) -> [u8; KEY_CHECK_LEN] {
 /// A new API key: `mpg_` + 32 random base62 + 6 base62 of CRC32 over the 32.
 /// Returns (secret, display prefix = the first 8 characters after `mpg_`).
 pub fn generate_api_key() -> (String, String) {
+    let secret = generate_checked(API_KEY_PREFIX);
+    let prefix = secret[API_KEY_PREFIX.len()..][..DISPLAY_PREFIX_LEN].to_owned();
+    (secret, prefix)
+}
+
+/// A new admin token: `mpga_` + 32 random base62 + 6 base62 of CRC32 over
+/// the 32, as an API key is made.
+pub fn generate_admin_token() -> String {
+    generate_checked(ADMIN_TOKEN_PREFIX)
+}
+
+/// `prefix` + 32 random base62 + 6 base62 of CRC32 over the 32.
+fn generate_checked(prefix: &str) -> String {
     let body = random_base62(KEY_BODY_LEN);
     let check = checksum_chars(body.as_bytes());
-    let mut secret = String::with_capacity(API_KEY_LEN);
-    secret.push_str(API_KEY_PREFIX);
+    let mut secret = String::with_capacity(prefix.len() + KEY_BODY_LEN + KEY_CHECK_LEN);
+    secret.push_str(prefix);
     secret.push_str(&body);
     secret.extend(check.iter().map(|&b| char::from(b)));
-    let prefix = body[..DISPLAY_PREFIX_LEN].to_owned();
-    (secret, prefix)
+    secret
 }
 
 /// Checks an API key's prefix, length, alphabet and checksum; no allocation,
 /// no store access.
 pub fn check_api_key_format(token: &str) -> Result<(), FormatError> {
-    let rest = token
-        .strip_prefix(API_KEY_PREFIX)
-        .ok_or(FormatError::Prefix)?;
-    if token.len() != API_KEY_LEN {
+    check_checked(token, API_KEY_PREFIX)
+}
+
+/// Checks an admin token's prefix, length, alphabet and checksum.
+pub fn check_admin_token_format(token: &str) -> Result<(), FormatError> {
+    check_checked(token, ADMIN_TOKEN_PREFIX)
+}
+
+/// Checks a checksummed secret made by [`generate_checked`] with `prefix`.
+fn check_checked(token: &str, prefix: &str) -> Result<(), FormatError> {
+    let rest = token.strip_prefix(prefix).ok_or(FormatError::Prefix)?;
+    if token.len() != prefix.len() + KEY_BODY_LEN + KEY_CHECK_LEN {
         return Err(FormatError::Length);
     }
     let bytes = rest.as_bytes();
@@ -186,13 +206,14 @@ const SECRET_MIN_BODY: usize = 16;
 /// text (decoded or not, as decoding only shortens) needs no look.
 pub const SECRET_MIN_LEN: usize = 4 + SECRET_MIN_BODY;
 
-/// Whether the bytes hold `mpg_`/`mps_` (any case) followed by at
+/// Whether the bytes hold `mpg_`/`mps_`/`mpga_` (any case) followed by at
 /// least `SECRET_MIN_BODY` base62 characters. No allocation;
 /// used to keep secrets out of URLs, request ids and logs.
 pub fn looks_like_secret(decoded: impl Iterator<Item = u8>) -> bool {
     let mut last = [0u8; 4];
     let mut run: Option<usize> = None;
     for b in decoded {
+        let before = last[0];
         last = [last[1], last[2], last[3], b.to_ascii_lowercase()];
         run = match run {
             Some(n) if b.is_ascii_alphanumeric() => Some(n + 1),
@@ -201,7 +222,7 @@ pub fn looks_like_secret(decoded: impl Iterator<Item = u8>) -> bool {
         if run.is_some_and(|n| n >= SECRET_MIN_BODY) {
             return true;
         }
-        if &last == b"mpg_" || &last == b"mps_" {
+        if &last == b"mpg_" || &last == b"mps_" || (&last == b"pga_" && before == b'm') {
             run = Some(0);
         }
     }
@@ -284,9 +305,12 @@ mod tests {
     fn secret_lookalikes_are_recognized_in_any_case_and_position() {
         let (key, _) = generate_api_key();
         let session = generate_session_token();
+        let admin = generate_admin_token();
         for yes in [
             key.clone(),
             session.clone(),
+            admin.clone(),
+            admin.to_uppercase(),
             format!("trace-{key}"),
             key.to_uppercase(),
             format!("mpg_mpg_{}", &key[4..]),
@@ -312,6 +336,25 @@ mod tests {
         assert!(secret.starts_with("mpg_"));
         assert_eq!(prefix, &secret[4..12]);
         assert_eq!(check_api_key_format(&secret), Ok(()));
+    }
+
+    #[test]
+    fn admin_tokens_are_checksummed_like_api_keys_under_their_own_prefix() {
+        let token = generate_admin_token();
+        assert_eq!(token.len(), 43);
+        assert!(token.starts_with("mpga_"));
+        assert_eq!(check_admin_token_format(&token), Ok(()));
+        assert_eq!(check_api_key_format(&token), Err(FormatError::Prefix));
+        let (key, _) = generate_api_key();
+        assert_eq!(check_admin_token_format(&key), Err(FormatError::Prefix));
+        let mut typo = token.clone().into_bytes();
+        typo[10] = if typo[10] == b'a' { b'b' } else { b'a' };
+        let typo = String::from_utf8(typo).unwrap_or_default();
+        assert_eq!(check_admin_token_format(&typo), Err(FormatError::Checksum));
+        assert_eq!(
+            check_admin_token_format(&token[..42]),
+            Err(FormatError::Length)
+        );
     }
 
     #[test]

@@ -3,7 +3,10 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 
-use super::{AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd};
+use super::{
+    AdminTokensCmd, AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd,
+    UsersCmd,
+};
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
@@ -60,6 +63,7 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         Command::Sessions(cmd) => sessions(&store, cmd, now).await,
         Command::Keys(cmd) => keys(settings, &store, cmd, now).await,
         Command::Audit(AuditCmd::List { org, limit }) => audit_list(&store, &org, limit).await,
+        Command::AdminTokens(cmd) => admin_tokens(&store, cmd).await,
         Command::Run | Command::CheckConfig | Command::Demo(_) => {
             Err(Failure::input("not an admin command"))
         }
@@ -152,6 +156,34 @@ async fn sessions(store: &SqlStore, cmd: SessionsCmd, now: i64) -> Result<Value,
         SessionsCmd::Revoke { id } => match store.revoke_session(&id).await? {
             Some(s) => Ok(session_json(&s, "revoked")),
             None => Err(Failure::input(format!("no session with id {id:?}"))),
+        },
+    }
+}
+
+/// `admin-tokens …`: the token itself is printed once, by `create`.
+async fn admin_tokens(store: &SqlStore, cmd: AdminTokensCmd) -> Result<Value, Failure> {
+    match cmd {
+        AdminTokensCmd::Create { name } => {
+            let (token, record) = store.create_admin_token(&name).await?;
+            let mut out = record.to_json();
+            if let Some(o) = out.as_object_mut() {
+                o.remove("revoked_at");
+            }
+            out["token"] = Value::String(token);
+            Ok(out)
+        }
+        AdminTokensCmd::List => {
+            let data: Vec<Value> = store
+                .list_admin_tokens()
+                .await?
+                .iter()
+                .map(|t| t.to_json())
+                .collect();
+            Ok(json!({ "data": data }))
+        }
+        AdminTokensCmd::Revoke { id } => match store.revoke_admin_token(&id).await? {
+            Some(t) => Ok(t.to_json()),
+            None => Err(Failure::input(format!("no admin token with id {id:?}"))),
         },
     }
 }

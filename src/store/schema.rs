@@ -173,6 +173,12 @@ const V7_POSTGRES: [&str; 3] = [
     "CREATE UNIQUE INDEX audit_events_id ON audit_events (id)",
 ];
 
+/// Version 8, both dialects: the admin API's bearer tokens, by SHA-256.
+const V8: [&str; 1] = [
+    "CREATE TABLE admin_tokens (id TEXT PRIMARY KEY, name TEXT NOT NULL, \
+     token_hash TEXT NOT NULL UNIQUE, created_at BIGINT NOT NULL, revoked_at BIGINT)",
+];
+
 /// Every migration, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -209,6 +215,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 7,
         sqlite: &V7_SQLITE,
         postgres: &V7_POSTGRES,
+    },
+    Migration {
+        version: 8,
+        sqlite: &V8,
+        postgres: &V8,
     },
 ];
 
