@@ -1,8 +1,10 @@
 //! The admin listener (`[admin]`, loopback by default): `/healthz` (the
 //! process is alive), `/readyz` (config loaded, store reachable, limiter
-//! state), `/metrics` (Prometheus text) and `POST /reload`. Never exposes
-//! a secret; answers only requests that name it, and reloads only for a
+//! state), `/metrics` (Prometheus text), `POST /reload`, and the admin API
+//! under `/admin/v1` (`api`, behind an admin token). Never exposes a
+//! secret; answers only requests that name it, and reloads only for a
 //! client that is not a browser page (`guard`).
+mod api;
 mod guard;
 
 pub use guard::AllowedHosts;
@@ -15,10 +17,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Settings;
 use crate::error::GatewayError;
 use crate::http::body::{self, Body, RequestBody};
 use crate::http::service::{ConnInfo, Handler, Reply};
 use crate::metrics::{metrics_handle, names};
+use crate::store::sql::SqlStore;
 
 /// What the admin listener asks of the gateway it serves. The app
 /// implements it; the admin listener sees nothing else of the gateway.
@@ -30,6 +34,8 @@ pub trait Control: Send + Sync + 'static {
     /// Re-reads the configuration and swaps it in, or changes nothing and
     /// says why, one problem a line.
     fn reload(&self) -> impl Future<Output = Result<Reloaded, Vec<String>>> + Send;
+    /// The store and settings the admin API works on (the live ones).
+    fn store_and_settings(&self) -> (SqlStore, Arc<Settings>);
 }
 
 /// The serving gateway's state.
@@ -132,9 +138,13 @@ impl<C: Control> Handler for Admin<C> {
 
 impl<C: Control> Admin<C> {
     async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
-        let (head, _body) = req.into_parts();
+        let (head, body) = req.into_parts();
         if !self.hosts.allow(&head) {
             return GatewayError::MisdirectedRequest.into_response();
+        }
+        if head.uri.path().starts_with(api::PREFIX) {
+            let (store, settings) = self.control.store_and_settings();
+            return api::serve(&store, &settings, Request::from_parts(head, body)).await;
         }
         if head.uri.path() == "/reload" {
             if head.method != Method::POST {

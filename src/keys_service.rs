@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 mod input;
 
+pub(crate) use input::paging;
 pub use input::MAX_GRACE_SECONDS;
-use input::{grace_period, paging, parse_future_time, rate_limit};
+use input::{grace_period, parse_future_time, rate_limit};
 
 use crate::auth::Principal;
 use crate::clock::unix_now;

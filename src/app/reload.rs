@@ -189,6 +189,11 @@ impl Control for Live {
             other => vec![other.to_string()],
         })
     }
+
+    fn store_and_settings(&self) -> (crate::store::sql::SqlStore, Arc<Settings>) {
+        let now = self.current.load();
+        (now.store.clone(), now.settings.clone())
+    }
 }
 
 impl Handler for Live {

@@ -4,8 +4,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 use super::{
-    AdminTokensCmd, AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd,
-    UsersCmd,
+    AdminTokensCmd, AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd,
 };
 use crate::app::open_store;
 use crate::clock::unix_now;

@@ -12,7 +12,7 @@ const DEFAULT_LIMIT: u32 = 20;
 const MAX_LIMIT: u32 = 100;
 
 /// A list's `limit` (1..=100, default 20) and `cursor` (absent if empty).
-pub(super) fn paging(query: Option<&str>) -> Result<(u32, Option<String>), GatewayError> {
+pub(crate) fn paging(query: Option<&str>) -> Result<(u32, Option<String>), GatewayError> {
     let query = crate::routes::Query::parse(query).map_err(|_| GatewayError::BadRequest {
         message: "malformed query string".into(),
         field: None,

@@ -104,12 +104,14 @@ impl SqlStore {
     pub async fn revoke_admin_token(&self, id: &str) -> Result<Option<AdminToken>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            sqlx::query("UPDATE admin_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-                .bind(unix_now())
-                .bind(id)
-                .execute(&mut *conn)
-                .await
-                .db()?;
+            sqlx::query(
+                "UPDATE admin_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL",
+            )
+            .bind(unix_now())
+            .bind(id)
+            .execute(&mut *conn)
+            .await
+            .db()?;
             sqlx::query("SELECT id, name, created_at, revoked_at FROM admin_tokens WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&mut *conn)

@@ -1,0 +1,317 @@
+//! The admin API, `/admin/v1` on the admin listener: organizations, users,
+//! memberships and sessions, for a dashboard's backend or a provisioning
+//! job, behind `Authorization: Bearer mpga_…` (an admin token, looked up in
+//! the store on every request, so a revocation holds at once). The store's
+//! operations are the ones the command line calls; this is their HTTP face.
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+use crate::config::Settings;
+use crate::error::{AuthReason, GatewayError};
+use crate::http::body::{self, Body, RequestBody};
+use crate::secret::{check_admin_token_format, hash_secret};
+use crate::store::sql::SqlStore;
+use crate::store::{rfc3339, SessionRecord, StoreError};
+
+/// Where the admin API lives on the admin listener.
+pub(super) const PREFIX: &str = "/admin/v1/";
+
+/// Largest request body the admin API reads.
+const MAX_BODY: u64 = 64 * 1024;
+
+/// Longest session an admin token may hand out: 30 days.
+const MAX_TTL_SECONDS: u64 = 30 * 24 * 3600;
+
+/// Serves one `/admin/v1` request with `store` and `settings`.
+pub(super) async fn serve(
+    store: &SqlStore,
+    settings: &Settings,
+    req: Request<RequestBody>,
+) -> Response<Body> {
+    match answer(store, settings, req).await {
+        Ok(res) => res,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn answer(
+    store: &SqlStore,
+    settings: &Settings,
+    req: Request<RequestBody>,
+) -> Result<Response<Body>, GatewayError> {
+    authenticate(store, req.headers()).await?;
+    let (head, body) = req.into_parts();
+    let path = head.uri.path().strip_prefix(PREFIX).unwrap_or("");
+    let segments: Vec<&str> = path.split('/').collect();
+    let query = head.uri.query();
+    let m = &head.method;
+    match (m, segments.as_slice()) {
+        (&Method::POST, ["organizations"]) => {
+            let input = object(body, &["id", "name"]).await?;
+            let id = required_string(&input, "id")?;
+            let name = optional_string(&input, "name")?;
+            let created = store.create_organization(&id, name.as_deref()).await;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &created.map_err(store_error)?,
+            ))
+        }
+        (&Method::GET, ["organizations"]) => {
+            let all = store.list_organizations().await.map_err(store_error)?;
+            page(all, query, "id")
+        }
+        (&Method::GET, ["organizations", id]) => {
+            let found = find(store.list_organizations().await.map_err(store_error)?, id);
+            Ok(json_response(
+                StatusCode::OK,
+                &found.ok_or(GatewayError::NotFound)?,
+            ))
+        }
+        (&Method::DELETE, ["organizations", id]) => {
+            let removed = store.delete_organization(id).await.map_err(store_error)?;
+            removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
+        }
+        (&Method::POST, ["users"]) => {
+            let input = object(body, &["id", "email"]).await?;
+            let id = required_string(&input, "id")?;
+            let email = optional_string(&input, "email")?;
+            let created = store.create_user(&id, email.as_deref()).await;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &created.map_err(store_error)?,
+            ))
+        }
+        (&Method::GET, ["users"]) => {
+            let all = store.list_users().await.map_err(store_error)?;
+            page(all, query, "id")
+        }
+        (&Method::GET, ["users", id]) => {
+            let found = find(store.list_users().await.map_err(store_error)?, id);
+            Ok(json_response(
+                StatusCode::OK,
+                &found.ok_or(GatewayError::NotFound)?,
+            ))
+        }
+        (&Method::DELETE, ["users", id]) => {
+            let removed = store.delete_user(id).await.map_err(store_error)?;
+            removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
+        }
+        (&Method::PUT, ["organizations", org, "members", user]) => {
+            let input = object(body, &["role"]).await?;
+            let role = required_string(&input, "role")?;
+            if !settings.roles.contains(&role) {
+                let names = settings.roles.names().join(", ");
+                return Err(GatewayError::bad_field(
+                    "role",
+                    &format!("unknown role; the roles of [roles]: {names}"),
+                ));
+            }
+            let set = store
+                .set_member(org, user, &role)
+                .await
+                .map_err(store_error)?;
+            Ok(json_response(StatusCode::OK, &set))
+        }
+        (&Method::GET, ["organizations", org, "members"]) => {
+            let orgs = store.list_organizations().await.map_err(store_error)?;
+            find(orgs, org).ok_or(GatewayError::NotFound)?;
+            let members = store.list_members(org).await.map_err(store_error)?;
+            let all = members
+                .into_iter()
+                .map(|(user, role)| json!({"organization_id": org, "user_id": user, "role": role}))
+                .collect();
+            page(all, query, "user_id")
+        }
+        (&Method::DELETE, ["organizations", org, "members", user]) => {
+            let removed = store.remove_member(org, user).await.map_err(store_error)?;
+            removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
+        }
+        (&Method::POST, ["sessions"]) => {
+            let input = object(body, &["user_id", "ttl_seconds"]).await?;
+            let user = required_string(&input, "user_id")?;
+            let ttl = match input.get("ttl_seconds") {
+                Some(Value::Number(n)) => n
+                    .as_u64()
+                    .filter(|s| (1..=MAX_TTL_SECONDS).contains(s))
+                    .ok_or_else(|| {
+                        GatewayError::bad_field(
+                            "ttl_seconds",
+                            "must be a whole number of seconds from 1 to 2592000 (30 days)",
+                        )
+                    })?,
+                None => 12 * 3600,
+                Some(_) => return Err(GatewayError::bad_field("ttl_seconds", "must be a number")),
+            };
+            let created = store.create_session(&user, Duration::from_secs(ttl)).await;
+            let (token, session) = created.map_err(store_error)?;
+            let mut out = session_json(&session);
+            out["token"] = Value::String(token);
+            Ok(json_response(StatusCode::CREATED, &out))
+        }
+        (&Method::GET, ["users", user, "sessions"]) => {
+            let users = store.list_users().await.map_err(store_error)?;
+            find(users, user).ok_or(GatewayError::NotFound)?;
+            let sessions = store.list_sessions(user).await.map_err(store_error)?;
+            page(sessions.iter().map(session_json).collect(), query, "id")
+        }
+        (&Method::DELETE, ["sessions", id]) => {
+            let revoked = store.revoke_session(id).await.map_err(store_error)?;
+            revoked.map(|_| no_content()).ok_or(GatewayError::NotFound)
+        }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// The caller must bear a live admin token: 401 (`malformed`, `invalid`)
+/// otherwise, or 503 when the store cannot say.
+async fn authenticate(store: &SqlStore, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let value = values
+        .next()
+        .ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
+    if values.next().is_some() {
+        return Err(GatewayError::Unauthorized(AuthReason::Malformed));
+    }
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|s| s.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
+        .filter(|t| check_admin_token_format(t).is_ok())
+        .ok_or(GatewayError::Unauthorized(AuthReason::Malformed))?;
+    match store.admin_token_by_hash(&hash_secret(token)).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(GatewayError::Unauthorized(AuthReason::Invalid)),
+        Err(e) => Err(crate::store::unavailable(e)),
+    }
+}
+
+/// 405 with `Allow` for a path the API serves with other methods; else 404.
+fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
+    let allow = match segments {
+        ["organizations"] | ["users"] => "GET, POST",
+        ["organizations", _] | ["users", _] => "GET, DELETE",
+        ["organizations", _, "members"] | ["users", _, "sessions"] => "GET",
+        ["organizations", _, "members", _] => "PUT, DELETE",
+        ["sessions"] => "POST",
+        ["sessions", _] => "DELETE",
+        _ => return GatewayError::NotFound,
+    };
+    GatewayError::MethodNotAllowed {
+        allow: HeaderValue::from_static(allow),
+    }
+}
+
+/// The request body as a JSON object holding only `fields`.
+async fn object(body: RequestBody, fields: &[&str]) -> Result<Map<String, Value>, GatewayError> {
+    let body = Body::new(crate::http::body::Limited::new(body, MAX_BODY));
+    let bytes: Bytes = crate::keys_service::read_body(body, MAX_BODY).await?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
+    let Value::Object(map) = value else {
+        return Err(GatewayError::bad_field("body", "must be a JSON object"));
+    };
+    if let Some(unknown) = map.keys().find(|k| !fields.contains(&k.as_str())) {
+        if crate::secret::looks_like_secret(unknown.bytes()) {
+            return Err(GatewayError::bad_field("body", "holds an unknown field"));
+        }
+        return Err(GatewayError::bad_field(unknown.as_str(), "unknown field"));
+    }
+    Ok(map)
+}
+
+fn required_string(input: &Map<String, Value>, field: &str) -> Result<String, GatewayError> {
+    match input.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Value::String(_)) => Err(GatewayError::bad_field(field, "must not be empty")),
+        Some(_) => Err(GatewayError::bad_field(field, "must be a string")),
+        None => Err(GatewayError::bad_field(field, "is required")),
+    }
+}
+
+fn optional_string(
+    input: &Map<String, Value>,
+    field: &str,
+) -> Result<Option<String>, GatewayError> {
+    match input.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(GatewayError::bad_field(field, "must be a string")),
+    }
+}
+
+/// The item of `all` whose `id` is `id`.
+fn find(all: Vec<Value>, id: &str) -> Option<Value> {
+    all.into_iter().find(|v| v["id"] == id)
+}
+
+/// One page of `all`, ordered by its `key` field: `limit` (1-100, default
+/// 20) items after `cursor` (the last key of the page before).
+fn page(
+    mut all: Vec<Value>,
+    query: Option<&str>,
+    key: &str,
+) -> Result<Response<Body>, GatewayError> {
+    let (limit, cursor) = crate::keys_service::paging(query)?;
+    let key_of = |v: &Value| v[key].as_str().unwrap_or_default().to_owned();
+    all.sort_by_key(key_of);
+    let start = match &cursor {
+        Some(c) => all.partition_point(|v| key_of(v).as_str() <= c.as_str()),
+        None => 0,
+    };
+    let rest: Vec<Value> = all.into_iter().skip(start).collect();
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let next = (rest.len() > limit).then(|| key_of(&rest[limit - 1]));
+    let data: Vec<Value> = rest.into_iter().take(limit).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "data": data, "next_cursor": next }),
+    ))
+}
+
+/// A session as the API shows it: never its token (creation adds it, once).
+fn session_json(s: &SessionRecord) -> Value {
+    json!({
+        "id": s.id,
+        "user_id": s.user_id,
+        "created_at": rfc3339(Some(s.created_at)),
+        "expires_at": rfc3339(Some(s.expires_at)),
+    })
+}
+
+/// A store error as the API's answer: 404, 409, 400 naming what is wrong,
+/// or 503.
+fn store_error(e: StoreError) -> GatewayError {
+    match e {
+        StoreError::NotFound(what) => {
+            tracing::debug!(%what, "admin API: not found");
+            GatewayError::NotFound
+        }
+        StoreError::Conflict(what) => GatewayError::Conflict(format!("{what} already exists")),
+        StoreError::Invalid(what) => GatewayError::BadRequest {
+            message: format!("invalid {what}").into(),
+            field: None,
+        },
+        other => crate::store::unavailable(other),
+    }
+}
+
+fn no_content() -> Response<Body> {
+    let mut res = Response::new(body::empty());
+    *res.status_mut() = StatusCode::NO_CONTENT;
+    res
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut res = Response::new(body::full(v.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}

@@ -1,0 +1,405 @@
+//! The admin API (`/admin/v1` on the admin listener) over HTTP, on both
+//! stores: admin tokens from `mpg-gateway admin-tokens`, organizations,
+//! users, memberships and sessions, and a session it hands out working on
+//! the gateway's own routes until the API revokes it.
+mod common;
+
+use common::scale::PgDb;
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+struct World {
+    _up: MockUpstream,
+    _cfg: TestConfig,
+    path: std::path::PathBuf,
+    gw: Gateway,
+    admin: std::net::SocketAddr,
+    token: String,
+    /// Dropped last, after the gateway.
+    _db: Option<PgDb>,
+}
+
+async fn world(pg: bool) -> World {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    let db = if pg { Some(PgDb::create().await) } else { None };
+    if let Some(db) = &db {
+        cfg.postgres(&db.url);
+    }
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    let path = cfg.write();
+    let made = cli_ok(&path, &["admin-tokens", "create", "--name", "provisioner"]);
+    let token = made["token"].as_str().unwrap().to_string();
+    let gw = Gateway::start(&path);
+    let admin = gw.admin.expect("admin listener address logged");
+    World {
+        _up: up,
+        _cfg: cfg,
+        path,
+        gw,
+        admin,
+        token,
+        _db: db,
+    }
+}
+
+/// `method path` on the admin API with `token` and `body`: (status, JSON).
+async fn call(
+    w: &World,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = client().request(method, format!("http://{}{path}", w.admin));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(false).await
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(true).await
+            })*
+        }
+    };
+}
+
+on_both_stores!(
+    tokens_are_shown_once_checked_on_every_request_and_revoked_at_once,
+    a_dashboard_backend_provisions_an_organization_and_signs_its_user_in,
+    bad_input_is_a_400_naming_the_field,
+);
+
+async fn tokens_are_shown_once_checked_on_every_request_and_revoked_at_once(pg: bool) {
+    use reqwest::Method;
+    let w = world(pg).await;
+    assert!(
+        w.token.starts_with("mpga_") && w.token.len() == 43,
+        "{}",
+        w.token
+    );
+    let listed = cli_ok(&w.path, &["admin-tokens", "list"]);
+    let data = listed["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{listed}");
+    assert_eq!(data[0]["name"], "provisioner");
+    assert!(!listed.to_string().contains("mpga_"), "{listed}");
+    let id = data[0]["id"].as_str().unwrap().to_string();
+
+    // No token, a malformed one, an API key, an unknown token: 401, the
+    // seed's JSON body.
+    let (forged, _) = {
+        let made = cli_ok(&w.path, &["admin-tokens", "create", "--name", "other"]);
+        let t = made["token"].as_str().unwrap().to_string();
+        cli_ok(
+            &w.path,
+            &["admin-tokens", "revoke", made["id"].as_str().unwrap()],
+        );
+        (t, ())
+    };
+    let seed = seed(&w.path, "acme", "alice", "owner", "clusters:read");
+    for (token, reason) in [
+        (None, "missing"),
+        (Some("mpga_nope"), "malformed"),
+        (Some(seed.key.as_str()), "malformed"),
+        (Some(forged.as_str()), "invalid"),
+    ] {
+        let res = client().get(format!("http://{}/admin/v1/users", w.admin));
+        let res = match token {
+            Some(t) => res.bearer_auth(t),
+            None => res,
+        };
+        let res = res.send().await.unwrap();
+        assert_eq!(res.status(), 401, "{token:?}");
+        assert_eq!(res.headers()["www-authenticate"], "Bearer");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "Unauthorized");
+        assert_eq!(body["details"]["reason"], reason, "{token:?}");
+    }
+    let (status, _) = call(&w, Method::GET, "/admin/v1/users", Some(&w.token), None).await;
+    assert_eq!(status, 200);
+    // Health stays open.
+    let res = client()
+        .get(format!("http://{}/healthz", w.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Revoked from the command line: refused on the very next request.
+    cli_ok(&w.path, &["admin-tokens", "revoke", &id]);
+    let (status, body) = call(&w, Method::GET, "/admin/v1/users", Some(&w.token), None).await;
+    assert_eq!(status, 401, "{body}");
+    let log = w.gw.log_text();
+    assert!(!log.contains(&w.token), "the admin token reached the log");
+}
+
+async fn a_dashboard_backend_provisions_an_organization_and_signs_its_user_in(pg: bool) {
+    use reqwest::Method;
+    let w = world(pg).await;
+    let t = Some(w.token.as_str());
+    let (status, org) = call(
+        &w,
+        Method::POST,
+        "/admin/v1/organizations",
+        t,
+        Some(json!({"id": "acme", "name": "Acme"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{org}");
+    assert_eq!(org["id"], "acme");
+    let (status, _) = call(
+        &w,
+        Method::POST,
+        "/admin/v1/organizations",
+        t,
+        Some(json!({"id": "acme"})),
+    )
+    .await;
+    assert_eq!(status, 409);
+    for user in ["alice", "bob", "carol"] {
+        let (status, body) = call(
+            &w,
+            Method::POST,
+            "/admin/v1/users",
+            t,
+            Some(json!({"id": user, "email": format!("{user}@acme.example")})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, member) = call(
+        &w,
+        Method::PUT,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        Some(json!({"role": "owner"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{member}");
+    // Two users a page: the cursor walks every user once.
+    let mut seen = Vec::new();
+    let mut target = "/admin/v1/users?limit=2".to_string();
+    loop {
+        let (status, page) = call(&w, Method::GET, &target, t, None).await;
+        assert_eq!(status, 200, "{page}");
+        seen.extend(
+            page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|u| u["id"].clone()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => target = format!("/admin/v1/users?limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [json!("alice"), json!("bob"), json!("carol")]);
+    let (status, members) = call(
+        &w,
+        Method::GET,
+        "/admin/v1/organizations/acme/members",
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        members["data"],
+        json!([{"organization_id": "acme", "user_id": "alice", "role": "owner"}])
+    );
+
+    // The backend signs alice in: the session works on the gateway's routes.
+    let (status, session) = call(
+        &w,
+        Method::POST,
+        "/admin/v1/sessions",
+        t,
+        Some(json!({"user_id": "alice", "ttl_seconds": 3600})),
+    )
+    .await;
+    assert_eq!(status, 201, "{session}");
+    let token = session["token"].as_str().unwrap().to_string();
+    assert!(token.starts_with("mps_"));
+    let keys = |token: String| {
+        let url = w.gw.url("/api/v1/api-keys?organization_id=acme");
+        async move {
+            client()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(keys(token.clone()).await, 200);
+    let (status, listed) = call(&w, Method::GET, "/admin/v1/users/alice/sessions", t, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["data"][0]["id"], session["id"]);
+    assert!(!listed.to_string().contains(&token), "{listed}");
+    // Revoked through the API: refused within a second.
+    let id = session["id"].as_str().unwrap();
+    let (status, _) = call(
+        &w,
+        Method::DELETE,
+        &format!("/admin/v1/sessions/{id}"),
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while keys(token.clone()).await != 401 {
+        assert!(Instant::now() < deadline, "the revoked session still works");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Removing the membership and the organization.
+    let (status, _) = call(
+        &w,
+        Method::DELETE,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _) = call(
+        &w,
+        Method::DELETE,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(&w, Method::DELETE, "/admin/v1/organizations/acme", t, None).await;
+    assert_eq!(status, 204);
+    let (status, _) = call(&w, Method::GET, "/admin/v1/organizations/acme", t, None).await;
+    assert_eq!(status, 404);
+    let orgs = cli_ok(&w.path, &["orgs", "list"]);
+    assert_eq!(orgs["data"], json!([]), "{orgs}");
+}
+
+async fn bad_input_is_a_400_naming_the_field(pg: bool) {
+    use reqwest::Method;
+    let w = world(pg).await;
+    let t = Some(w.token.as_str());
+    call(
+        &w,
+        Method::POST,
+        "/admin/v1/users",
+        t,
+        Some(json!({"id": "alice"})),
+    )
+    .await;
+    call(
+        &w,
+        Method::POST,
+        "/admin/v1/organizations",
+        t,
+        Some(json!({"id": "acme"})),
+    )
+    .await;
+    for (method, path, body, field) in [
+        (
+            Method::POST,
+            "/admin/v1/organizations",
+            json!({"name": "x"}),
+            "id",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/organizations",
+            json!({"id": 7}),
+            "id",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/users",
+            json!({"id": "u", "admin": true}),
+            "admin",
+        ),
+        (Method::POST, "/admin/v1/users", json!(["u"]), "body"),
+        (
+            Method::PUT,
+            "/admin/v1/organizations/acme/members/alice",
+            json!({"role": "wizard"}),
+            "role",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/sessions",
+            json!({"user_id": "alice", "ttl_seconds": 0}),
+            "ttl_seconds",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/sessions",
+            json!({"user_id": "alice", "ttl_seconds": "1h"}),
+            "ttl_seconds",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/sessions",
+            json!({"ttl_seconds": 60}),
+            "user_id",
+        ),
+        (Method::GET, "/admin/v1/users?limit=0", Value::Null, "limit"),
+    ] {
+        let body = (!body.is_null()).then_some(body);
+        let (status, res) = call(&w, method.clone(), path, t, body).await;
+        assert_eq!(status, 400, "{method} {path}: {res}");
+        assert_eq!(res["details"]["field"], field, "{method} {path}: {res}");
+        assert!(res["message"].as_str().unwrap().contains(field), "{res}");
+    }
+    let res = client()
+        .post(format!("http://{}/admin/v1/users", w.admin))
+        .bearer_auth(&w.token)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    // Unknown things are 404; a path served for other methods is 405 with Allow.
+    let (status, _) = call(
+        &w,
+        Method::POST,
+        "/admin/v1/sessions",
+        t,
+        Some(json!({"user_id": "nobody"})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(&w, Method::GET, "/admin/v1/users/nobody/sessions", t, None).await;
+    assert_eq!(status, 404);
+    let (status, _) = call(&w, Method::GET, "/admin/v1/nothing", t, None).await;
+    assert_eq!(status, 404);
+    let res = client()
+        .patch(format!("http://{}/admin/v1/users", w.admin))
+        .bearer_auth(&w.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 405);
+    assert_eq!(res.headers()["allow"], "GET, POST");
+}
