@@ -87,6 +87,7 @@ on_both_stores!(
     tokens_are_shown_once_checked_on_every_request_and_revoked_at_once,
     a_dashboard_backend_provisions_an_organization_and_signs_its_user_in,
     bad_input_is_a_400_naming_the_field,
+    organization_limits_are_set_listed_applied_and_removed,
 );
 
 async fn tokens_are_shown_once_checked_on_every_request_and_revoked_at_once(pg: bool) {
@@ -402,4 +403,79 @@ async fn bad_input_is_a_400_naming_the_field(pg: bool) {
         .unwrap();
     assert_eq!(res.status(), 405);
     assert_eq!(res.headers()["allow"], "GET, POST");
+}
+
+async fn organization_limits_are_set_listed_applied_and_removed(pg: bool) {
+    use reqwest::Method;
+    let w = world(pg).await;
+    let t = Some(w.token.as_str());
+    let seed = seed(&w.path, "acme", "alice", "owner", "clusters:read");
+    let path = "/admin/v1/organizations/acme/limits/default";
+    let (status, set) = call(
+        &w,
+        Method::PUT,
+        path,
+        t,
+        Some(json!({"requests": 7, "per": "1m"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(set["requests"], 7);
+    let (status, listed) = call(
+        &w,
+        Method::GET,
+        "/admin/v1/organizations/acme/limits",
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["data"][0]["policy"], "default", "{listed}");
+    // The organization's requests get its limit.
+    let limit = || async {
+        let res = client()
+            .get(w.gw.url("/api/v1/clusters?organization_id=acme"))
+            .bearer_auth(&seed.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        res.headers()["x-ratelimit-limit"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(limit().await, "7");
+    for (body, field) in [
+        (json!({"requests": 0, "per": "1m"}), "requests"),
+        (json!({"requests": 5, "per": "soon"}), "per"),
+        (json!({"requests": "5", "per": "1m"}), "requests"),
+    ] {
+        let (status, res) = call(&w, Method::PUT, path, t, Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {res}");
+        assert_eq!(res["details"]["field"], field, "{body}: {res}");
+    }
+    let (status, res) = call(
+        &w,
+        Method::PUT,
+        "/admin/v1/organizations/acme/limits/nope",
+        t,
+        Some(json!({"requests": 5, "per": "1m"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(res["details"]["field"], "policy");
+    let (status, _) = call(
+        &w,
+        Method::PUT,
+        "/admin/v1/organizations/globex/limits/default",
+        t,
+        Some(json!({"requests": 5, "per": "1m"})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(&w, Method::DELETE, path, t, None).await;
+    assert_eq!(status, 204);
+    let (status, _) = call(&w, Method::DELETE, path, t, None).await;
+    assert_eq!(status, 404);
 }

@@ -1,5 +1,5 @@
 //! The admin API, `/admin/v1` on the admin listener: organizations, users,
-//! memberships and sessions, for a dashboard's backend or a provisioning
+//! memberships, sessions and organizations' limits, for a dashboard's backend or a provisioning
 //! job, behind `Authorization: Bearer mpga_…` (an admin token, looked up in
 //! the store on every request, so a revocation holds at once). The store's
 //! operations are the ones the command line calls; this is their HTTP face.
@@ -14,7 +14,7 @@ use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{self, Body, RequestBody};
 use crate::secret::{check_admin_token_format, hash_secret};
 use crate::store::sql::SqlStore;
-use crate::store::{rfc3339, SessionRecord, StoreError};
+use crate::store::{rfc3339, LimitSpec, SessionRecord, StoreError};
 
 /// Where the admin API lives on the admin listener.
 pub(super) const PREFIX: &str = "/admin/v1/";
@@ -161,6 +161,38 @@ async fn answer(
             let revoked = store.revoke_session(id).await.map_err(store_error)?;
             revoked.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (&Method::PUT, ["organizations", org, "limits", policy]) => {
+            known_policy(settings, policy)?;
+            let input = object(body, &["requests", "per"]).await?;
+            let requests = match input.get("requests") {
+                Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+                None => return Err(GatewayError::bad_field("requests", "is required")),
+                Some(_) => return Err(GatewayError::bad_field("requests", "must be a number")),
+            };
+            let per = required_string(&input, "per")?;
+            let limit = LimitSpec::parse(requests, &per)
+                .map_err(|p| GatewayError::bad_field(p.field, &p.reason))?;
+            let set = store.set_org_limit(org, policy, limit).await;
+            Ok(json_response(
+                StatusCode::OK,
+                &set.map_err(store_error)?.to_json(),
+            ))
+        }
+        (&Method::GET, ["organizations", org, "limits"]) => {
+            let orgs = store.list_organizations().await.map_err(store_error)?;
+            find(orgs, org).ok_or(GatewayError::NotFound)?;
+            let limits = store.list_org_limits(org).await.map_err(store_error)?;
+            let all = limits.iter().map(|l| l.to_json()).collect();
+            page(all, query, "policy")
+        }
+        (&Method::DELETE, ["organizations", org, "limits", policy]) => {
+            known_policy(settings, policy)?;
+            let removed = store
+                .unset_org_limit(org, policy)
+                .await
+                .map_err(store_error)?;
+            removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
+        }
         (_, segments) => Err(not_allowed_or_not_found(segments)),
     }
 }
@@ -198,7 +230,8 @@ fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
         ["organizations"] | ["users"] => "GET, POST",
         ["organizations", _] | ["users", _] => "GET, DELETE",
         ["organizations", _, "members"] | ["users", _, "sessions"] => "GET",
-        ["organizations", _, "members", _] => "PUT, DELETE",
+        ["organizations", _, "members", _] | ["organizations", _, "limits", _] => "PUT, DELETE",
+        ["organizations", _, "limits"] => "GET",
         ["sessions"] => "POST",
         ["sessions", _] => "DELETE",
         _ => return GatewayError::NotFound,
@@ -206,6 +239,23 @@ fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
     GatewayError::MethodNotAllowed {
         allow: HeaderValue::from_static(allow),
     }
+}
+
+/// 400 naming `policy` unless it is a configured policy.
+fn known_policy(settings: &Settings, policy: &str) -> Result<(), GatewayError> {
+    let names: Vec<&str> = (settings.rate_limit.policies.iter())
+        .map(|p| p.name.as_str())
+        .collect();
+    if names.contains(&policy) {
+        return Ok(());
+    }
+    Err(GatewayError::bad_field(
+        "policy",
+        &format!(
+            "unknown policy; the policies of [rate_limit.policies]: {}",
+            names.join(", ")
+        ),
+    ))
 }
 
 /// The request body as a JSON object holding only `fields`.
