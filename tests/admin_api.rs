@@ -10,14 +10,14 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 struct World {
-    _up: MockUpstream,
+    up: MockUpstream,
     _cfg: TestConfig,
     path: std::path::PathBuf,
     gw: Gateway,
     admin: std::net::SocketAddr,
     token: String,
     /// Dropped last, after the gateway.
-    _db: Option<PgDb>,
+    db: Option<PgDb>,
 }
 
 async fn world(pg: bool) -> World {
@@ -35,13 +35,13 @@ async fn world(pg: bool) -> World {
     let gw = Gateway::start(&path);
     let admin = gw.admin.expect("admin listener address logged");
     World {
-        _up: up,
+        up: up,
         _cfg: cfg,
         path,
         gw,
         admin,
         token,
-        _db: db,
+        db: db,
     }
 }
 
@@ -478,4 +478,114 @@ async fn organization_limits_are_set_listed_applied_and_removed(pg: bool) {
     assert_eq!(status, 204);
     let (status, _) = call(&w, Method::DELETE, path, t, None).await;
     assert_eq!(status, 404);
+}
+
+/// Two instances on one PostgreSQL store: what the admin API of one changes
+/// (a membership, a session) reaches the other's cached answers within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_instance_reaches_the_other_within_one_second() {
+    use reqwest::Method;
+    let w = world(true).await;
+    let t = Some(w.token.as_str());
+    // A second instance, caching for an hour: only the change log can tell it.
+    let mut cfg = TestConfig::new(w.up.addr);
+    cfg.postgres(&w.db.as_ref().unwrap().url);
+    cfg.set("store.cache_ttl", "1h");
+    let other = Gateway::start(&cfg.write());
+    call(
+        &w,
+        Method::POST,
+        "/admin/v1/organizations",
+        t,
+        Some(json!({"id": "acme"})),
+    )
+    .await;
+    call(
+        &w,
+        Method::POST,
+        "/admin/v1/users",
+        t,
+        Some(json!({"id": "alice"})),
+    )
+    .await;
+    call(
+        &w,
+        Method::PUT,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        Some(json!({"role": "owner"})),
+    )
+    .await;
+    let (_, session) = call(
+        &w,
+        Method::POST,
+        "/admin/v1/sessions",
+        t,
+        Some(json!({"user_id": "alice"})),
+    )
+    .await;
+    let token = session["token"].as_str().unwrap().to_string();
+    let status_on_other = || {
+        let (url, token) = (
+            other.url("/api/v1/api-keys?organization_id=acme"),
+            token.clone(),
+        );
+        async move {
+            client()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status_on_other().await, 200);
+    let within_a_second = |want: u16| async move {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let got = status_on_other().await;
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still {got}, not {want}, after 1 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // The membership goes: the other instance answers 404 (not a member).
+    let (status, _) = call(
+        &w,
+        Method::DELETE,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    within_a_second(404).await;
+    // It comes back, then the session goes: 401.
+    call(
+        &w,
+        Method::PUT,
+        "/admin/v1/organizations/acme/members/alice",
+        t,
+        Some(json!({"role": "owner"})),
+    )
+    .await;
+    within_a_second(200).await;
+    let id = session["id"].as_str().unwrap();
+    let (status, _) = call(
+        &w,
+        Method::DELETE,
+        &format!("/admin/v1/sessions/{id}"),
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    within_a_second(401).await;
 }
