@@ -67,6 +67,9 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         if let Some(tls) = &s.server.tls {
             app::load_certified_key(tls).map_err(|e| Failure::input(format!("server.tls: {e}")))?;
         }
+        if let Some(tls) = &s.admin.tls {
+            app::load_certified_key(tls).map_err(|e| Failure::input(format!("admin.tls: {e}")))?;
+        }
         // And parse the Redis url as the limiter will (a cluster's node list included).
         if let Some(r) = &s.rate_limit.redis {
             mpg_gateway::ratelimit::RedisTarget::new(&r.url, r.ca_file.as_deref())
@@ -75,6 +78,9 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         Ok(s)
     }) {
         Ok(s) => {
+            if let Some(warning) = s.admin.exposure_warning() {
+                eprintln!("{}: warning: {warning}", path.display());
+            }
             eprintln!(
                 "{}: OK ({} routes, {} upstreams, {} rate-limit policies)",
                 path.display(),

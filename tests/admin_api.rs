@@ -35,13 +35,13 @@ async fn world(pg: bool) -> World {
     let gw = Gateway::start(&path);
     let admin = gw.admin.expect("admin listener address logged");
     World {
-        up: up,
+        up,
         _cfg: cfg,
         path,
         gw,
         admin,
         token,
-        db: db,
+        db,
     }
 }
 
@@ -588,4 +588,59 @@ async fn a_change_through_one_instance_reaches_the_other_within_one_second() {
     .await;
     assert_eq!(status, 204);
     within_a_second(401).await;
+}
+
+#[tokio::test]
+async fn the_admin_listener_serves_tls_with_its_own_certificate() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    let (cert, key) = mpg_gateway::tls::self_signed_pem().unwrap();
+    let (cert_path, key_path) = (
+        cfg.dir.path().join("admin.pem"),
+        cfg.dir.path().join("admin.key"),
+    );
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    cfg.set("admin.tls.cert", cert_path.to_str().unwrap());
+    cfg.set("admin.tls.key", key_path.to_str().unwrap());
+    let path = cfg.write();
+    let made = cli_ok(&path, &["admin-tokens", "create", "--name", "tls"]);
+    let token = made["token"].as_str().unwrap();
+    let gw = Gateway::start(&path);
+    let admin = gw.admin.unwrap();
+    let tls_client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let res = tls_client
+        .get(format!("https://localhost:{}/admin/v1/users", admin.port()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Plain HTTP gets no answer from a TLS listener.
+    let plain = client()
+        .get(format!("http://{admin}/admin/v1/users"))
+        .bearer_auth(token)
+        .send()
+        .await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+
+    // A file that is missing is named by check-config; so is a listener
+    // open to other hosts without TLS, as a warning.
+    cfg.set("admin.tls.key", "/nonexistent/admin.key");
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("admin.tls.key"), "{err}");
+    cfg.remove("admin.tls");
+    cfg.set("admin.listen", "0.0.0.0:0");
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: admin.listen = \"0.0.0.0:0\" is not a loopback address"),
+        "{err}"
+    );
 }

@@ -37,6 +37,9 @@ pub enum StartError {
     /// TLS setup failed.
     #[error("server.tls: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    /// The admin listener's TLS setup failed.
+    #[error("admin.tls: {0}")]
+    AdminTls(crate::tls::TlsError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -104,6 +107,18 @@ pub async fn start(
     let proxies = Proxies::gateway(&settings.server);
     let admin_listen = settings.admin.listen;
     let admin_hosts = settings.admin.allowed_hosts.clone();
+    if let Some(warning) = settings.admin.exposure_warning() {
+        tracing::warn!("{warning}");
+    }
+    // Loaded at start only: a new admin certificate takes a restart.
+    let admin_tls = match &settings.admin.tls {
+        Some(t) => {
+            let key = load_certified_key(t).map_err(StartError::AdminTls)?;
+            let (config, _) = crate::tls::server_config(key).map_err(StartError::AdminTls)?;
+            Some(tokio_rustls::TlsAcceptor::from(config))
+        }
+        None => None,
+    };
     let gateway = build(settings).await?;
     let (store_display, limiter_backend) = (
         gateway.settings.store.display.clone(),
@@ -135,7 +150,7 @@ pub async fn start(
             addr: listen,
             source,
         })?;
-        tracing::info!(addr = %bound, "admin listening");
+        tracing::info!(addr = %bound, tls = admin_tls.is_some(), "admin listening");
         admin_addr = Some(bound);
         let hosts = crate::admin::AllowedHosts::new(listen, admin_hosts);
         let handler = Arc::new(crate::admin::Admin::new(live.clone(), hosts));
@@ -146,7 +161,7 @@ pub async fn start(
         };
         tasks.push(tokio::spawn(serve(
             admin,
-            None,
+            admin_tls,
             admin_limits,
             handler,
             stopped(rx.clone()),

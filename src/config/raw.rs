@@ -81,6 +81,15 @@ pub(crate) struct RawAdmin {
     pub(crate) listen: String,
     pub(crate) enabled: bool,
     pub(crate) allowed_hosts: Vec<String>,
+    pub(crate) tls: Option<RawAdminTls>,
+}
+
+/// `[admin.tls]`: the admin listener's certificate.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdminTls {
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
 }
 
 impl Default for RawAdmin {
@@ -89,6 +98,7 @@ impl Default for RawAdmin {
             listen: "127.0.0.1:9901".into(),
             enabled: true,
             allowed_hosts: Vec::new(),
+            tls: None,
         }
     }
 }

@@ -27,7 +27,7 @@ pub(super) fn socket_addr(p: &mut Problems, path: &str, text: &str) -> Option<So
 /// `[admin]`: the address, and the extra host names it answers for (DNS
 /// names only: `localhost` and IP addresses need no listing, and a port
 /// is never part of the match).
-pub(super) fn admin_settings(p: &mut Problems, raw: RawAdmin) -> AdminSettings {
+pub(super) fn admin_settings(p: &mut Problems, raw: RawAdmin, tls_files: bool) -> AdminSettings {
     let listen = raw
         .enabled
         .then(|| socket_addr(p, "admin.listen", &raw.listen))
@@ -53,9 +53,32 @@ pub(super) fn admin_settings(p: &mut Problems, raw: RawAdmin) -> AdminSettings {
             allowed_hosts.push(name);
         }
     }
+    let tls = raw.tls.and_then(|tls| {
+        let cert = pem_file(p, "admin.tls.cert", tls.cert, tls_files);
+        let key = pem_file(p, "admin.tls.key", tls.key, tls_files);
+        cert.zip(key)
+            .map(|(cert, key)| TlsSettings::Files { cert, key })
+    });
     AdminSettings {
         listen,
         allowed_hosts,
+        tls,
+    }
+}
+
+/// A PEM file setting at `path`: required, and present on disk when
+/// `tls_files`.
+fn pem_file(p: &mut Problems, path: &str, v: Option<String>, tls_files: bool) -> Option<PathBuf> {
+    match v {
+        None => {
+            p.add(path, "required (a PEM file path)");
+            None
+        }
+        Some(f) if tls_files && !std::path::Path::new(&f).is_file() => {
+            p.add(path, format!("file {f:?} does not exist or is not a file"));
+            None
+        }
+        Some(f) => Some(PathBuf::from(f)),
     }
 }
 
@@ -81,22 +104,8 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
             Some(TlsSettings::SelfSigned)
         }
         (false, Some(tls)) => {
-            let mut file = |name: &str, v: Option<String>| -> Option<PathBuf> {
-                let path = format!("server.tls.{name}");
-                match v {
-                    None => {
-                        p.add(path, "required (a PEM file path)");
-                        None
-                    }
-                    Some(f) if tls_files && !std::path::Path::new(&f).is_file() => {
-                        p.add(path, format!("file {f:?} does not exist or is not a file"));
-                        None
-                    }
-                    Some(f) => Some(PathBuf::from(f)),
-                }
-            };
-            let cert = file("cert", tls.cert);
-            let key = file("key", tls.key);
+            let cert = pem_file(p, "server.tls.cert", tls.cert, tls_files);
+            let key = pem_file(p, "server.tls.key", tls.key, tls_files);
             cert.zip(key)
                 .map(|(cert, key)| TlsSettings::Files { cert, key })
         }

@@ -99,6 +99,23 @@ pub struct AdminSettings {
     /// Host names, lower-case, the admin listener answers for besides
     /// `localhost` and IP addresses that reach it.
     pub allowed_hosts: Vec<String>,
+    /// `[admin.tls]`: the listener serves TLS with these PEM files.
+    pub tls: Option<TlsSettings>,
+}
+
+impl AdminSettings {
+    /// A warning when the admin listener, which serves the admin API, is
+    /// reachable from other hosts without TLS: admin tokens would cross the
+    /// network in clear.
+    pub fn exposure_warning(&self) -> Option<String> {
+        let listen = self.listen?;
+        (self.tls.is_none() && !listen.ip().is_loopback()).then(|| {
+            format!(
+                "admin.listen = \"{listen}\" is not a loopback address and [admin.tls] is not set: \
+                 admin tokens would cross the network in clear"
+            )
+        })
+    }
 }
 
 /// `[log]`

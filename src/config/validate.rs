@@ -73,7 +73,7 @@ pub(super) fn validate_with_env(
         .unwrap_or_default();
 
     let server = server_settings(&mut p, server, tls_files);
-    let admin = admin_settings(&mut p, admin);
+    let admin = admin_settings(&mut p, admin, tls_files);
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
         p.add(
             "log.level",
