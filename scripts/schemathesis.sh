@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Property-based check of docs/openapi.yaml against a real gateway, with schemathesis.
+# Property-based check of docs/openapi.yaml and docs/openapi-admin.yaml against a real
+# gateway, with schemathesis.
 #
 #   scripts/schemathesis.sh [GATEWAY_BINARY]      (default: target/debug/mpg-gateway)
 #
 # Builds nothing. Starts, in a temporary directory and on 127.0.0.1 only:
 #   - a stub clusters upstream (python3 http.server) answering GET /api/v1/clusters with
 #     200 {"data": []};
-#   - the gateway, from a copy of config/gateway.toml: plain HTTP on 127.0.0.1:18443, no
-#     admin listener, SQLite store in the temp dir, local limiter with a huge bucket;
+#   - the gateway, from a copy of config/gateway.toml: plain HTTP on 127.0.0.1:18443, the
+#     admin listener on 127.0.0.1:18444, SQLite store in the temp dir, local limiter with a
+#     huge bucket;
 # seeds it with the binary's admin commands (org acme, user alice as owner, a session
-# token, an API key with clusters:read), then runs schemathesis twice, since each endpoint
-# family takes a different bearer credential: the `clusters` tag with the API key, the
-# `api-keys` tag with the session token. Everything it started is stopped on exit.
-# Exit status: 0 when both runs pass, 1 when schemathesis found a failure, 2 on a setup
+# token, an API key with clusters:read, an admin token), then runs schemathesis three
+# times, since each endpoint family takes a different bearer credential: the `clusters`
+# tag with the API key, the `api-keys` tag with the session token, and the admin API with
+# the admin token. Everything it started is stopped on exit.
+# Exit status: 0 when every run passes, 1 when schemathesis found a failure, 2 on a setup
 # problem (missing binary, gateway that does not start, seeding that fails).
 #
 # Needs python3 (with venv). schemathesis 3.x is installed on first use into a private
 # virtualenv (default ~/.cache/mpg-gateway/schemathesis-3) and reused afterwards.
 #
-# Environment: MPG_ST_PORT (gateway port, default 18443), MPG_ST_MAX_EXAMPLES (per
+# Environment: MPG_ST_PORT (gateway port, default 18443), MPG_ST_ADMIN_PORT (admin
+# listener port, default 18444), MPG_ST_MAX_EXAMPLES (per
 # operation, default 50), MPG_ST_KEEP=1 (keep the temp dir and print its path),
 # MPG_ST_VENV (where the virtualenv lives), SCHEMATHESIS (a schemathesis 3.x `st` to use
 # instead of the virtualenv's).
@@ -28,6 +32,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SPEC="$ROOT/docs/openapi.yaml"
 BASE_CONFIG="$ROOT/config/gateway.toml"
 PORT="${MPG_ST_PORT:-18443}"
+ADMIN_PORT="${MPG_ST_ADMIN_PORT:-18444}"
+ADMIN_SPEC="$ROOT/docs/openapi-admin.yaml"
 MAX_EXAMPLES="${MPG_ST_MAX_EXAMPLES:-50}"
 SCHEMATHESIS_REQ='schemathesis>=3.30,<4'
 HYPOTHESIS_REQ='hypothesis>=6.103.4,<6.170.10'
@@ -71,16 +77,18 @@ fi
 major="$(st_major "${ST[@]}")"
 [[ "$major" == 3 ]] || die "need schemathesis 3.x, found '${major:-none}' at ${ST[*]}"
 
-# Refuse to start if something already holds the port: we would test the wrong server.
-if python3 - "$PORT" <<'PY'
+# Refuse to start if something already holds a port: we would test the wrong server.
+for p in "$PORT" "$ADMIN_PORT"; do
+    if python3 - "$p" <<'PY'
 import socket, sys
 s = socket.socket()
 s.settimeout(1)
 sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)
 PY
-then
-    die "127.0.0.1:$PORT is already in use (set MPG_ST_PORT to another port)"
-fi
+    then
+        die "127.0.0.1:$p is already in use (set MPG_ST_PORT or MPG_ST_ADMIN_PORT to another port)"
+    fi
+done
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/mpg-schemathesis.XXXXXX")"
 STUB_PID=""
@@ -165,10 +173,10 @@ UPSTREAM_PORT="$(cat "$TMP/upstream.port")"
 # 2. The config: config/gateway.toml with the test settings swapped in (every other key,
 #    the route table included, is kept as shipped).
 CFG="$TMP/gateway.toml"
-python3 - "$BASE_CONFIG" "$CFG" "$PORT" "$TMP" "$UPSTREAM_PORT" <<'PY'
+python3 - "$BASE_CONFIG" "$CFG" "$PORT" "$TMP" "$UPSTREAM_PORT" "$ADMIN_PORT" <<'PY'
 import re, sys, tomllib
 
-src, dst, port, tmp, upstream_port = sys.argv[1:]
+src, dst, port, tmp, upstream_port, admin_port = sys.argv[1:]
 with open(src, "rb") as f:
     cfg = tomllib.load(f)
 
@@ -177,7 +185,7 @@ server["listen"] = f"127.0.0.1:{port}"
 server["insecure_http"] = True
 server.pop("tls", None)
 server.setdefault("limits", {})["shutdown_grace"] = "2s"
-cfg["admin"] = {"enabled": False}
+cfg["admin"] = {"enabled": True, "listen": f"127.0.0.1:{admin_port}"}
 cfg["log"] = {"level": "info", "format": "text"}
 cfg["store"] = {"kind": "sqlite", "path": f"{tmp}/gateway.db"}
 rl = cfg.setdefault("rate_limit", {})
@@ -259,7 +267,10 @@ admin sessions create --user alice --ttl 1h
 SESSION_TOKEN="$(json_field token)"
 admin keys create --org acme --user alice --name schemathesis --scopes clusters:read
 API_KEY="$(json_field key)"
+admin admin-tokens create --name schemathesis
+ADMIN_TOKEN="$(json_field token)"
 rm -f "$TMP/admin.json"
+[[ "$ADMIN_TOKEN" == mpga_* ]] || die "admin-tokens create gave no mpga_ token"
 [[ "$SESSION_TOKEN" == mps_* ]] || die "sessions create gave no mps_ token"
 [[ "$API_KEY" == mpg_* ]] || die "keys create gave no mpg_ key"
 
@@ -290,8 +301,6 @@ done
 #    The credentials belong to a throwaway store that is deleted on exit; schemathesis
 #    prints `Authorization: [Filtered]` in its reports.
 common=(
-    run "$SPEC"
-    --base-url "http://127.0.0.1:$PORT/api/v1"
     --experimental=openapi-3.1
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance
     --hypothesis-max-examples="$MAX_EXAMPLES"
@@ -301,7 +310,7 @@ common=(
 )
 # Run in the background and `wait`, so a TERM/INT to this script is handled at once.
 run_schemathesis() {
-    (cd "$TMP" && exec "${ST[@]}" "${common[@]}" "$@") &
+    (cd "$TMP" && exec "${ST[@]}" "$@" "${common[@]}") &
     ST_PID=$!
     local rc=0
     wait "$ST_PID" || rc=$?
@@ -309,14 +318,18 @@ run_schemathesis() {
     return "$rc"
 }
 status=0
+api=(run "$SPEC" --base-url "http://127.0.0.1:$PORT/api/v1")
 echo "== schemathesis: GET /clusters with the API key ==" >&2
-run_schemathesis --include-tag clusters -H "Authorization: Bearer $API_KEY" || status=1
+run_schemathesis "${api[@]}" --include-tag clusters -H "Authorization: Bearer $API_KEY" || status=1
 echo "== schemathesis: /api-keys endpoints with the session token ==" >&2
-run_schemathesis --include-tag api-keys -H "Authorization: Bearer $SESSION_TOKEN" || status=1
+run_schemathesis "${api[@]}" --include-tag api-keys -H "Authorization: Bearer $SESSION_TOKEN" || status=1
+echo "== schemathesis: the admin API with the admin token ==" >&2
+run_schemathesis run "$ADMIN_SPEC" --base-url "http://127.0.0.1:$ADMIN_PORT/admin/v1" \
+    -H "Authorization: Bearer $ADMIN_TOKEN" || status=1
 
 if [[ $status -ne 0 ]]; then
     echo "schemathesis.sh: schemathesis reported failures (see above)" >&2
 else
-    echo "schemathesis.sh: both runs passed" >&2
+    echo "schemathesis.sh: every run passed" >&2
 fi
 exit "$status"

@@ -45,7 +45,15 @@ async fn answer(
     authenticate(store, req.headers()).await?;
     let (head, body) = req.into_parts();
     let path = head.uri.path().strip_prefix(PREFIX).unwrap_or("");
-    let segments: Vec<&str> = path.split('/').collect();
+    // Ids in the path are percent-decoded, as a client encodes them.
+    let decoded: Vec<std::borrow::Cow<'_, str>> = path
+        .split('/')
+        .map(|s| {
+            crate::routes::decode_segment(s)
+                .ok_or_else(|| GatewayError::bad_field("path", "malformed percent-encoding"))
+        })
+        .collect::<Result<_, _>>()?;
+    let segments: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
     let query = head.uri.query();
     let m = &head.method;
     match (m, segments.as_slice()) {
@@ -56,7 +64,7 @@ async fn answer(
             let created = store.create_organization(&id, name.as_deref()).await;
             Ok(json_response(
                 StatusCode::CREATED,
-                &created.map_err(store_error)?,
+                &created.map_err(id_error)?,
             ))
         }
         (&Method::GET, ["organizations"]) => {
@@ -81,7 +89,7 @@ async fn answer(
             let created = store.create_user(&id, email.as_deref()).await;
             Ok(json_response(
                 StatusCode::CREATED,
-                &created.map_err(store_error)?,
+                &created.map_err(id_error)?,
             ))
         }
         (&Method::GET, ["users"]) => {
@@ -349,6 +357,14 @@ fn store_error(e: StoreError) -> GatewayError {
             field: None,
         },
         other => crate::store::unavailable(other),
+    }
+}
+
+/// [`store_error`] for a creation, whose only invalid input is its `id`.
+fn id_error(e: StoreError) -> GatewayError {
+    match e {
+        StoreError::Invalid(what) => GatewayError::bad_field("id", &format!("invalid {what}")),
+        other => store_error(other),
     }
 }
 
