@@ -66,6 +66,29 @@ async fn call(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// Organization `acme` with user `alice` as its owner, made through the API.
+async fn acme_with_alice(w: &World) {
+    use reqwest::Method;
+    let org = Some(json!({"id": "acme"}));
+    assert_eq!(
+        status_of(w, Method::POST, "/admin/v1/organizations", org).await,
+        201
+    );
+    let user = Some(json!({"id": "alice"}));
+    assert_eq!(
+        status_of(w, Method::POST, "/admin/v1/users", user).await,
+        201
+    );
+    let member = "/admin/v1/organizations/acme/members/alice";
+    let role = Some(json!({"role": "owner"}));
+    assert_eq!(status_of(w, Method::PUT, member, role).await, 200);
+}
+
+/// The status of `method path` on the admin API with the world's token.
+async fn status_of(w: &World, method: reqwest::Method, path: &str, body: Option<Value>) -> u16 {
+    call(w, method, path, Some(&w.token), body).await.0
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -166,15 +189,16 @@ async fn a_dashboard_backend_provisions_an_organization_and_signs_its_user_in(pg
     .await;
     assert_eq!(status, 201, "{org}");
     assert_eq!(org["id"], "acme");
-    let (status, _) = call(
-        &w,
-        Method::POST,
-        "/admin/v1/organizations",
-        t,
-        Some(json!({"id": "acme"})),
-    )
-    .await;
-    assert_eq!(status, 409);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::POST,
+            "/admin/v1/organizations",
+            Some(json!({"id": "acme"}))
+        )
+        .await,
+        409
+    );
     for user in ["alice", "bob", "carol"] {
         let (status, body) = call(
             &w,
@@ -260,43 +284,50 @@ async fn a_dashboard_backend_provisions_an_organization_and_signs_its_user_in(pg
     assert!(!listed.to_string().contains(&token), "{listed}");
     // Revoked through the API: refused within a second.
     let id = session["id"].as_str().unwrap();
-    let (status, _) = call(
-        &w,
-        Method::DELETE,
-        &format!("/admin/v1/sessions/{id}"),
-        t,
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::DELETE,
+            &format!("/admin/v1/sessions/{id}"),
+            None
+        )
+        .await,
+        204
+    );
     let deadline = Instant::now() + Duration::from_secs(1);
     while keys(token.clone()).await != 401 {
         assert!(Instant::now() < deadline, "the revoked session still works");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Removing the membership and the organization.
-    let (status, _) = call(
-        &w,
-        Method::DELETE,
-        "/admin/v1/organizations/acme/members/alice",
-        t,
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
-    let (status, _) = call(
-        &w,
-        Method::DELETE,
-        "/admin/v1/organizations/acme/members/alice",
-        t,
-        None,
-    )
-    .await;
-    assert_eq!(status, 404);
-    let (status, _) = call(&w, Method::DELETE, "/admin/v1/organizations/acme", t, None).await;
-    assert_eq!(status, 204);
-    let (status, _) = call(&w, Method::GET, "/admin/v1/organizations/acme", t, None).await;
-    assert_eq!(status, 404);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::DELETE,
+            "/admin/v1/organizations/acme/members/alice",
+            None
+        )
+        .await,
+        204
+    );
+    assert_eq!(
+        status_of(
+            &w,
+            Method::DELETE,
+            "/admin/v1/organizations/acme/members/alice",
+            None
+        )
+        .await,
+        404
+    );
+    assert_eq!(
+        status_of(&w, Method::DELETE, "/admin/v1/organizations/acme", None).await,
+        204
+    );
+    assert_eq!(
+        status_of(&w, Method::GET, "/admin/v1/organizations/acme", None).await,
+        404
+    );
     let orgs = cli_ok(&w.path, &["orgs", "list"]);
     assert_eq!(orgs["data"], json!([]), "{orgs}");
 }
@@ -382,19 +413,24 @@ async fn bad_input_is_a_400_naming_the_field(pg: bool) {
         .unwrap();
     assert_eq!(res.status(), 400);
     // Unknown things are 404; a path served for other methods is 405 with Allow.
-    let (status, _) = call(
-        &w,
-        Method::POST,
-        "/admin/v1/sessions",
-        t,
-        Some(json!({"user_id": "nobody"})),
-    )
-    .await;
-    assert_eq!(status, 404);
-    let (status, _) = call(&w, Method::GET, "/admin/v1/users/nobody/sessions", t, None).await;
-    assert_eq!(status, 404);
-    let (status, _) = call(&w, Method::GET, "/admin/v1/nothing", t, None).await;
-    assert_eq!(status, 404);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::POST,
+            "/admin/v1/sessions",
+            Some(json!({"user_id": "nobody"}))
+        )
+        .await,
+        404
+    );
+    assert_eq!(
+        status_of(&w, Method::GET, "/admin/v1/users/nobody/sessions", None).await,
+        404
+    );
+    assert_eq!(
+        status_of(&w, Method::GET, "/admin/v1/nothing", None).await,
+        404
+    );
     let res = client()
         .patch(format!("http://{}/admin/v1/users", w.admin))
         .bearer_auth(&w.token)
@@ -465,19 +501,18 @@ async fn organization_limits_are_set_listed_applied_and_removed(pg: bool) {
     .await;
     assert_eq!(status, 400);
     assert_eq!(res["details"]["field"], "policy");
-    let (status, _) = call(
-        &w,
-        Method::PUT,
-        "/admin/v1/organizations/globex/limits/default",
-        t,
-        Some(json!({"requests": 5, "per": "1m"})),
-    )
-    .await;
-    assert_eq!(status, 404);
-    let (status, _) = call(&w, Method::DELETE, path, t, None).await;
-    assert_eq!(status, 204);
-    let (status, _) = call(&w, Method::DELETE, path, t, None).await;
-    assert_eq!(status, 404);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::PUT,
+            "/admin/v1/organizations/globex/limits/default",
+            Some(json!({"requests": 5, "per": "1m"}))
+        )
+        .await,
+        404
+    );
+    assert_eq!(status_of(&w, Method::DELETE, path, None).await, 204);
+    assert_eq!(status_of(&w, Method::DELETE, path, None).await, 404);
 }
 
 /// Two instances on one PostgreSQL store: what the admin API of one changes
@@ -492,30 +527,7 @@ async fn a_change_through_one_instance_reaches_the_other_within_one_second() {
     cfg.postgres(&w.db.as_ref().unwrap().url);
     cfg.set("store.cache_ttl", "1h");
     let other = Gateway::start(&cfg.write());
-    call(
-        &w,
-        Method::POST,
-        "/admin/v1/organizations",
-        t,
-        Some(json!({"id": "acme"})),
-    )
-    .await;
-    call(
-        &w,
-        Method::POST,
-        "/admin/v1/users",
-        t,
-        Some(json!({"id": "alice"})),
-    )
-    .await;
-    call(
-        &w,
-        Method::PUT,
-        "/admin/v1/organizations/acme/members/alice",
-        t,
-        Some(json!({"role": "owner"})),
-    )
-    .await;
+    acme_with_alice(&w).await;
     let (_, session) = call(
         &w,
         Method::POST,
@@ -557,15 +569,16 @@ async fn a_change_through_one_instance_reaches_the_other_within_one_second() {
         }
     };
     // The membership goes: the other instance answers 404 (not a member).
-    let (status, _) = call(
-        &w,
-        Method::DELETE,
-        "/admin/v1/organizations/acme/members/alice",
-        t,
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::DELETE,
+            "/admin/v1/organizations/acme/members/alice",
+            None
+        )
+        .await,
+        204
+    );
     within_a_second(404).await;
     // It comes back, then the session goes: 401.
     call(
@@ -578,15 +591,16 @@ async fn a_change_through_one_instance_reaches_the_other_within_one_second() {
     .await;
     within_a_second(200).await;
     let id = session["id"].as_str().unwrap();
-    let (status, _) = call(
-        &w,
-        Method::DELETE,
-        &format!("/admin/v1/sessions/{id}"),
-        t,
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(
+        status_of(
+            &w,
+            Method::DELETE,
+            &format!("/admin/v1/sessions/{id}"),
+            None
+        )
+        .await,
+        204
+    );
     within_a_second(401).await;
 }
 

@@ -40,6 +40,14 @@ impl AdminToken {
     }
 }
 
+/// Columns of an [`AdminToken`] (never the token hash).
+const TOKEN_COLUMNS: &str = "id, name, created_at, revoked_at";
+
+/// The token of `row`, if there is one.
+fn one(row: Option<AnyRow>) -> Result<Option<AdminToken>, StoreError> {
+    row.as_ref().map(token_from_row).transpose().db()
+}
+
 fn token_from_row(row: &AnyRow) -> Result<AdminToken, sqlx::Error> {
     Ok(AdminToken {
         id: row.try_get("id")?,
@@ -86,9 +94,9 @@ impl SqlStore {
     pub async fn list_admin_tokens(&self) -> Result<Vec<AdminToken>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            sqlx::query(
-                "SELECT id, name, created_at, revoked_at FROM admin_tokens ORDER BY created_at, id",
-            )
+            sqlx::query(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM admin_tokens ORDER BY created_at, id"
+            ))
             .fetch_all(&mut *conn)
             .await
             .db()?
@@ -112,15 +120,12 @@ impl SqlStore {
             .execute(&mut *conn)
             .await
             .db()?;
-            sqlx::query("SELECT id, name, created_at, revoked_at FROM admin_tokens WHERE id = $1")
+            let query = format!("SELECT {TOKEN_COLUMNS} FROM admin_tokens WHERE id = $1");
+            let row = sqlx::query(&query)
                 .bind(id)
                 .fetch_optional(&mut *conn)
-                .await
-                .db()?
-                .as_ref()
-                .map(token_from_row)
-                .transpose()
-                .db()
+                .await;
+            one(row.db()?)
         })
         .await
     }
@@ -132,18 +137,11 @@ impl SqlStore {
     ) -> Result<Option<AdminToken>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            sqlx::query(
-                "SELECT id, name, created_at, revoked_at FROM admin_tokens \
-                 WHERE token_hash = $1 AND revoked_at IS NULL",
-            )
-            .bind(hash.to_hex())
-            .fetch_optional(&mut *conn)
-            .await
-            .db()?
-            .as_ref()
-            .map(token_from_row)
-            .transpose()
-            .db()
+            let query = format!(
+                "SELECT {TOKEN_COLUMNS} FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL"
+            );
+            let row = sqlx::query(&query).bind(hash.to_hex()).fetch_optional(&mut *conn).await;
+            one(row.db()?)
         })
         .await
     }
