@@ -131,20 +131,21 @@ impl<C: Control> Admin<C> {
 }
 
 impl<C: Control> Handler for Admin<C> {
-    async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Reply {
-        self.answer(req).await.into()
+    async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Reply {
+        self.answer(req, &conn).await.into()
     }
 }
 
 impl<C: Control> Admin<C> {
-    async fn answer(&self, req: Request<RequestBody>) -> Response<Body> {
+    async fn answer(&self, req: Request<RequestBody>, conn: &ConnInfo) -> Response<Body> {
         let (head, body) = req.into_parts();
         if !self.hosts.allow(&head) {
             return GatewayError::MisdirectedRequest.into_response();
         }
         if head.uri.path().starts_with(api::PREFIX) {
             let (store, settings) = self.control.store_and_settings();
-            return api::serve(&store, &settings, Request::from_parts(head, body)).await;
+            let req = Request::from_parts(head, body);
+            return api::serve(&store, &settings, req, conn.source_ip()).await;
         }
         if head.uri.path() == "/reload" {
             if head.method != Method::POST {

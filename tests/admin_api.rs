@@ -330,6 +330,35 @@ async fn a_dashboard_backend_provisions_an_organization_and_signs_its_user_in(pg
     );
     let orgs = cli_ok(&w.path, &["orgs", "list"]);
     assert_eq!(orgs["data"], json!([]), "{orgs}");
+
+    // Every change is in the organization's audit trail, the admin token
+    // its actor; the trail outlives the organization.
+    let tokens = cli_ok(&w.path, &["admin-tokens", "list"]);
+    let token_id = tokens["data"][0]["id"].clone();
+    let trail = cli_ok(&w.path, &["audit", "list", "--org", "acme"]);
+    let events: Vec<(&str, &Value)> = trail["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), &e["subject"]))
+        .collect();
+    let (alice, sid, none) = (json!("alice"), session["id"].clone(), Value::Null);
+    assert_eq!(
+        events,
+        [
+            ("organization.deleted", &none),
+            ("member.removed", &alice),
+            ("session.revoked", &sid),
+            ("session.created", &sid),
+            ("member.added", &alice),
+            ("organization.created", &none),
+        ],
+        "{trail}"
+    );
+    for event in trail["data"].as_array().unwrap() {
+        assert_eq!(event["actor"], token_id, "{event}");
+        assert_eq!(event["client"], "127.0.0.1", "{event}");
+    }
 }
 
 async fn bad_input_is_a_400_naming_the_field(pg: bool) {

@@ -693,8 +693,9 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
     let (status, body) = call_as(&w, Method::GET, AUDIT, "req-list", None).await;
     assert_eq!(status, 200, "{body}");
     let events = body["data"].as_array().unwrap();
-    // The four API events, newest first, then the seed's key made by the CLI.
-    assert_eq!(events.len(), 5, "{body}");
+    // The four API events, newest first, then what the seed made with the
+    // CLI: the key, the session, the membership and the organization.
+    assert_eq!(events.len(), 8, "{body}");
     assert_eq!(body["next_cursor"], Value::Null);
     let expected = [
         ("api_key.deleted", &new_id, "req-delete"),
@@ -714,13 +715,29 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
             event["at"].as_str().is_some_and(|t| t.ends_with('Z')),
             "{event}"
         );
-        assert_eq!(event.as_object().map(|o| o.len()), Some(8), "{event}");
+        assert_eq!(event["subject"], Value::Null, "{event}");
+        assert_eq!(event.as_object().map(|o| o.len()), Some(9), "{event}");
     }
     assert_eq!(events[4]["action"], "api_key.created");
     assert_eq!(events[4]["key_id"], w.seed.key_id.as_str());
     assert_eq!(events[4]["actor"], "cli");
     assert_eq!(events[4]["request_id"], Value::Null);
     assert_eq!(events[4]["client"], Value::Null);
+    let seeded: Vec<(&str, &Value, &Value)> = events[5..]
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), &e["key_id"], &e["actor"]))
+        .collect();
+    let (cli, null) = (json!("cli"), Value::Null);
+    assert_eq!(
+        seeded,
+        [
+            ("session.created", &null, &cli),
+            ("member.added", &null, &cli),
+            ("organization.created", &null, &cli),
+        ]
+    );
+    assert_eq!(events[6]["subject"], "alice");
+    assert!(events[5]["subject"].as_str().unwrap().starts_with("ses_"));
     let text = body.to_string();
     secrets.push(w.seed.key.clone());
     for secret in &secrets {

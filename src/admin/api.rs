@@ -14,7 +14,7 @@ use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{self, Body, RequestBody};
 use crate::secret::{check_admin_token_format, hash_secret};
 use crate::store::sql::SqlStore;
-use crate::store::{rfc3339, LimitSpec, SessionRecord, StoreError};
+use crate::store::{rfc3339, Actor, AdminToken, LimitSpec, SessionRecord, StoreError};
 
 /// Where the admin API lives on the admin listener.
 pub(super) const PREFIX: &str = "/admin/v1/";
@@ -26,12 +26,15 @@ const MAX_BODY: u64 = 64 * 1024;
 const MAX_TTL_SECONDS: u64 = 30 * 24 * 3600;
 
 /// Serves one `/admin/v1` request with `store` and `settings`.
+/// Serves one `/admin/v1` request from `client` (an IP address, for the
+/// audit trail) with `store` and `settings`.
 pub(super) async fn serve(
     store: &SqlStore,
     settings: &Settings,
     req: Request<RequestBody>,
+    client: &str,
 ) -> Response<Body> {
-    match answer(store, settings, req).await {
+    match answer(store, settings, req, client).await {
         Ok(res) => res,
         Err(e) => e.into_response(),
     }
@@ -41,8 +44,15 @@ async fn answer(
     store: &SqlStore,
     settings: &Settings,
     req: Request<RequestBody>,
+    client: &str,
 ) -> Result<Response<Body>, GatewayError> {
-    authenticate(store, req.headers()).await?;
+    let token = authenticate(store, req.headers()).await?;
+    // The audit trail's actor: the admin token, from this client.
+    let actor = &Actor {
+        user_id: Some(token.id),
+        request_id: None,
+        client: Some(client.to_owned()),
+    };
     let (head, body) = req.into_parts();
     let path = head.uri.path().strip_prefix(PREFIX).unwrap_or("");
     // Ids in the path are percent-decoded, as a client encodes them.
@@ -61,7 +71,9 @@ async fn answer(
             let input = object(body, &["id", "name"]).await?;
             let id = required_string(&input, "id")?;
             let name = optional_string(&input, "name")?;
-            let created = store.create_organization(&id, name.as_deref()).await;
+            let created = store
+                .create_organization_by(&id, name.as_deref(), actor)
+                .await;
             Ok(json_response(
                 StatusCode::CREATED,
                 &created.map_err(id_error)?,
@@ -79,7 +91,10 @@ async fn answer(
             ))
         }
         (&Method::DELETE, ["organizations", id]) => {
-            let removed = store.delete_organization(id).await.map_err(store_error)?;
+            let removed = store
+                .delete_organization_by(id, actor)
+                .await
+                .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
         (&Method::POST, ["users"]) => {
@@ -104,7 +119,7 @@ async fn answer(
             ))
         }
         (&Method::DELETE, ["users", id]) => {
-            let removed = store.delete_user(id).await.map_err(store_error)?;
+            let removed = store.delete_user_by(id, actor).await.map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
         (&Method::PUT, ["organizations", org, "members", user]) => {
@@ -118,7 +133,7 @@ async fn answer(
                 ));
             }
             let set = store
-                .set_member(org, user, &role)
+                .set_member_by(org, user, &role, actor)
                 .await
                 .map_err(store_error)?;
             Ok(json_response(StatusCode::OK, &set))
@@ -134,7 +149,10 @@ async fn answer(
             page(all, query, "user_id")
         }
         (&Method::DELETE, ["organizations", org, "members", user]) => {
-            let removed = store.remove_member(org, user).await.map_err(store_error)?;
+            let removed = store
+                .remove_member_by(org, user, actor)
+                .await
+                .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
         (&Method::POST, ["sessions"]) => {
@@ -153,7 +171,9 @@ async fn answer(
                 None => 12 * 3600,
                 Some(_) => return Err(GatewayError::bad_field("ttl_seconds", "must be a number")),
             };
-            let created = store.create_session(&user, Duration::from_secs(ttl)).await;
+            let created = store
+                .create_session_by(&user, Duration::from_secs(ttl), actor)
+                .await;
             let (token, session) = created.map_err(store_error)?;
             let mut out = session_json(&session);
             out["token"] = Value::String(token);
@@ -166,7 +186,10 @@ async fn answer(
             page(sessions.iter().map(session_json).collect(), query, "id")
         }
         (&Method::DELETE, ["sessions", id]) => {
-            let revoked = store.revoke_session(id).await.map_err(store_error)?;
+            let revoked = store
+                .revoke_session_by(id, actor)
+                .await
+                .map_err(store_error)?;
             revoked.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
         (&Method::PUT, ["organizations", org, "limits", policy]) => {
@@ -180,7 +203,7 @@ async fn answer(
             let per = required_string(&input, "per")?;
             let limit = LimitSpec::parse(requests, &per)
                 .map_err(|p| GatewayError::bad_field(p.field, &p.reason))?;
-            let set = store.set_org_limit(org, policy, limit).await;
+            let set = store.set_org_limit_by(org, policy, limit, actor).await;
             Ok(json_response(
                 StatusCode::OK,
                 &set.map_err(store_error)?.to_json(),
@@ -196,7 +219,7 @@ async fn answer(
         (&Method::DELETE, ["organizations", org, "limits", policy]) => {
             known_policy(settings, policy)?;
             let removed = store
-                .unset_org_limit(org, policy)
+                .unset_org_limit_by(org, policy, actor)
                 .await
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
@@ -207,7 +230,10 @@ async fn answer(
 
 /// The caller must bear a live admin token: 401 (`malformed`, `invalid`)
 /// otherwise, or 503 when the store cannot say.
-async fn authenticate(store: &SqlStore, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+async fn authenticate(
+    store: &SqlStore,
+    headers: &http::HeaderMap,
+) -> Result<AdminToken, GatewayError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let value = values
         .next()
@@ -226,7 +252,7 @@ async fn authenticate(store: &SqlStore, headers: &http::HeaderMap) -> Result<(),
         .filter(|t| check_admin_token_format(t).is_ok())
         .ok_or(GatewayError::Unauthorized(AuthReason::Malformed))?;
     match store.admin_token_by_hash(&hash_secret(token)).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(token)) => Ok(token),
         Ok(None) => Err(GatewayError::Unauthorized(AuthReason::Invalid)),
         Err(e) => Err(crate::store::unavailable(e)),
     }

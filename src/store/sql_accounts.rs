@@ -3,6 +3,7 @@
 //! `sql_sessions.rs`; deleting an organization or a user, with everything
 //! that hangs on it, in `sql_removal.rs`.
 use super::sql::{check_id, SqlStore};
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::{Change, StoreError};
 use crate::clock::unix_now;
@@ -26,23 +27,39 @@ impl SqlStore {
         id: &str,
         name: Option<&str>,
     ) -> Result<Value, StoreError> {
+        self.create_organization_by(id, name, &Actor::cli()).await
+    }
+
+    /// [`Self::create_organization`], audited as `actor`'s.
+    pub async fn create_organization_by(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        actor: &Actor,
+    ) -> Result<Value, StoreError> {
         check_id("organization", id)?;
         let now = unix_now();
-        let mut conn = self.conn().await?;
+        let mut tx = self.begin().await?;
         let done = self
             .timed(async {
-                sqlx::query(
+                let done = sqlx::query(
                     "INSERT INTO organizations (id, name, created_at) VALUES ($1, $2, $3) \
                      ON CONFLICT (id) DO NOTHING",
                 )
                 .bind(id)
                 .bind(name)
                 .bind(now)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await
-                .db()
+                .db()?;
+                if done.rows_affected() > 0 {
+                    let event = "organization.created";
+                    record_event(&mut tx, event, Subject::Organization, id, actor).await?;
+                }
+                Ok(done)
             })
             .await?;
+        self.commit(tx).await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::Conflict(format!("organization {id}")));
         }
@@ -154,6 +171,18 @@ impl SqlStore {
 
     /// Sets (inserts or replaces) `user`'s role in `org`; logs a member change.
     pub async fn set_member(&self, org: &str, user: &str, role: &str) -> Result<Value, StoreError> {
+        self.set_member_by(org, user, role, &Actor::cli()).await
+    }
+
+    /// [`Self::set_member`], audited as `actor`'s (`member.added`, also for a
+    /// new role).
+    pub async fn set_member_by(
+        &self,
+        org: &str,
+        user: &str,
+        role: &str,
+        actor: &Actor,
+    ) -> Result<Value, StoreError> {
         if role.is_empty() || role.len() > 64 || role.bytes().any(|b| b.is_ascii_whitespace()) {
             return Err(StoreError::Invalid("role".into()));
         }
@@ -174,7 +203,8 @@ impl SqlStore {
                 organization_id: org.to_owned(),
                 user_id: user.to_owned(),
             };
-            self.log_change(&mut tx, &change).await
+            self.log_change(&mut tx, &change).await?;
+            record_event(&mut tx, "member.added", Subject::Other(user), org, actor).await
         })
         .await?;
         self.commit(tx).await?;
@@ -224,6 +254,16 @@ impl SqlStore {
     /// Returns the role the user had; None if they were not a member.
     /// NotFound if the organization or the user does not exist.
     pub async fn remove_member(&self, org: &str, user: &str) -> Result<Option<String>, StoreError> {
+        self.remove_member_by(org, user, &Actor::cli()).await
+    }
+
+    /// [`Self::remove_member`], audited as `actor`'s.
+    pub async fn remove_member_by(
+        &self,
+        org: &str,
+        user: &str,
+        actor: &Actor,
+    ) -> Result<Option<String>, StoreError> {
         let mut tx = self.begin().await?;
         let role = self
             .timed(async {
@@ -244,6 +284,8 @@ impl SqlStore {
                         user_id: user.to_owned(),
                     };
                     self.log_change(&mut tx, &change).await?;
+                    let event = "member.removed";
+                    record_event(&mut tx, event, Subject::Other(user), org, actor).await?;
                 }
                 Ok(role)
             })

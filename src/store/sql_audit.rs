@@ -1,7 +1,8 @@
-//! The audit trail of the key lifecycle in [`SqlStore`]: one event per
-//! create, rotate, revoke and delete, written in the transaction of the
-//! change itself; listed newest first; pruned past a retention period.
-//! An event names the key, never its secret or hash.
+//! The audit trail in [`SqlStore`]: one event per change of a key (create,
+//! rotate, revoke, delete) or of what an organization holds (the
+//! organization itself, a membership, a limit, a member's session), written
+//! in the transaction of the change itself; listed newest first; pruned past
+//! a retention period. An event names what changed, never a secret or hash.
 use serde_json::{json, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -12,11 +13,13 @@ use super::sql_error::Db;
 use super::{rfc3339, StoreError};
 use crate::clock::unix_now;
 
-/// Who made a change: a user through the HTTP API (with the request's id and
-/// client address), or the command line (all three absent).
+/// Who made a change: a user through the HTTP API, an admin token through
+/// the admin API (with the request's id and client address), or the command
+/// line (all three absent).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Actor {
-    /// The calling user; `None` for the command line.
+    /// The calling user, or the admin token's id (`adm_…`); `None` for the
+    /// command line.
     pub user_id: Option<String>,
     /// The request's `X-Request-Id`.
     pub request_id: Option<String>,
@@ -42,10 +45,16 @@ pub struct AuditEvent {
     /// `evt_` and random characters: opaque, so that ids say nothing of how
     /// many events other organizations had.
     pub id: String,
-    /// `api_key.created`, `api_key.rotated`, `api_key.revoked` or `api_key.deleted`.
+    /// `api_key.created`, `api_key.rotated`, `api_key.revoked`,
+    /// `api_key.deleted`, `organization.created`, `organization.deleted`,
+    /// `member.added`, `member.removed`, `limit.set`, `limit.removed`,
+    /// `session.created` or `session.revoked`.
     pub action: String,
-    /// The key acted on.
-    pub key_id: String,
+    /// The key acted on (key events only).
+    pub key_id: Option<String>,
+    /// What else was acted on: the member's user id, the limit's policy, or
+    /// the session's id.
+    pub subject: Option<String>,
     /// The key's organization.
     pub organization_id: String,
     /// A user id, or `cli`.
@@ -65,6 +74,7 @@ impl AuditEvent {
             "id": self.id,
             "action": self.action,
             "key_id": self.key_id,
+            "subject": self.subject,
             "organization_id": self.organization_id,
             "actor": self.actor,
             "request_id": self.request_id,
@@ -74,21 +84,38 @@ impl AuditEvent {
     }
 }
 
+/// What an event is about: a key, or something else of an organization.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Subject<'a> {
+    /// The key with this id.
+    Key(&'a str),
+    /// A user, policy or session, by its id or name.
+    Other(&'a str),
+    /// The organization itself.
+    Organization,
+}
+
 /// Writes one event inside the caller's transaction.
 pub(super) async fn record_event(
     conn: &mut sqlx::AnyConnection,
     action: &str,
-    key_id: &str,
+    subject: Subject<'_>,
     organization_id: &str,
     actor: &Actor,
 ) -> Result<(), StoreError> {
+    let (key_id, other) = match subject {
+        Subject::Key(id) => (Some(id), None),
+        Subject::Other(what) => (None, Some(what)),
+        Subject::Organization => (None, None),
+    };
     sqlx::query(
-        "INSERT INTO audit_events (id, action, key_id, organization_id, actor, request_id, \
-         client, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO audit_events (id, action, key_id, subject, organization_id, actor, \
+         request_id, client, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(crate::secret::generate_id("evt_"))
     .bind(action)
     .bind(key_id)
+    .bind(other)
     .bind(organization_id)
     .bind(actor.name())
     .bind(actor.request_id.as_deref())
@@ -105,6 +132,7 @@ fn event_from_row(row: &AnyRow) -> Result<AuditEvent, sqlx::Error> {
         id: row.try_get("id")?,
         action: row.try_get("action")?,
         key_id: row.try_get("key_id")?,
+        subject: row.try_get("subject")?,
         organization_id: row.try_get("organization_id")?,
         actor: row.try_get("actor")?,
         request_id: row.try_get("request_id")?,
@@ -148,7 +176,7 @@ impl SqlStore {
         let page = self
             .timed(async {
                 sqlx::query(
-                    "SELECT id, action, key_id, organization_id, actor, request_id, client, at \
+                    "SELECT id, action, key_id, subject, organization_id, actor, request_id, client, at \
                      FROM audit_events WHERE organization_id = $1 AND seq < $2 \
                      ORDER BY seq DESC LIMIT $3",
                 )
@@ -243,6 +271,6 @@ mod tests {
             }
         }
         task.abort();
-        assert_eq!(left, ["key_new"]);
+        assert_eq!(left, [Some("key_new".to_string())]);
     }
 }

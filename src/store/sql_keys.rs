@@ -1,7 +1,7 @@
 //! The API key half of [`SqlStore`]: create, list (keyset pagination with an
 //! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
 use super::sql::{split_page, SqlStore};
-use super::sql_audit::{record_event, Actor};
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::sql_limits::org_limits_of;
 use super::sql_list::{in_list, text_list};
@@ -176,7 +176,14 @@ impl SqlStore {
                 .await?;
             insert_key(&mut tx, &record, &secret).await?;
             let org = &record.organization_id;
-            record_event(&mut tx, "api_key.created", &record.id, org, actor).await
+            record_event(
+                &mut tx,
+                "api_key.created",
+                Subject::Key(&record.id),
+                org,
+                actor,
+            )
+            .await
         })
         .await?;
         self.commit(tx).await?;
@@ -263,7 +270,7 @@ impl SqlStore {
                     self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                         .await?;
                     let org = &r.organization_id;
-                    record_event(&mut tx, "api_key.revoked", id, org, actor).await?;
+                    record_event(&mut tx, "api_key.revoked", Subject::Key(id), org, actor).await?;
                 }
                 Ok(record)
             })
@@ -298,7 +305,7 @@ impl SqlStore {
                 if done.rows_affected() > 0 {
                     self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                         .await?;
-                    record_event(&mut tx, "api_key.deleted", id, &org, actor).await?;
+                    record_event(&mut tx, "api_key.deleted", Subject::Key(id), &org, actor).await?;
                 }
                 Ok(done.rows_affected() > 0)
             })

@@ -3,6 +3,7 @@
 //! Running gateways pick a change up when the cached entry is refreshed,
 //! within `cache_ttl`: no change is logged, so no cache is flushed.
 use super::sql::{check_id, SqlStore};
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::{LimitSpec, OrgLimit, StoreError};
 use sqlx::any::AnyRow;
@@ -56,6 +57,18 @@ impl SqlStore {
         policy: &str,
         limit: LimitSpec,
     ) -> Result<OrgLimit, StoreError> {
+        self.set_org_limit_by(org, policy, limit, &Actor::cli())
+            .await
+    }
+
+    /// [`Self::set_org_limit`], audited as `actor`'s.
+    pub async fn set_org_limit_by(
+        &self,
+        org: &str,
+        policy: &str,
+        limit: LimitSpec,
+        actor: &Actor,
+    ) -> Result<OrgLimit, StoreError> {
         check_id("policy", policy)?;
         let mut tx = self.begin().await?;
         self.timed(async {
@@ -72,7 +85,7 @@ impl SqlStore {
             .execute(&mut *tx)
             .await
             .db()?;
-            Ok(())
+            record_event(&mut tx, "limit.set", Subject::Other(policy), org, actor).await
         })
         .await?;
         self.commit(tx).await?;
@@ -89,6 +102,16 @@ impl SqlStore {
         &self,
         org: &str,
         policy: &str,
+    ) -> Result<Option<OrgLimit>, StoreError> {
+        self.unset_org_limit_by(org, policy, &Actor::cli()).await
+    }
+
+    /// [`Self::unset_org_limit`], audited as `actor`'s.
+    pub async fn unset_org_limit_by(
+        &self,
+        org: &str,
+        policy: &str,
+        actor: &Actor,
     ) -> Result<Option<OrgLimit>, StoreError> {
         let mut tx = self.begin().await?;
         let removed = self
@@ -111,6 +134,8 @@ impl SqlStore {
                 .execute(&mut *tx)
                 .await
                 .db()?;
+                let event = "limit.removed";
+                record_event(&mut tx, event, Subject::Other(policy), org, actor).await?;
                 org_limit_from_row(&row).db()
             })
             .await?;

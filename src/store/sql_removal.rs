@@ -7,6 +7,7 @@
 //! removed by the foreign-key cascade without a change logged for it.
 use super::schema::Dialect;
 use super::sql::SqlStore;
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::{Change, StoreError};
 use sqlx::{AnyConnection, Row};
@@ -143,19 +144,43 @@ impl SqlStore {
     /// its memberships go with it; its users, and their sessions, stay.
     /// None if there is no such organization.
     pub async fn delete_organization(&self, id: &str) -> Result<Option<Removed>, StoreError> {
-        self.remove(Owner::Organization, id).await
+        self.delete_organization_by(id, &Actor::cli()).await
+    }
+
+    /// [`Self::delete_organization`], audited as `actor`'s.
+    pub async fn delete_organization_by(
+        &self,
+        id: &str,
+        actor: &Actor,
+    ) -> Result<Option<Removed>, StoreError> {
+        self.remove(Owner::Organization, id, actor).await
     }
 
     /// Deletes user `id`: their sessions end, the API keys they own (in
     /// every organization) are deleted, and their memberships removed.
     /// None if there is no such user.
     pub async fn delete_user(&self, id: &str) -> Result<Option<Removed>, StoreError> {
-        self.remove(Owner::User, id).await
+        self.delete_user_by(id, &Actor::cli()).await
+    }
+
+    /// [`Self::delete_user`], audited as `actor`'s: `member.removed` in each
+    /// organization the user was a member of.
+    pub async fn delete_user_by(
+        &self,
+        id: &str,
+        actor: &Actor,
+    ) -> Result<Option<Removed>, StoreError> {
+        self.remove(Owner::User, id, actor).await
     }
 
     /// In one transaction: locks the row (None if absent), deletes what
     /// refers to it, logs those changes, and deletes the row.
-    async fn remove(&self, owner: Owner, id: &str) -> Result<Option<Removed>, StoreError> {
+    async fn remove(
+        &self,
+        owner: Owner,
+        id: &str,
+        actor: &Actor,
+    ) -> Result<Option<Removed>, StoreError> {
         let lock = match self.dialect {
             Dialect::Postgres => " FOR UPDATE",
             // `BEGIN IMMEDIATE` already holds the database's write lock.
@@ -176,6 +201,18 @@ impl SqlStore {
                 let removed = owner.remove_dependents(&mut tx, id).await?;
                 for change in removed.changes() {
                     self.log_change(&mut tx, &change).await?;
+                }
+                match owner {
+                    Owner::Organization => {
+                        let event = "organization.deleted";
+                        record_event(&mut tx, event, Subject::Organization, id, actor).await?;
+                    }
+                    Owner::User => {
+                        for (org, user) in &removed.memberships {
+                            let event = "member.removed";
+                            record_event(&mut tx, event, Subject::Other(user), org, actor).await?;
+                        }
+                    }
                 }
                 sqlx::query(&format!("DELETE FROM {table} WHERE id = $1"))
                     .bind(id)

@@ -2,7 +2,7 @@
 //! scopes, expiry and rate limit, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
 use super::sql::SqlStore;
-use super::sql_audit::{record_event, Actor};
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::sql_keys::{insert_key, key_by_id};
 use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
@@ -106,7 +106,7 @@ impl SqlStore {
                 self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                     .await?;
                 let org = &old.organization_id;
-                record_event(&mut tx, "api_key.rotated", id, org, actor).await?;
+                record_event(&mut tx, "api_key.rotated", Subject::Key(id), org, actor).await?;
                 old.replaced_by = Some(new.id.clone());
                 old.expires_at = Some(ends);
                 Ok(Some(Rotation { secret, new, old }))

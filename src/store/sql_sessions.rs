@@ -2,6 +2,7 @@
 //! revocation (which logs a session change, so running gateways drop the
 //! cached session) and the session lookup authentication reads through.
 use super::sql::SqlStore;
+use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::sql_limits::org_limits_of;
 use super::sql_list::{hash_list, in_list, text_list};
@@ -26,6 +27,25 @@ fn session_from_row(row: &AnyRow) -> Result<SessionRecord, sqlx::Error> {
     })
 }
 
+/// Records `action` on `session` in each organization its user is a member of.
+async fn audit_session(
+    conn: &mut sqlx::AnyConnection,
+    action: &str,
+    session: &SessionRecord,
+    actor: &Actor,
+) -> Result<(), StoreError> {
+    let orgs: Vec<String> =
+        sqlx::query_scalar("SELECT organization_id FROM memberships WHERE user_id = $1")
+            .bind(&session.user_id)
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+    for org in orgs {
+        record_event(conn, action, Subject::Other(&session.id), &org, actor).await?;
+    }
+    Ok(())
+}
+
 impl SqlStore {
     /// Creates a session for `user` valid for `ttl`; returns the token (shown
     /// once; only its hash is stored) and the record.
@@ -33,6 +53,17 @@ impl SqlStore {
         &self,
         user: &str,
         ttl: Duration,
+    ) -> Result<(String, SessionRecord), StoreError> {
+        self.create_session_by(user, ttl, &Actor::cli()).await
+    }
+
+    /// [`Self::create_session`], audited as `actor`'s: `session.created` in
+    /// each organization the user is a member of (a session acts in each).
+    pub async fn create_session_by(
+        &self,
+        user: &str,
+        ttl: Duration,
+        actor: &Actor,
     ) -> Result<(String, SessionRecord), StoreError> {
         let ttl = i64::try_from(ttl.as_secs()).map_err(|_| StoreError::Invalid("ttl".into()))?;
         let token = generate_session_token();
@@ -57,7 +88,8 @@ impl SqlStore {
             .bind(record.expires_at)
             .execute(&mut *tx)
             .await
-            .db()
+            .db()?;
+            audit_session(&mut tx, "session.created", &record, actor).await
         })
         .await?;
         self.commit(tx).await?;
@@ -89,6 +121,16 @@ impl SqlStore {
     /// Removes a session and logs a session change, so running gateways
     /// drop it from their caches. None if there was no such session.
     pub async fn revoke_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.revoke_session_by(id, &Actor::cli()).await
+    }
+
+    /// [`Self::revoke_session`], audited as `actor`'s (`session.revoked`, as
+    /// for its creation).
+    pub async fn revoke_session_by(
+        &self,
+        id: &str,
+        actor: &Actor,
+    ) -> Result<Option<SessionRecord>, StoreError> {
         let mut tx = self.begin().await?;
         let record = self
             .timed(async {
@@ -100,9 +142,10 @@ impl SqlStore {
                 .await
                 .db()?;
                 let record = row.as_ref().map(session_from_row).transpose().db()?;
-                if record.is_some() {
+                if let Some(record) = &record {
                     let change = Change::Session { id: id.to_owned() };
                     self.log_change(&mut tx, &change).await?;
+                    audit_session(&mut tx, "session.revoked", record, actor).await?;
                 }
                 Ok(record)
             })

@@ -257,16 +257,26 @@ pub(super) async fn audit_events_past_retention_are_pruned(store: &SqlStore) {
     let Ok((events, None)) = listed else {
         panic!("list failed: {listed:?}")
     };
-    assert_eq!(events.len(), 2);
+    // The seed's organization and membership, the key, and the old event.
+    assert_eq!(events.len(), 4);
     let pruned = store.prune_audit_events(now - 90 * 24 * 3600).await;
     assert_eq!(pruned.ok(), Some(1));
     let listed = store.list_audit_events("acme", 10, None).await;
     let Ok((events, None)) = listed else {
         panic!("list failed: {listed:?}")
     };
-    assert_eq!(events.len(), 1);
+    let actions: Vec<&str> = events.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        ["api_key.created", "member.added", "organization.created"]
+    );
+    assert_eq!(events[1].subject.as_deref(), Some("alice"));
+    assert_eq!(
+        (events[1].key_id.as_deref(), events[2].subject.as_deref()),
+        (None, None)
+    );
     assert_eq!(events[0].action, "api_key.created");
-    assert_eq!(events[0].key_id, rec.id);
+    assert_eq!(events[0].key_id, Some(rec.id));
     assert_eq!(events[0].actor, "cli");
     assert!(store
         .list_audit_events("acme", 10, Some("x"))
