@@ -274,3 +274,78 @@ mod tests {
         assert_eq!(left, [Some("key_new".to_string())]);
     }
 }
+
+#[cfg(test)]
+mod upgrade_tests {
+    use crate::store::testing::TestDb;
+
+    /// Migration 9 on a trail written before it: every event keeps its id,
+    /// order and fields, with no subject, and new events get one.
+    async fn version_9_keeps_the_trail(db: TestDb, v8_table: &str) {
+        let store = db.store().await;
+        for stmt in [
+            "DROP TABLE audit_events",
+            v8_table,
+            "DELETE FROM schema_migrations WHERE version = 9",
+        ] {
+            let done = sqlx::query(stmt).execute(&store.pool).await;
+            assert!(done.is_ok(), "{stmt}: {done:?}");
+        }
+        for (id, key, at) in [("evt_a", "key_1", 10), ("evt_b", "key_2", 20)] {
+            let insert = sqlx::query(
+                "INSERT INTO audit_events (id, action, key_id, organization_id, actor, at) \
+                 VALUES ($1, 'api_key.created', $2, 'acme', 'cli', $3)",
+            )
+            .bind(id)
+            .bind(key)
+            .bind(at)
+            .execute(&store.pool)
+            .await;
+            assert!(insert.is_ok(), "{insert:?}");
+        }
+        assert!(store.migrate().await.is_ok());
+        store.create_organization("acme", None).await.ok();
+        let (events, _) = store
+            .list_audit_events("acme", 10, None)
+            .await
+            .unwrap_or_default();
+        let seen: Vec<(&str, Option<&str>, Option<&str>)> = events
+            .iter()
+            .map(|e| (e.action.as_str(), e.key_id.as_deref(), e.subject.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("organization.created", None, None),
+                ("api_key.created", Some("key_2"), None),
+                ("api_key.created", Some("key_1"), None),
+            ]
+        );
+        assert_eq!(
+            (events[1].id.as_str(), events[2].id.as_str()),
+            ("evt_b", "evt_a")
+        );
+    }
+
+    #[tokio::test]
+    async fn version_9_keeps_the_trail_on_sqlite() {
+        version_9_keeps_the_trail(
+            TestDb::sqlite(),
+            "CREATE TABLE audit_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
+             action TEXT NOT NULL, key_id TEXT NOT NULL, organization_id TEXT NOT NULL, \
+             actor TEXT NOT NULL, request_id TEXT, client TEXT, at BIGINT NOT NULL, id TEXT)",
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn version_9_keeps_the_trail_on_postgres() {
+        version_9_keeps_the_trail(
+            TestDb::postgres().await,
+            "CREATE TABLE audit_events (seq BIGSERIAL PRIMARY KEY, \
+             action TEXT NOT NULL, key_id TEXT NOT NULL, organization_id TEXT NOT NULL, \
+             actor TEXT NOT NULL, request_id TEXT, client TEXT, at BIGINT NOT NULL, id TEXT)",
+        )
+        .await
+    }
+}
