@@ -51,6 +51,9 @@ pub struct Status {
     pub cache_entries: u64,
     /// "Not found" key-cache entries.
     pub cache_negative_entries: u64,
+    /// A stop signal came: the gateway still serves, but asks not to be sent
+    /// new traffic (`/readyz` says 503).
+    pub stopping: bool,
 }
 
 /// What a successful reload did.
@@ -89,8 +92,13 @@ impl<C: Control> Admin<C> {
         let store = tokio::time::timeout(STORE_PING, self.control.store_reachable()).await;
         let store_ok = matches!(store, Ok(true));
         let status = self.control.status();
+        let ready = store_ok && !status.stopping;
         let body = json!({
-            "status": if store_ok { "ready" } else { "not_ready" },
+            "status": match (status.stopping, store_ok) {
+                (true, _) => "stopping",
+                (false, true) => "ready",
+                (false, false) => "not_ready",
+            },
             "config": "loaded",
             "store": if store_ok { "ok" } else { "unreachable" },
             "rate_limiter": { "backend": status.limiter_backend, "healthy": status.limiter_healthy },
@@ -98,7 +106,7 @@ impl<C: Control> Admin<C> {
         });
         // A limiter in fallback still serves (per on_backend_error): ready, but said.
         json_response(
-            if store_ok {
+            if ready {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE

@@ -149,6 +149,18 @@ fn run(path: &std::path::Path) -> ExitCode {
         #[cfg(not(unix))]
         drop(live);
         signals.stop().await;
+        // The pre-stop window: not ready, still serving, so that a balancer
+        // takes the instance out before its listeners close. A second
+        // signal cuts it short.
+        let delay = running.live.shutdown_delay();
+        if !delay.is_zero() {
+            running.live.set_stopping();
+            tracing::info!(delay = ?delay, "stop signal received; not ready, serving until the drain");
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = signals.stop() => tracing::info!("second stop signal; draining now"),
+            }
+        }
         tracing::info!("stop signal received; draining");
         running.stop().await;
         tracing::info!("stopped");

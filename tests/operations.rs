@@ -813,3 +813,58 @@ async fn a_failure_in_flight_on_a_replaced_upstream_leaves_the_new_ones_gauge_al
     assert_eq!(seen.load(Ordering::SeqCst), 2);
     assert_eq!(target_up(&gw, slow).await, Some(0.0));
 }
+
+#[tokio::test]
+async fn shutdown_delay_keeps_serving_while_readyz_says_503_then_drains() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("server.shutdown_delay", "2s");
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let mut gw = Gateway::start(&path);
+    let admin = gw.admin.unwrap();
+    let ready = || async move {
+        let res = client()
+            .get(format!("http://{admin}/readyz"))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let body: serde_json::Value = res.json().await.unwrap();
+        (
+            status,
+            body["status"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    assert_eq!(ready().await, (200, "ready".to_string()));
+    let pid = gw.child.id();
+    let stopped = Instant::now();
+    signal(pid, "TERM");
+    // Not ready at once, yet a new connection is still served.
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while ready().await.0 != 503 {
+        assert!(Instant::now() < deadline, "/readyz still says ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ready().await.1, "stopping");
+    let fresh = reqwest::Client::new();
+    let res = fresh
+        .get(gw.url("/api/v1/clusters?organization_id=acme"))
+        .bearer_auth(&seed.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Then the drain, and the exit, after the delay.
+    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let took = stopped.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "stopped after {took:?}"
+    );
+}

@@ -46,6 +46,8 @@ pub enum ReloadError {
 /// The gateway that serves requests, swappable as a whole.
 pub struct Live {
     current: ArcSwap<Pipeline>,
+    /// Set by a stop signal: `/readyz` answers 503 from then on.
+    stopping: std::sync::atomic::AtomicBool,
     config_path: Option<PathBuf>,
     resolver: Option<Arc<CertResolver>>,
     reloading: tokio::sync::Mutex<()>,
@@ -61,6 +63,7 @@ impl Live {
         hand_over_upstreams(None, &gateway);
         Live {
             current: ArcSwap::from_pointee(gateway),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             config_path,
             resolver,
             reloading: tokio::sync::Mutex::new(()),
@@ -70,6 +73,18 @@ impl Live {
     /// The gateway serving right now.
     pub fn current(&self) -> Arc<Pipeline> {
         self.current.load_full()
+    }
+
+    /// `server.shutdown_delay` as the live configuration says it.
+    pub fn shutdown_delay(&self) -> std::time::Duration {
+        self.current.load().settings.server.shutdown_delay
+    }
+
+    /// A stop signal came: `/readyz` answers 503 from now on, while the
+    /// listeners go on serving until the drain.
+    pub fn set_stopping(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Re-reads the configuration and swaps it in, or changes nothing.
@@ -180,6 +195,7 @@ impl Control for Live {
             routes: now.routes.len(),
             cache_entries: now.keys.entry_count(),
             cache_negative_entries: now.keys.negative_count(),
+            stopping: self.stopping.load(std::sync::atomic::Ordering::Acquire),
         }
     }
 

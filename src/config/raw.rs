@@ -22,6 +22,8 @@ pub(crate) struct RawServer {
     pub(crate) limits: RawLimits,
     pub(crate) proxy_protocol: bool,
     pub(crate) client_ip: RawClientIp,
+    #[serde(with = "serde_str")]
+    pub(crate) shutdown_delay: Duration,
 }
 
 #[derive(Debug, Deserialize)]

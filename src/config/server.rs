@@ -156,6 +156,7 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
         },
         proxy_protocol: raw.proxy_protocol,
         client_ip,
+        shutdown_delay: raw.shutdown_delay,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct ServerSettings {
     pub proxy_protocol: bool,
     /// `[server.client_ip]`
     pub client_ip: ClientIpSettings,
+    /// On a stop signal, how long `/readyz` says 503 while the listeners
+    /// still accept and serve, before the drain (a balancer's pre-stop window).
+    pub shutdown_delay: Duration,
 }
 
 /// `[server.client_ip]`: which proxies may say who the client is, and in

@@ -34,6 +34,7 @@ fn a_small_file_gets_every_default() {
     assert!(s.server.tls.is_none());
     assert_eq!(s.server.limits.max_header_bytes, 16_384);
     assert_eq!(s.server.limits.max_body_bytes, 1_048_576);
+    assert_eq!(s.server.shutdown_delay, Duration::ZERO);
     assert_eq!(s.store.url, "sqlite://data/gateway.db?mode=rwc");
     assert_eq!(s.store.cache_ttl, Duration::from_secs(30));
     assert_eq!(s.store.cache_capacity, 1_000_000);
