@@ -162,6 +162,12 @@ pub enum OrgsCmd {
         #[arg(long)]
         policy: String,
     },
+    /// List the organization's own quotas, one per policy it overrides.
+    Limits {
+        /// Organization id.
+        #[arg(long)]
+        org: String,
+    },
 }
 
 /// `users …`

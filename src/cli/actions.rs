@@ -44,6 +44,7 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         Command::Orgs(OrgsCmd::UnsetLimit { org, policy }) => {
             limits::unset(settings, &store, &org, &policy).await
         }
+        Command::Orgs(OrgsCmd::Limits { org }) => limits::list(&store, &org).await,
         Command::Users(UsersCmd::Create { id, email }) => {
             non_empty("--id", &id)?;
             Ok(store.create_user(&id, email.as_deref()).await?)

@@ -87,6 +87,7 @@ impl CachedApiKey {
                 user_id,
             } => self.organization_id() == organization_id && self.user_id() == user_id,
             Change::Session { .. } => false,
+            Change::OrgLimits { organization_id } => self.organization_id() == organization_id,
             Change::All => true,
         }
     }

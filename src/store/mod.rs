@@ -260,6 +260,11 @@ pub enum Change {
         /// The session id.
         id: String,
     },
+    /// An organization's overrides of policy quotas changed.
+    OrgLimits {
+        /// The organization.
+        organization_id: String,
+    },
     /// Anything may have changed: drop everything.
     All,
 }

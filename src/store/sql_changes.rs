@@ -60,6 +60,7 @@ impl SqlStore {
                 user_id,
             } => ("member", format!("{organization_id} {user_id}")),
             Change::Session { id } => ("session", id.clone()),
+            Change::OrgLimits { organization_id } => ("org_limits", organization_id.clone()),
             Change::All => ("all", String::new()),
         };
         sqlx::query("INSERT INTO changes (kind, subject, at) VALUES ($1, $2, $3)")
@@ -263,6 +264,9 @@ pub(super) fn parse_change(kind: &str, subject: String) -> Change {
     match kind {
         "api_key" => Change::ApiKey { id: subject },
         "session" => Change::Session { id: subject },
+        "org_limits" => Change::OrgLimits {
+            organization_id: subject,
+        },
         "member" => match subject.split_once(' ') {
             Some((org, user)) => Change::Member {
                 organization_id: org.to_owned(),

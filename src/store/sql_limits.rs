@@ -1,11 +1,11 @@
 //! Organizations' overrides of policy quotas in [`SqlStore`]: set, unset,
 //! list, and the read that attaches them to a key or session at lookup.
-//! Running gateways pick a change up when the cached entry is refreshed,
-//! within `cache_ttl`: no change is logged, so no cache is flushed.
+//! A set or unset logs an organization-limits change, so running gateways
+//! drop the organization's cached keys and sessions within a second.
 use super::sql::{check_id, SqlStore};
 use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
-use super::{LimitSpec, OrgLimit, StoreError};
+use super::{Change, LimitSpec, OrgLimit, StoreError};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
@@ -85,6 +85,10 @@ impl SqlStore {
             .execute(&mut *tx)
             .await
             .db()?;
+            let change = Change::OrgLimits {
+                organization_id: org.to_owned(),
+            };
+            self.log_change(&mut tx, &change).await?;
             record_event(&mut tx, "limit.set", Subject::Other(policy), org, actor).await
         })
         .await?;
@@ -134,6 +138,10 @@ impl SqlStore {
                 .execute(&mut *tx)
                 .await
                 .db()?;
+                let change = Change::OrgLimits {
+                    organization_id: org.to_owned(),
+                };
+                self.log_change(&mut tx, &change).await?;
                 let event = "limit.removed";
                 record_event(&mut tx, event, Subject::Other(policy), org, actor).await?;
                 org_limit_from_row(&row).db()

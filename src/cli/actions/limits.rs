@@ -39,6 +39,17 @@ pub(super) async fn set(
     Ok(store.set_org_limit(org, policy, limit).await?.to_json())
 }
 
+/// `org`'s quotas, by policy; exit 2 for an organization that does not exist.
+pub(super) async fn list(store: &SqlStore, org: &str) -> Result<Value, Failure> {
+    let orgs = store.list_organizations().await?;
+    if !orgs.iter().any(|o| o["id"] == org) {
+        return Err(Failure::input(format!("no organization with id {org:?}")));
+    }
+    let limits = store.list_org_limits(org).await?;
+    let data: Vec<Value> = limits.iter().map(|l| l.to_json()).collect();
+    Ok(json!({ "data": data }))
+}
+
 /// Removes `org`'s quota for `policy`; exit 2 if it had none.
 pub(super) async fn unset(
     settings: &Settings,

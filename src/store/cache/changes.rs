@@ -32,6 +32,7 @@ impl Cached for SessionAuth {
         match change {
             Change::Session { id } => self.session.id == *id,
             Change::Member { user_id, .. } => self.session.user_id == *user_id,
+            Change::OrgLimits { organization_id } => self.role_in(organization_id).is_some(),
             Change::ApiKey { .. } => false,
             Change::All => true,
         }
