@@ -134,6 +134,10 @@ fn admin_commands(pg: bool) {
     );
     assert_eq!(code, 2);
     assert!(err.contains("--ttl"), "{err}");
+    // An organization that never was: exit 2, worded as the other commands word it.
+    let (code, _, err) = cli(&path, &["audit", "list", "--org", "nope"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no organization with id \"nope\""), "{err}");
 
     let key = cli_ok(
         &path,
@@ -553,6 +557,7 @@ fn keys_rotate_prints_the_new_key_and_marks_the_old_one() {
         let (code, _, err) = cli(&path, &["keys", "rotate", &s.key_id]);
         assert_eq!(code, 2);
         assert!(err.contains("already rotated"), "{err}");
+        assert!(!err.contains("already exists"), "{err}");
         // Without --grace the old key ends at once.
         cli_ok(&path, &["keys", "rotate", new_id]);
         assert_eq!(cli_ok(&path, &["keys", "get", new_id])["status"], "expired");

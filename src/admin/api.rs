@@ -377,7 +377,7 @@ fn store_error(e: StoreError) -> GatewayError {
             tracing::debug!(%what, "admin API: not found");
             GatewayError::NotFound
         }
-        StoreError::Conflict(what) => GatewayError::Conflict(format!("{what} already exists")),
+        StoreError::Conflict(what) => GatewayError::Conflict(what),
         StoreError::Invalid(what) => GatewayError::BadRequest {
             message: format!("invalid {what}").into(),
             field: None,

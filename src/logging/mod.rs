@@ -17,13 +17,19 @@ use absent::{Style, WithAbsent};
 /// whatever `[log] level` says, so that no password in a url reaches the log.
 const QUIET_DEPENDENCY_TARGETS: &str = "sqlx_postgres::options=off";
 
+/// PostgreSQL's notices (`relation "schema_migrations" already exists,
+/// skipping` at every start) are logged by sqlx at INFO; only warnings and
+/// worse are worth a line.
+const POSTGRES_NOTICES: &str = "sqlx::postgres::notice=warn";
+
 /// Installs the global subscriber (once per process; later calls are no-ops).
 /// Text is coloured only on a terminal: a file or a log collector would get
 /// the escape codes as text.
 pub fn init(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_new(level)
         .unwrap_or_else(|_| EnvFilter::new("info"))
-        .add_directive(QUIET_DEPENDENCY_TARGETS.parse().expect("a valid directive"));
+        .add_directive(QUIET_DEPENDENCY_TARGETS.parse().expect("a valid directive"))
+        .add_directive(POSTGRES_NOTICES.parse().expect("a valid directive"));
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -73,8 +73,9 @@ pub enum StoreError {
     /// The named thing does not exist, e.g. `"organization acme"`.
     #[error("{0} not found")]
     NotFound(String),
-    /// The named thing already exists.
-    #[error("{0} already exists")]
+    /// The change conflicts with what is stored: the text says how, e.g.
+    /// `"organization acme already exists"`.
+    #[error("{0}")]
     Conflict(String),
     /// The input is not acceptable; the text says which part.
     #[error("invalid {0}")]

@@ -61,7 +61,9 @@ impl SqlStore {
             .await?;
         self.commit(tx).await?;
         if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!("organization {id}")));
+            return Err(StoreError::Conflict(format!(
+                "organization {id} already exists"
+            )));
         }
         Ok(json!({"id": id, "name": name, "created_at": super::rfc3339(Some(now))}))
     }
@@ -86,7 +88,7 @@ impl SqlStore {
             })
             .await?;
         if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!("user {id}")));
+            return Err(StoreError::Conflict(format!("user {id} already exists")));
         }
         Ok(json!({"id": id, "email": email, "created_at": super::rfc3339(Some(now))}))
     }

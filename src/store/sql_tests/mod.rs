@@ -96,7 +96,7 @@ async fn orgs_users_and_members(store: &SqlStore) {
     assert_eq!(org.ok().map(|v| v["id"].clone()), Some(json!("acme")));
     assert!(matches!(
         store.create_organization("acme", None).await,
-        Err(StoreError::Conflict(m)) if m == "organization acme"
+        Err(StoreError::Conflict(m)) if m == "organization acme already exists"
     ));
     assert!(matches!(
         store.create_organization("bad id", None).await,
