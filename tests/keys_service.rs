@@ -693,14 +693,16 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
     let (status, body) = call_as(&w, Method::GET, AUDIT, "req-list", None).await;
     assert_eq!(status, 200, "{body}");
     let events = body["data"].as_array().unwrap();
-    // The four API events, newest first, then what the seed made with the
-    // CLI: the key, the session, the membership and the organization.
-    assert_eq!(events.len(), 8, "{body}");
+    // The five API events (a rotation records the new key's creation too),
+    // newest first, then what the seed made with the CLI: the key, the
+    // session, the membership and the organization.
+    assert_eq!(events.len(), 9, "{body}");
     assert_eq!(body["next_cursor"], Value::Null);
     let expected = [
         ("api_key.deleted", &new_id, "req-delete"),
         ("api_key.revoked", &new_id, "req-revoke"),
         ("api_key.rotated", &id, "req-rotate"),
+        ("api_key.created", &new_id, "req-rotate"),
         ("api_key.created", &id, "req-create"),
     ];
     for (event, (action, key, request_id)) in events.iter().zip(expected) {
@@ -715,15 +717,25 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
             event["at"].as_str().is_some_and(|t| t.ends_with('Z')),
             "{event}"
         );
-        assert_eq!(event["subject"], Value::Null, "{event}");
-        assert_eq!(event.as_object().map(|o| o.len()), Some(9), "{event}");
+        // A rotation names its successor; no other key event has a subject.
+        let (subject, fields) = match action {
+            "api_key.rotated" => (json!(new_id), 10),
+            _ => (Value::Null, 9),
+        };
+        assert_eq!(event["subject"], subject, "{event}");
+        assert_eq!(
+            event.get("replaced_by").cloned(),
+            (fields == 10).then(|| json!(new_id)),
+            "{event}"
+        );
+        assert_eq!(event.as_object().map(|o| o.len()), Some(fields), "{event}");
     }
-    assert_eq!(events[4]["action"], "api_key.created");
-    assert_eq!(events[4]["key_id"], w.seed.key_id.as_str());
-    assert_eq!(events[4]["actor"], "cli");
-    assert_eq!(events[4]["request_id"], Value::Null);
-    assert_eq!(events[4]["client"], Value::Null);
-    let seeded: Vec<(&str, &Value, &Value)> = events[5..]
+    assert_eq!(events[5]["action"], "api_key.created");
+    assert_eq!(events[5]["key_id"], w.seed.key_id.as_str());
+    assert_eq!(events[5]["actor"], "cli");
+    assert_eq!(events[5]["request_id"], Value::Null);
+    assert_eq!(events[5]["client"], Value::Null);
+    let seeded: Vec<(&str, &Value, &Value)> = events[6..]
         .iter()
         .map(|e| (e["action"].as_str().unwrap(), &e["key_id"], &e["actor"]))
         .collect();
@@ -736,8 +748,8 @@ async fn the_key_lifecycle_is_audited_newest_first_without_secrets(pg: bool) {
             ("organization.created", &null, &cli),
         ]
     );
-    assert_eq!(events[6]["subject"], "alice");
-    assert!(events[5]["subject"].as_str().unwrap().starts_with("ses_"));
+    assert_eq!(events[7]["subject"], "alice");
+    assert!(events[6]["subject"].as_str().unwrap().starts_with("ses_"));
     let text = body.to_string();
     secrets.push(w.seed.key.clone());
     for secret in &secrets {

@@ -52,8 +52,8 @@ pub struct AuditEvent {
     pub action: String,
     /// The key acted on (key events only).
     pub key_id: Option<String>,
-    /// What else was acted on: the member's user id, the limit's policy, or
-    /// the session's id.
+    /// What else was acted on: the member's user id, the limit's policy, the
+    /// session's id, or the key a rotation made.
     pub subject: Option<String>,
     /// The key's organization.
     pub organization_id: String,
@@ -70,7 +70,7 @@ pub struct AuditEvent {
 impl AuditEvent {
     /// The JSON the API and the CLI show.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut event = json!({
             "id": self.id,
             "action": self.action,
             "key_id": self.key_id,
@@ -80,7 +80,12 @@ impl AuditEvent {
             "request_id": self.request_id,
             "client": self.client,
             "at": rfc3339(Some(self.at)),
-        })
+        });
+        // A rotation names the key it made, as the key's record does.
+        if self.action == "api_key.rotated" {
+            event["replaced_by"] = json!(self.subject);
+        }
+        event
     }
 }
 
@@ -89,6 +94,13 @@ impl AuditEvent {
 pub(super) enum Subject<'a> {
     /// The key with this id.
     Key(&'a str),
+    /// A key (`old`) and the key it was rotated into (`new`, the subject).
+    Rotated {
+        /// The rotated key.
+        old: &'a str,
+        /// Its successor.
+        new: &'a str,
+    },
     /// A user, policy or session, by its id or name.
     Other(&'a str),
     /// The organization itself.
@@ -105,6 +117,7 @@ pub(super) async fn record_event(
 ) -> Result<(), StoreError> {
     let (key_id, other) = match subject {
         Subject::Key(id) => (Some(id), None),
+        Subject::Rotated { old, new } => (Some(old), Some(new)),
         Subject::Other(what) => (None, Some(what)),
         Subject::Organization => (None, None),
     };

@@ -106,7 +106,13 @@ impl SqlStore {
                 self.log_change(&mut tx, &Change::ApiKey { id: id.to_owned() })
                     .await?;
                 let org = &old.organization_id;
-                record_event(&mut tx, "api_key.rotated", Subject::Key(id), org, actor).await?;
+                let made = Subject::Key(&new.id);
+                record_event(&mut tx, "api_key.created", made, org, actor).await?;
+                let rotated = Subject::Rotated {
+                    old: id,
+                    new: &new.id,
+                };
+                record_event(&mut tx, "api_key.rotated", rotated, org, actor).await?;
                 old.replaced_by = Some(new.id.clone());
                 old.expires_at = Some(ends);
                 Ok(Some(Rotation { secret, new, old }))
