@@ -1427,6 +1427,9 @@ async fn concurrent_guesses_cannot_widen_the_auth_failure_budget_on_redis() {
     let w = world_with(|c| {
         five_failures(c);
         c.redis(&common::scale::redis_url(), &prefix.0);
+        // A Redis call that timed out under a loaded machine would count in
+        // the in-process fallback's bucket instead, a budget of its own.
+        c.set("rate_limit.redis_timeout", "10s");
     })
     .await;
     concurrent_guesses_take_only_the_budget(&w, 256).await;
