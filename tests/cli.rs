@@ -568,3 +568,25 @@ fn keys_rotate_prints_the_new_key_and_marks_the_old_one() {
         }
     }
 }
+
+#[test]
+fn admin_commands_do_not_need_the_upstreams_signing_keys_but_check_config_does() {
+    let mut cfg = config();
+    let unset = format!("MPG_TEST_UNSET_SIGNING_KEY_{}", std::process::id());
+    std::env::remove_var(&unset);
+    cfg.set("upstreams.clusters.sign_identity_key_env", unset.as_str());
+    let path = cfg.write();
+    // The store's commands act without the key an operator's machine lacks.
+    cli_ok(&path, &["orgs", "create", "--id", "acme"]);
+    let listed = cli_ok(&path, &["orgs", "list"]);
+    assert_eq!(listed["data"][0]["id"], "acme", "{listed}");
+    cli_ok(&path, &["audit", "list", "--org", "acme"]);
+    // Serving needs it, and check-config says so.
+    let (code, _, err) = cli(&path, &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("upstreams.clusters.sign_identity_key_env"),
+        "{err}"
+    );
+    assert!(err.contains(&unset), "{err}");
+}
