@@ -590,3 +590,55 @@ fn admin_commands_do_not_need_the_upstreams_signing_keys_but_check_config_does()
     );
     assert!(err.contains(&unset), "{err}");
 }
+
+/// (method, path) of every route in a shipped configuration file.
+fn shipped_routes(file: &str) -> std::collections::BTreeSet<(String, String)> {
+    let text =
+        std::fs::read_to_string(format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let table: toml::Table = text.parse().unwrap();
+    table["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap().to_string();
+            (s("method"), s("path"))
+        })
+        .collect()
+}
+
+#[test]
+fn every_shipped_config_routes_every_operation_of_the_openapi_document() {
+    // The operations of docs/openapi.yaml: `  /path:` then `    verb:` lines.
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml")).unwrap();
+    let mut operations = Vec::new();
+    let mut path = None;
+    for line in doc.lines() {
+        if let Some(p) = line.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
+            path = Some(format!("/api/v1/{p}"));
+        } else if line.starts_with("components:") {
+            break;
+        } else if let (Some(p), Some(verb)) = (
+            &path,
+            line.strip_prefix("    ").and_then(|l| l.strip_suffix(':')),
+        ) {
+            if ["get", "post", "put", "patch", "delete"].contains(&verb) {
+                operations.push((verb.to_uppercase(), p.clone()));
+            }
+        }
+    }
+    assert!(operations.len() >= 7, "{operations:?}");
+    let reference = shipped_routes("gateway.toml");
+    for (method, path) in &operations {
+        assert!(
+            reference.contains(&(method.clone(), path.clone())),
+            "config/gateway.toml lacks {method} {path}"
+        );
+    }
+    assert_eq!(
+        shipped_routes("production.toml"),
+        reference,
+        "config/production.toml"
+    );
+}
