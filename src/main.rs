@@ -63,17 +63,29 @@ fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
 
 fn check_config(path: &std::path::Path) -> ExitCode {
     match cli::load_settings(path).and_then(|s| {
-        // Also load the certificate: a key that does not match its cert is a config problem.
-        if let Some(tls) = &s.server.tls {
-            app::load_certified_key(tls).map_err(|e| Failure::input(format!("server.tls: {e}")))?;
+        // Also load the certificates (a key that does not match its cert is a
+        // config problem) and parse the Redis url as the limiter will (a
+        // cluster's node list included); reported as the file's problems are.
+        let problem = |path: &str, message: String| mpg_gateway::config::Problem {
+            path: path.to_string(),
+            message,
+        };
+        let mut problems = Vec::new();
+        for (name, tls) in [("server.tls", &s.server.tls), ("admin.tls", &s.admin.tls)] {
+            if let Some(Err(e)) = tls.as_ref().map(app::load_certified_key) {
+                problems.push(problem(name, e.to_string()));
+            }
         }
-        if let Some(tls) = &s.admin.tls {
-            app::load_certified_key(tls).map_err(|e| Failure::input(format!("admin.tls: {e}")))?;
-        }
-        // And parse the Redis url as the limiter will (a cluster's node list included).
         if let Some(r) = &s.rate_limit.redis {
-            mpg_gateway::ratelimit::RedisTarget::new(&r.url, r.ca_file.as_deref())
-                .map_err(|e| Failure::input(format!("rate_limit.redis_url: {e}")))?;
+            let target = mpg_gateway::ratelimit::RedisTarget::new(&r.url, r.ca_file.as_deref());
+            if let Err(e) = target {
+                problems.push(problem("rate_limit.redis_url", e.to_string()));
+            }
+        }
+        if !problems.is_empty() {
+            let file = path.to_path_buf();
+            let error = mpg_gateway::config::ConfigError { file, problems };
+            return Err(Failure::input(error.to_string()));
         }
         Ok(s)
     }) {
@@ -106,6 +118,7 @@ fn run(path: &std::path::Path) -> ExitCode {
         }
     };
     logging::init(&settings.log.level, settings.log.format);
+    let json_logs = settings.log.format == mpg_gateway::config::LogFormat::Json;
     let rt = match runtime(settings.server.workers) {
         Ok(rt) => rt,
         Err(f) => return cli::finish(Err(f)),
@@ -131,7 +144,11 @@ fn run(path: &std::path::Path) -> ExitCode {
                 // tell a refused connection from an untrusted certificate.
                 let e = logging::Chain(&e);
                 tracing::error!(error = %e, "cannot start");
-                eprintln!("mpg-gateway: {e}");
+                // A text log line already says it to the terminal; JSON
+                // lines are for a collector, so a person gets one plain line.
+                if json_logs {
+                    eprintln!("mpg-gateway: {e}");
+                }
                 return ExitCode::from(1);
             }
         };

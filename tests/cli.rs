@@ -54,6 +54,8 @@ fn check_config_refuses_a_key_that_does_not_match_its_certificate() {
     let (code, _, err) = cli(&cfg.write(), &["check-config"]);
     assert_eq!(code, 2);
     assert!(err.contains("does not match"), "{err}");
+    // Reported as the file's other problems are: a header, then the path.
+    assert!(err.contains(": 1 problem(s)\n  server.tls: "), "{err}");
 }
 
 /// A config on SQLite, or on a PostgreSQL database of its own (kept alive by the `PgDb`).
@@ -641,4 +643,21 @@ fn every_shipped_config_routes_every_operation_of_the_openapi_document() {
         reference,
         "config/production.toml"
     );
+}
+
+#[test]
+fn a_port_in_use_is_named_with_its_setting_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut cfg = config();
+    cfg.set("server.listen", addr.to_string());
+    cfg.set("log.format", "text");
+    let out = common::backends::run_bounded(
+        Command::new(BIN).args(["run", "--config"]).arg(cfg.write()),
+        std::time::Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = format!("cannot listen on {addr} (server.listen)");
+    assert_eq!(err.matches(&said).count(), 1, "{err}");
 }

@@ -41,8 +41,10 @@ pub enum StartError {
     #[error("admin.tls: {0}")]
     AdminTls(crate::tls::TlsError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} ({setting}): {source}")]
     Bind {
+        /// The setting that names it: `server.listen` or `admin.listen`.
+        setting: &'static str,
         /// The address.
         addr: SocketAddr,
         /// The cause.
@@ -129,10 +131,12 @@ pub async fn start(
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| StartError::Bind {
+            setting: "server.listen",
             addr: listen,
             source,
         })?;
     let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        setting: "server.listen",
         addr: listen,
         source,
     })?;
@@ -143,10 +147,12 @@ pub async fn start(
         let admin = TcpListener::bind(listen)
             .await
             .map_err(|source| StartError::Bind {
+                setting: "admin.listen",
                 addr: listen,
                 source,
             })?;
         let bound = admin.local_addr().map_err(|source| StartError::Bind {
+            setting: "admin.listen",
             addr: listen,
             source,
         })?;
