@@ -150,7 +150,9 @@ async fn check_config_reads_a_cluster_url_as_the_limiter_does() {
     let (code, _, err) = cli(&cfg.write(), &["check-config"]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.starts_with("rate_limit.redis_url: invalid Redis settings: invalid Redis Cluster url"),
+        err.contains(
+            ": 1 problem(s)\n  rate_limit.redis_url: invalid Redis settings: invalid Redis Cluster url"
+        ),
         "{err}"
     );
     assert!(!err.contains("s3cret"), "{err}");
