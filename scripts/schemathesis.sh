@@ -7,8 +7,8 @@
 # Builds nothing. Starts, in a temporary directory and on 127.0.0.1 only:
 #   - a stub clusters upstream (python3 http.server) answering GET /api/v1/clusters with
 #     200 {"data": []};
-#   - the gateway, from a copy of config/gateway.toml: plain HTTP on 127.0.0.1:18443, the
-#     admin listener on 127.0.0.1:18444, SQLite store in the temp dir, local limiter with a
+#   - the gateway, from a copy of config/gateway.toml: plain HTTP on a free loopback port,
+#     the admin listener on another, SQLite store in the temp dir, local limiter with a
 #     huge bucket;
 # seeds it with the binary's admin commands (org acme, user alice as owner, a session
 # token, an API key with clusters:read, an admin token), then runs schemathesis three
@@ -21,8 +21,8 @@
 # Needs python3 (with venv). schemathesis 3.x is installed on first use into a private
 # virtualenv (default ~/.cache/mpg-gateway/schemathesis-3) and reused afterwards.
 #
-# Environment: MPG_ST_PORT (gateway port, default 18443), MPG_ST_ADMIN_PORT (admin
-# listener port, default 18444), MPG_ST_MAX_EXAMPLES (per
+# Environment: MPG_ST_PORT (gateway port, default a free one), MPG_ST_ADMIN_PORT (admin
+# listener port, default a free one), MPG_ST_MAX_EXAMPLES (per
 # operation, default 50), MPG_ST_KEEP=1 (keep the temp dir and print its path),
 # MPG_ST_VENV (where the virtualenv lives), SCHEMATHESIS (a schemathesis 3.x `st` to use
 # instead of the virtualenv's).
@@ -31,8 +31,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SPEC="$ROOT/docs/openapi.yaml"
 BASE_CONFIG="$ROOT/config/gateway.toml"
-PORT="${MPG_ST_PORT:-18443}"
-ADMIN_PORT="${MPG_ST_ADMIN_PORT:-18444}"
 ADMIN_SPEC="$ROOT/docs/openapi-admin.yaml"
 MAX_EXAMPLES="${MPG_ST_MAX_EXAMPLES:-50}"
 SCHEMATHESIS_REQ='schemathesis>=3.30,<4'
@@ -42,6 +40,15 @@ die() {
     echo "schemathesis.sh: $*" >&2
     exit 2
 }
+
+command -v python3 >/dev/null || die "python3 is required"
+# Free loopback ports unless given: a fixed one may be held by anything else.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+PORT="${MPG_ST_PORT:-$(free_port)}"
+ADMIN_PORT="${MPG_ST_ADMIN_PORT:-$(free_port)}"
+while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT="$(free_port)"; done
 
 # The gateway binary: as given (relative to the caller's directory), else the debug build.
 if [[ $# -ge 1 ]]; then
