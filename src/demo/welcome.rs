@@ -45,6 +45,9 @@ fn text(serving: &Serving<'_>, s: &Seeded) -> String {
     let base = format!("https://{addr}/api/v1");
     let acme = "organization_id=acme";
     let busy = format_duration(serving.busy_for);
+    // Whole seconds to wait out a change, so that the lines pasted in order
+    // delete a cluster that is running again (`sleep` takes whole seconds).
+    let wait = serving.busy_for.as_secs() + u64::from(serving.busy_for.subsec_nanos() > 0);
     // Half as many requests again as the bucket holds, so that the loop outruns
     // the refill even when each curl takes a while.
     let flood = match serving.limit {
@@ -91,7 +94,8 @@ curl -k -i -X PATCH -H 'Authorization: Bearer {rw}' -H 'Content-Type: applicatio
 curl -k -X POST -H 'Authorization: Bearer {rw}' -H 'Content-Type: application/json' \
      -d '{{"name":"Reports!"}}' '{base}/clusters?{acme}'
 
-# Delete it once it is running again (a 409 until then): 204:
+# Delete it once it is running again (a 409 until then): wait out its {busy}, then 204:
+sleep {wait}
 curl -k -i -X DELETE -H 'Authorization: Bearer {rw}' "{base}/clusters/$ID?{acme}"
 
 # Manage keys with the session token: list, create, and revoke the read-only key,
