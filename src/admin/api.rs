@@ -4,17 +4,18 @@
 //! the store on every request, so a revocation holds at once). The store's
 //! operations are the ones the command line calls; this is their HTTP face.
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderValue, AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
+use super::json_response;
 use crate::config::Settings;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{self, Body, RequestBody};
 use crate::secret::{check_admin_token_format, hash_secret};
 use crate::store::sql::SqlStore;
-use crate::store::{rfc3339, Actor, AdminToken, LimitSpec, SessionRecord, StoreError};
+use crate::store::{Actor, AdminToken, LimitSpec, SessionRecord, StoreError};
 
 /// Where the admin API lives on the admin listener.
 pub(super) const PREFIX: &str = "/admin/v1/";
@@ -175,7 +176,7 @@ async fn answer(
                 .create_session_by(&user, Duration::from_secs(ttl), actor)
                 .await;
             let (token, session) = created.map_err(store_error)?;
-            let mut out = session_json(&session);
+            let mut out = session.to_json();
             out["token"] = Value::String(token);
             Ok(json_response(StatusCode::CREATED, &out))
         }
@@ -183,7 +184,11 @@ async fn answer(
             let users = store.list_users().await.map_err(store_error)?;
             find(users, user).ok_or(GatewayError::NotFound)?;
             let sessions = store.list_sessions(user).await.map_err(store_error)?;
-            page(sessions.iter().map(session_json).collect(), query, "id")
+            page(
+                sessions.iter().map(SessionRecord::to_json).collect(),
+                query,
+                "id",
+            )
         }
         (&Method::DELETE, ["sessions", id]) => {
             let revoked = store
@@ -277,12 +282,12 @@ fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
 
 /// 400 naming `policy` unless it is a configured policy.
 fn known_policy(settings: &Settings, policy: &str) -> Result<(), GatewayError> {
+    if settings.policy_index(policy).is_some() {
+        return Ok(());
+    }
     let names: Vec<&str> = (settings.rate_limit.policies.iter())
         .map(|p| p.name.as_str())
         .collect();
-    if names.contains(&policy) {
-        return Ok(());
-    }
     Err(GatewayError::bad_field(
         "policy",
         &format!(
@@ -359,16 +364,6 @@ fn page(
     ))
 }
 
-/// A session as the API shows it: never its token (creation adds it, once).
-fn session_json(s: &SessionRecord) -> Value {
-    json!({
-        "id": s.id,
-        "user_id": s.user_id,
-        "created_at": rfc3339(Some(s.created_at)),
-        "expires_at": rfc3339(Some(s.expires_at)),
-    })
-}
-
 /// A store error as the API's answer: 404, 409, 400 naming what is wrong,
 /// or 503.
 fn store_error(e: StoreError) -> GatewayError {
@@ -397,13 +392,5 @@ fn id_error(e: StoreError) -> GatewayError {
 fn no_content() -> Response<Body> {
     let mut res = Response::new(body::empty());
     *res.status_mut() = StatusCode::NO_CONTENT;
-    res
-}
-
-fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
-    let mut res = Response::new(body::full(v.to_string()));
-    *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     res
 }

@@ -198,13 +198,9 @@ async fn admin_tokens(store: &SqlStore, cmd: AdminTokensCmd) -> Result<Value, Fa
 
 /// A session as the admin commands print it: never its token.
 fn session_json(s: &SessionRecord, status: &str) -> Value {
-    json!({
-        "id": s.id,
-        "user_id": s.user_id,
-        "status": status,
-        "created_at": rfc3339(s.created_at),
-        "expires_at": rfc3339(s.expires_at),
-    })
+    let mut v = s.to_json();
+    v["status"] = json!(status);
+    v
 }
 
 async fn keys(

@@ -18,10 +18,18 @@ use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
 use crate::routes::named_host;
 
+/// Where a request came from, as stage 6 passes it on: the connection, the
+/// client it speaks for, and the request's id.
+pub(super) struct Origin<'a> {
+    pub(super) conn: &'a ConnInfo,
+    pub(super) client: &'a Client<'a>,
+    pub(super) request_id: &'a RequestId,
+}
+
 impl Pipeline {
     /// Stage 6: to the route's upstream, with identity headers and hygiene.
     /// (An `async move` block, as `Pipeline::stages` is, for the same reason.)
-    #[allow(clippy::manual_async_fn, clippy::too_many_arguments)]
+    #[allow(clippy::manual_async_fn)]
     pub(super) fn forward<'a>(
         &'a self,
         entry: &'a RouteEntry,
@@ -29,11 +37,14 @@ impl Pipeline {
         body: RequestBody,
         grant: Option<Grant<'a>>,
         validated: Validated,
-        conn: &'a ConnInfo,
-        client: &'a Client<'a>,
-        request_id: &'a RequestId,
+        origin: Origin<'a>,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
+            let Origin {
+                conn,
+                client,
+                request_id,
+            } = origin;
             let max_body = self.settings.server.limits.max_body_bytes;
             let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
             let upstream = match &entry.destination {

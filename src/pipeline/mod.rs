@@ -199,10 +199,13 @@ impl Pipeline {
                 None => None,
             };
             // 6. Forward to the upstream (or the built-in key service).
-            self.forward(
-                entry, head, body, grant, validated, conn, client, request_id,
-            )
-            .await
+            let origin = forward::Origin {
+                conn,
+                client,
+                request_id,
+            };
+            self.forward(entry, head, body, grant, validated, origin)
+                .await
         }
     }
 

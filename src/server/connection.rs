@@ -15,22 +15,35 @@ use super::limits::{head_backstop, ListenerLimits};
 use crate::h1;
 use crate::http::service::{ConnInfo, Handler};
 
+/// What serving one accepted connection takes besides its stream: the
+/// listener's HTTP/2 settings and limits, who the connection is, the handler,
+/// the first request's deadline (counted from the accept) and the drain signal.
+pub(super) struct Accepted<'a, H> {
+    pub(super) h2: &'a http2::Builder<TokioExecutor>,
+    pub(super) conn: Arc<ConnInfo>,
+    pub(super) handler: Arc<H>,
+    pub(super) limits: &'a ListenerLimits,
+    pub(super) first_request_by: Instant,
+    pub(super) stop: watch::Receiver<bool>,
+}
+
 /// Serves one connection until it ends: HTTP/1.1 by [`h1::serve`], or
 /// HTTP/2 by hyper when the client opens with the h2 preface (TLS with ALPN
 /// `h2`, or prior knowledge on plain TCP). Its first request must have come
 /// by `first_request_by`.
-pub(super) async fn serve_connection<S, H>(
-    mut stream: S,
-    h2: &http2::Builder<TokioExecutor>,
-    conn: Arc<ConnInfo>,
-    handler: Arc<H>,
-    limits: &ListenerLimits,
-    first_request_by: Instant,
-    stop: watch::Receiver<bool>,
-) where
+pub(super) async fn serve_connection<S, H>(mut stream: S, accepted: Accepted<'_, H>)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Handler,
 {
+    let Accepted {
+        h2,
+        conn,
+        handler,
+        limits,
+        first_request_by,
+        stop,
+    } = accepted;
     let h1_limits = h1::ConnectionLimits {
         header_read_timeout: limits.header_read_timeout,
         idle_timeout: limits.idle_timeout,

@@ -1,37 +1,26 @@
 //! The TLS handshake of an accepted connection, bounded by the first
 //! request's deadline, and failed handshakes in the log.
-use hyper::server::conn::http2;
-use hyper_util::rt::TokioExecutor;
-use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::connection::serve_connection;
-use super::limits::ListenerLimits;
-use crate::http::service::{ConnInfo, Handler};
+use super::connection::{serve_connection, Accepted};
+use crate::http::service::Handler;
 use crate::metrics::names;
 
 /// The TLS handshake (by `first_request_by`, the first request's deadline
 /// too), then the connection. A drain abandons a handshake at once: no
 /// request can be in flight on it.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn serve_tls<H: Handler>(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
-    h2: &http2::Builder<TokioExecutor>,
-    conn: Arc<ConnInfo>,
-    handler: Arc<H>,
-    limits: &ListenerLimits,
-    first_request_by: Instant,
-    stop: watch::Receiver<bool>,
+    accepted: Accepted<'_, H>,
 ) {
-    let peer = conn.peer;
-    let handshake = tokio::time::timeout_at(first_request_by.into(), acceptor.accept(stream));
+    let peer = accepted.conn.peer;
+    let by = accepted.first_request_by;
+    let handshake = tokio::time::timeout_at(by.into(), acceptor.accept(stream));
     let handshaken = tokio::select! {
         biased;
         handshaken = handshake => handshaken,
-        () = crate::http::service::stopped(stop.clone()) => {
+        () = crate::http::service::stopped(accepted.stop.clone()) => {
             tracing::debug!(%peer, "TLS handshake abandoned: shutting down");
             return;
         }
@@ -39,7 +28,7 @@ pub(super) async fn serve_tls<H: Handler>(
     match handshaken {
         Ok(Ok(stream)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
-            serve_connection(stream, h2, conn, handler, limits, first_request_by, stop).await
+            serve_connection(stream, accepted).await
         }
         Ok(Err(e)) => {
             metrics::counter!(names::TLS_HANDSHAKES, "result" => "error").increment(1);

@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::http::service::{ConnInfo, Handler};
 use crate::metrics::names;
-use connection::serve_connection;
+use connection::{serve_connection, Accepted};
 use h2::h2_builder;
 use handshake::serve_tls;
 pub use limits::ListenerLimits;
@@ -154,32 +154,17 @@ pub async fn serve_behind<H: Handler>(
                     }
                 }
             };
+            let accepted = Accepted {
+                h2: &h2,
+                conn,
+                handler,
+                limits: &limits,
+                first_request_by,
+                stop,
+            };
             match tls {
-                Some(acceptor) => {
-                    Box::pin(serve_tls(
-                        acceptor,
-                        stream,
-                        &h2,
-                        conn,
-                        handler,
-                        &limits,
-                        first_request_by,
-                        stop,
-                    ))
-                    .await
-                }
-                None => {
-                    Box::pin(serve_connection(
-                        stream,
-                        &h2,
-                        conn,
-                        handler,
-                        &limits,
-                        first_request_by,
-                        stop,
-                    ))
-                    .await
-                }
+                Some(acceptor) => Box::pin(serve_tls(acceptor, stream, accepted)).await,
+                None => Box::pin(serve_connection(stream, accepted)).await,
             }
         }));
     }

@@ -203,6 +203,16 @@ pub struct SessionRecord {
 }
 
 impl SessionRecord {
+    /// The JSON the admin commands and the admin API show: never the token.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "id": self.id,
+            "user_id": self.user_id,
+            "created_at": rfc3339(Some(self.created_at)),
+            "expires_at": rfc3339(Some(self.expires_at)),
+        })
+    }
+
     /// True once `now` has reached `expires_at`.
     pub fn is_expired(&self, now: i64) -> bool {
         self.expires_at <= now
