@@ -85,7 +85,7 @@ async fn answer(
             page(all, query, "id")
         }
         (&Method::GET, ["organizations", id]) => {
-            let found = find(store.list_organizations().await.map_err(store_error)?, id);
+            let found = store.get_organization(id).await.map_err(store_error)?;
             Ok(json_response(
                 StatusCode::OK,
                 &found.ok_or(GatewayError::NotFound)?,
@@ -113,7 +113,7 @@ async fn answer(
             page(all, query, "id")
         }
         (&Method::GET, ["users", id]) => {
-            let found = find(store.list_users().await.map_err(store_error)?, id);
+            let found = store.get_user(id).await.map_err(store_error)?;
             Ok(json_response(
                 StatusCode::OK,
                 &found.ok_or(GatewayError::NotFound)?,
@@ -140,8 +140,8 @@ async fn answer(
             Ok(json_response(StatusCode::OK, &set))
         }
         (&Method::GET, ["organizations", org, "members"]) => {
-            let orgs = store.list_organizations().await.map_err(store_error)?;
-            find(orgs, org).ok_or(GatewayError::NotFound)?;
+            let found = store.get_organization(org).await.map_err(store_error)?;
+            found.ok_or(GatewayError::NotFound)?;
             let members = store.list_members(org).await.map_err(store_error)?;
             let all = members
                 .into_iter()
@@ -181,8 +181,8 @@ async fn answer(
             Ok(json_response(StatusCode::CREATED, &out))
         }
         (&Method::GET, ["users", user, "sessions"]) => {
-            let users = store.list_users().await.map_err(store_error)?;
-            find(users, user).ok_or(GatewayError::NotFound)?;
+            let found = store.get_user(user).await.map_err(store_error)?;
+            found.ok_or(GatewayError::NotFound)?;
             let sessions = store.list_sessions(user).await.map_err(store_error)?;
             page(
                 sessions.iter().map(SessionRecord::to_json).collect(),
@@ -215,8 +215,8 @@ async fn answer(
             ))
         }
         (&Method::GET, ["organizations", org, "limits"]) => {
-            let orgs = store.list_organizations().await.map_err(store_error)?;
-            find(orgs, org).ok_or(GatewayError::NotFound)?;
+            let found = store.get_organization(org).await.map_err(store_error)?;
+            found.ok_or(GatewayError::NotFound)?;
             let limits = store.list_org_limits(org).await.map_err(store_error)?;
             let all = limits.iter().map(|l| l.to_json()).collect();
             page(all, query, "policy")
@@ -333,11 +333,6 @@ fn optional_string(
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(GatewayError::bad_field(field, "must be a string")),
     }
-}
-
-/// The item of `all` whose `id` is `id`.
-fn find(all: Vec<Value>, id: &str) -> Option<Value> {
-    all.into_iter().find(|v| v["id"] == id)
 }
 
 /// One page of `all`, ordered by its `key` field: `limit` (1-100, default

@@ -111,10 +111,39 @@ impl SqlStore {
         .await
     }
 
+    /// The organization `id`, if it exists.
+    pub async fn get_organization(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let sql = "SELECT id, name, created_at FROM organizations WHERE id = $1";
+        Ok(self.list_accounts_where(sql, "name", Some(id)).await?.pop())
+    }
+
+    /// The user `id`, if they exist.
+    pub async fn get_user(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let sql = "SELECT id, email, created_at FROM users WHERE id = $1";
+        Ok(self
+            .list_accounts_where(sql, "email", Some(id))
+            .await?
+            .pop())
+    }
+
     async fn list_accounts(&self, sql: &str, column: &str) -> Result<Vec<Value>, StoreError> {
+        self.list_accounts_where(sql, column, None).await
+    }
+
+    /// The rows of `sql`, with `id` bound as `$1` when given.
+    async fn list_accounts_where(
+        &self,
+        sql: &str,
+        column: &str,
+        id: Option<&str>,
+    ) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            sqlx::query(sql)
+            let mut query = sqlx::query(sql);
+            if let Some(id) = id {
+                query = query.bind(id);
+            }
+            query
                 .fetch_all(&mut *conn)
                 .await
                 .db()?

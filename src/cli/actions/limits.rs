@@ -41,8 +41,7 @@ pub(super) async fn set(
 
 /// `org`'s quotas, by policy; exit 2 for an organization that does not exist.
 pub(super) async fn list(store: &SqlStore, org: &str) -> Result<Value, Failure> {
-    let orgs = store.list_organizations().await?;
-    if !orgs.iter().any(|o| o["id"] == org) {
+    if store.get_organization(org).await?.is_none() {
         return Err(Failure::input(format!("no organization with id {org:?}")));
     }
     let limits = store.list_org_limits(org).await?;
