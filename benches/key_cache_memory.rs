@@ -9,6 +9,7 @@
 use mpg_gateway::secret::{hash_secret, SecretHash};
 use mpg_gateway::store::{
     ApiKeyAuth, ApiKeyRecord, CacheConfig, CachedKeyStore, KeyStore, SessionAuth, StoreError,
+    UserAccess,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,9 @@ impl KeyStore for Synthetic {
         Ok(Some(record(hash)))
     }
     async fn find_session(&self, _: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
+        Ok(None)
+    }
+    async fn find_user_access(&self, _: &str) -> Result<Option<UserAccess>, StoreError> {
         Ok(None)
     }
     async fn ping(&self) -> Result<(), StoreError> {

@@ -23,7 +23,7 @@ use mpg_gateway::secret::SecretHash;
 use mpg_gateway::secret::{check_api_key_format, generate_api_key, hash_secret};
 use mpg_gateway::store::{
     ApiKeyAuth, ApiKeyRecord, CacheConfig, CachedKeyStore, KeyStore, SessionAuth, SessionRecord,
-    StoreError,
+    StoreError, UserAccess,
 };
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -45,6 +45,9 @@ impl KeyStore for MemStore {
     }
     async fn find_session(&self, hash: &SecretHash) -> Result<Option<SessionAuth>, StoreError> {
         Ok(self.sessions.get(&hash.0).cloned())
+    }
+    async fn find_user_access(&self, _: &str) -> Result<Option<UserAccess>, StoreError> {
+        Ok(None)
     }
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())

@@ -25,6 +25,10 @@ pub enum AuthReason {
     Revoked,
     /// An API key on a session route, or a session token on an API-key route.
     WrongCredentialType,
+    /// A JWT before its `nbf` or `iat` (less the leeway).
+    NotYetValid,
+    /// A valid JWT of a user the store does not know.
+    UnknownUser,
 }
 
 impl AuthReason {
@@ -37,6 +41,8 @@ impl AuthReason {
             AuthReason::Expired => "expired",
             AuthReason::Revoked => "revoked",
             AuthReason::WrongCredentialType => "wrong_credential_type",
+            AuthReason::NotYetValid => "not_yet_valid",
+            AuthReason::UnknownUser => "unknown_user",
         }
     }
 }
@@ -194,6 +200,10 @@ impl GatewayError {
                     AuthReason::WrongCredentialType => {
                         "this endpoint does not accept this type of credential"
                     }
+                    AuthReason::NotYetValid => "the credential is not valid yet",
+                    AuthReason::UnknownUser => {
+                        "the credential names a user this service does not know"
+                    }
                 };
                 (message.into(), Some(json!({ "reason": reason.as_str() })))
             }
@@ -249,7 +259,7 @@ impl GatewayError {
         // 429 body differs only in one number. Tests pin both to `render`.
         match self {
             GatewayError::Unauthorized(reason) => {
-                static BODIES: [OnceLock<Bytes>; 6] = [const { OnceLock::new() }; 6];
+                static BODIES: [OnceLock<Bytes>; 8] = [const { OnceLock::new() }; 8];
                 BODIES[*reason as usize]
                     .get_or_init(|| self.render())
                     .clone()
@@ -363,6 +373,8 @@ mod tests {
             Expired,
             Revoked,
             WrongCredentialType,
+            NotYetValid,
+            UnknownUser,
         ] {
             let e = GatewayError::Unauthorized(reason);
             assert_eq!(e.body_bytes(), e.render(), "{reason:?}");

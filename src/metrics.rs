@@ -60,6 +60,13 @@ pub mod names {
     pub const TLS_HANDSHAKES: &str = "mpg_tls_handshakes_total";
     /// Counter: configuration reloads by `result` (`ok` / `error`).
     pub const RELOADS: &str = "mpg_config_reloads_total";
+    /// Counter: JWTs checked against the identity provider's key set, by
+    /// `outcome` (`ok`, `malformed`, `invalid`, `expired`, `not_yet_valid`,
+    /// `no_key_set`); a cached token is not checked again.
+    pub const JWT_VERIFICATIONS: &str = "mpg_jwt_verifications_total";
+    /// Counter: fetches of the identity provider's key set by `outcome`
+    /// (`ok`, `error`: unreachable or not 200, `invalid`: a document refused).
+    pub const JWKS_REFRESHES: &str = "mpg_jwks_refreshes_total";
 }
 
 /// The process-wide Prometheus recorder (installed once).

@@ -244,6 +244,14 @@ fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
         &mut new.server.listen,
         &old.server.listen,
     );
+    // The identity provider's key set is fetched by a task of its own,
+    // which a reload keeps.
+    keep(
+        &mut changed,
+        "auth.oidc",
+        &mut new.auth.oidc,
+        &old.auth.oidc,
+    );
     keep(
         &mut changed,
         "server.workers",

@@ -1,5 +1,6 @@
 //! The `Authorization` header, read by the authentication stage: exactly one
 //! `Bearer <token>` whose token is a well-formed API key or session token.
+use crate::auth::jwt::MAX_TOKEN_BYTES;
 use crate::secret::{check_api_key_format, check_session_token_format, API_KEY_PREFIX};
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
@@ -12,13 +13,16 @@ pub enum Credential<'a> {
     ApiKey(&'a str),
     /// A session token that passed the format check.
     Session(&'a str),
+    /// Three base64url parts joined by dots, at most
+    /// [`MAX_TOKEN_BYTES`](crate::auth::jwt::MAX_TOKEN_BYTES): a JWT to verify.
+    Jwt(&'a str),
 }
 
 impl Credential<'_> {
     /// The secret itself (hash it; never log it).
     pub fn secret(&self) -> &str {
         match self {
-            Credential::ApiKey(s) | Credential::Session(s) => s,
+            Credential::ApiKey(s) | Credential::Session(s) | Credential::Jwt(s) => s,
         }
     }
 }
@@ -29,6 +33,7 @@ impl fmt::Debug for Credential<'_> {
         match self {
             Credential::ApiKey(_) => f.write_str("Credential::ApiKey(<redacted>)"),
             Credential::Session(_) => f.write_str("Credential::Session(<redacted>)"),
+            Credential::Jwt(_) => f.write_str("Credential::Jwt(<redacted>)"),
         }
     }
 }
@@ -57,7 +62,8 @@ impl CredentialError {
 /// Exactly one `Authorization` header, scheme `Bearer` (case-insensitive), one
 /// space, a token with no whitespace. Two Authorization headers, another scheme,
 /// empty token, trailing junk: Malformed. Prefix `mpg_` = API key (bad length,
-/// alphabet or checksum = Malformed); anything else = session token (must pass
+/// alphabet or checksum = Malformed); two dots = JWT (base64url parts, at most
+/// 8 KiB, else Malformed); anything else = session token (must pass
 /// [`check_session_token_format`], else Malformed).
 pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, CredentialError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
@@ -79,6 +85,12 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
     if token.starts_with(API_KEY_PREFIX) {
         check_api_key_format(token).map_err(|_| CredentialError::Malformed)?;
         Ok(Credential::ApiKey(token))
+    } else if token.bytes().filter(|&b| b == b'.').count() == 2 {
+        let base64url = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+        if token.len() > MAX_TOKEN_BYTES || !token.bytes().all(base64url) {
+            return Err(CredentialError::Malformed);
+        }
+        Ok(Credential::Jwt(token))
     } else {
         check_session_token_format(token).map_err(|_| CredentialError::Malformed)?;
         Ok(Credential::Session(token))

@@ -143,6 +143,46 @@ pub(crate) enum StoreKind {
     Postgres,
 }
 
+/// `[auth]`: ways to sign in besides the store's own credentials.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawAuth {
+    pub(crate) oidc: Option<RawOidc>,
+}
+
+/// `[auth.oidc]`: JWTs of an identity provider, verified against its JWKS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RawOidc {
+    pub(crate) issuer: Option<String>,
+    pub(crate) audiences: Vec<String>,
+    pub(crate) jwks_url: Option<String>,
+    pub(crate) ca_file: Option<String>,
+    pub(crate) user_claim: String,
+    pub(crate) algorithms: Vec<String>,
+    #[serde(with = "serde_str")]
+    pub(crate) leeway: Duration,
+    #[serde(with = "serde_str")]
+    pub(crate) jwks_refresh: Duration,
+    pub(crate) provision_users: bool,
+}
+
+impl Default for RawOidc {
+    fn default() -> Self {
+        Self {
+            issuer: None,
+            audiences: Vec::new(),
+            jwks_url: None,
+            ca_file: None,
+            user_claim: "sub".into(),
+            algorithms: vec!["RS256".into(), "ES256".into(), "EdDSA".into()],
+            leeway: secs(60),
+            jwks_refresh: secs(600),
+            provision_users: false,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RawStore {

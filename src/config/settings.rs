@@ -20,6 +20,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// `[store]`
     pub store: StoreSettings,
+    /// `[auth]`
+    pub auth: AuthSettings,
     /// `[rate_limit]`
     pub rate_limit: RateLimitSettings,
     /// `[roles]`
@@ -132,6 +134,38 @@ pub struct LogSettings {
     /// the Redis limiter failing) is logged once, then counted in one line
     /// per this interval while it goes on.
     pub summary_interval: Duration,
+}
+
+/// `[auth]`
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AuthSettings {
+    /// `[auth.oidc]`: `None` = no JWTs are taken.
+    pub oidc: Option<OidcSettings>,
+}
+
+/// `[auth.oidc]`: an identity provider whose JWTs act as session tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OidcSettings {
+    /// `iss` must equal it.
+    pub issuer: String,
+    /// `aud` must hold one of them.
+    pub audiences: Vec<String>,
+    /// Where the key set is; `None` = discovered from
+    /// `{issuer}/.well-known/openid-configuration`.
+    pub jwks_url: Option<String>,
+    /// CA certificates for the key set's (and discovery's) HTTPS; `None` =
+    /// the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The claim that names `users.id`.
+    pub user_claim: String,
+    /// The signature algorithms taken (asymmetric only).
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    /// Allowance for clock skew on `exp`, `nbf` and `iat`.
+    pub leeway: Duration,
+    /// How often the key set is fetched again.
+    pub jwks_refresh: Duration,
+    /// A valid token of a user the store does not know creates the user.
+    pub provision_users: bool,
 }
 
 /// `[store]`

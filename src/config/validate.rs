@@ -3,6 +3,7 @@
 //! crosses sections (upstreams and policies named by routes, scopes named by roles).
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use super::oidc::oidc_settings;
 use super::problems::Problems;
 use super::rate_limit::rate_limit_settings;
 use super::raw::*;
@@ -13,11 +14,12 @@ use super::signing::Env;
 use super::store::store_settings;
 use super::*;
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "server",
     "admin",
     "log",
     "store",
+    "auth",
     "rate_limit",
     "roles",
     "upstreams",
@@ -67,6 +69,7 @@ pub(super) fn validate_with_env(
     let admin: RawAdmin = p.section(&mut table, "admin");
     let log: RawLog = p.section(&mut table, "log");
     let store: RawStore = p.section(&mut table, "store");
+    let auth: RawAuth = p.section(&mut table, "auth");
     let rate_limit: RawRateLimit = p.section(&mut table, "rate_limit");
     let raw_roles: Option<BTreeMap<String, Vec<String>>> =
         table.remove("roles").and_then(|v| p.de("roles", v));
@@ -94,6 +97,9 @@ pub(super) fn validate_with_env(
         summary_interval: log.summary_interval,
     };
     let store = store_settings(&mut p, store);
+    let auth = AuthSettings {
+        oidc: auth.oidc.and_then(|raw| oidc_settings(&mut p, raw)),
+    };
     let rate_limit = rate_limit_settings(&mut p, rate_limit);
 
     // Routes first: their scopes are part of what roles may name.
@@ -163,6 +169,7 @@ pub(super) fn validate_with_env(
             admin,
             log,
             store,
+            auth,
             rate_limit,
             roles,
             upstreams,

@@ -14,22 +14,26 @@ use std::sync::Arc;
 
 use super::table::{Pipeline, RouteEntry};
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
+use crate::auth::jwt::JwtError;
+use crate::auth::oidc::OidcError;
 use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::rate_limit::Decision;
 use crate::ip::Client;
 use crate::secret::{hash_secret, SecretHash};
-use crate::store::{CachedApiKey, KeyStatus, SessionAuth};
+use crate::store::{CachedApiKey, KeyStatus, SessionAuth, SessionRecord, StoreError};
 
 /// What the `Authorization` field comes to before any store lookup.
-enum Probe {
+enum Probe<'a> {
     /// Known without the store: the principal, or why it is refused.
     Known(Result<Principal, AuthReason>),
     /// A well-formed API key the cache has no fresh answer for.
     ApiKey(SecretHash),
     /// A well-formed session token the cache has no fresh answer for.
     Session(SecretHash),
+    /// A JWT (with its hash) the cache has no fresh answer for: to verify.
+    Jwt(SecretHash, &'a str),
 }
 
 impl Pipeline {
@@ -100,6 +104,9 @@ impl Pipeline {
                     "authentication failed"
                 );
             }
+            Err(GatewayError::ServiceUnavailable { what, .. }) if what == KEY_SET => self
+                .auth_outcomes
+                .increment(("error", "key_set_unavailable")),
             Err(_) => self.auth_outcomes.increment(("error", "store_unavailable")),
         }
         result.map(|p| (Some(p), taken))
@@ -128,7 +135,7 @@ impl Pipeline {
 
     /// The credential as far as it is known without the store: parsed, its
     /// kind matched to the route's, and its fresh cache entry if there is one.
-    fn probe(&self, entry: &RouteEntry, head: &request::Parts, now: i64) -> Probe {
+    fn probe<'h>(&self, entry: &RouteEntry, head: &'h request::Parts, now: i64) -> Probe<'h> {
         let credential = match parse_authorization(&head.headers) {
             Ok(credential) => credential,
             Err(CredentialError::Missing) => return Probe::Known(Err(AuthReason::Missing)),
@@ -149,12 +156,23 @@ impl Pipeline {
                     None => Probe::Session(hash),
                 }
             }
+            // Without `[auth.oidc]` a JWT is no credential of ours.
+            (Credential::Jwt(_), _) if self.oidc.is_none() => {
+                Probe::Known(Err(AuthReason::Malformed))
+            }
+            (Credential::Jwt(token), AuthMode::Session) => {
+                let hash = hash_secret(token);
+                match self.keys.fresh_session(&hash) {
+                    Some(Some(found)) => Probe::Known(session_status(Some(found), now)),
+                    _ => Probe::Jwt(hash, token),
+                }
+            }
             _ => Probe::Known(Err(AuthReason::WrongCredentialType)),
         }
     }
 
     /// The principal of `probe`, asking the (cached) store what it does not know.
-    async fn look_up(&self, probe: Probe, now: i64) -> Result<Principal, GatewayError> {
+    async fn look_up(&self, probe: Probe<'_>, now: i64) -> Result<Principal, GatewayError> {
         let known = match probe {
             Probe::Known(known) => known,
             Probe::ApiKey(hash) => {
@@ -165,8 +183,81 @@ impl Pipeline {
                 let found = self.keys.session(&hash).await;
                 session_status(found.map_err(crate::store::unavailable)?, now)
             }
+            Probe::Jwt(hash, token) => return self.token_session(&hash, token, now).await,
         };
         known.map_err(GatewayError::Unauthorized)
+    }
+
+    /// The session a JWT stands for: verified against the identity
+    /// provider's key set, then its user's memberships from the (cached)
+    /// store; with `provision_users`, an unknown user is created first.
+    async fn token_session(
+        &self,
+        hash: &SecretHash,
+        token: &str,
+        now: i64,
+    ) -> Result<Principal, GatewayError> {
+        let Some(oidc) = &self.oidc else {
+            return Err(GatewayError::Unauthorized(AuthReason::Malformed));
+        };
+        let verified = match oidc.verify(token, now).await {
+            Ok(verified) => verified,
+            Err(OidcError::NoKeySet) => {
+                return Err(GatewayError::ServiceUnavailable {
+                    what: KEY_SET.into(),
+                    retry_after: 5,
+                })
+            }
+            Err(OidcError::Refused(e)) => return Err(GatewayError::Unauthorized(jwt_reason(&e))),
+        };
+        let record = SessionRecord {
+            id: "jwt".into(),
+            user_id: verified.user.clone(),
+            created_at: verified.issued_at,
+            expires_at: verified.expires_at,
+        };
+        let unavailable = crate::store::unavailable;
+        let mut found = self
+            .keys
+            .token_session(hash, record.clone())
+            .await
+            .map_err(unavailable)?;
+        if found.is_none() && oidc.settings().provision_users {
+            match self
+                .store
+                .create_user(&verified.user, verified.email.as_deref())
+                .await
+            {
+                // Conflict: another request created it first.
+                Ok(_) | Err(StoreError::Conflict(_)) => {
+                    tracing::info!(user = %verified.user, "user provisioned from the identity provider");
+                }
+                Err(StoreError::Invalid(why)) => {
+                    tracing::debug!(%why, "a JWT's user cannot be provisioned");
+                    return Err(GatewayError::Unauthorized(AuthReason::UnknownUser));
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+            found = self
+                .keys
+                .token_session(hash, record)
+                .await
+                .map_err(unavailable)?;
+        }
+        let auth = found.ok_or(GatewayError::Unauthorized(AuthReason::UnknownUser))?;
+        session_status(Some(auth), now).map_err(GatewayError::Unauthorized)
+    }
+}
+
+/// What a 503 names when no key set of the identity provider was ever fetched.
+pub(super) const KEY_SET: &str = "the identity provider's key set";
+
+fn jwt_reason(e: &JwtError) -> AuthReason {
+    match e {
+        JwtError::Malformed => AuthReason::Malformed,
+        JwtError::Expired => AuthReason::Expired,
+        JwtError::NotYetValid => AuthReason::NotYetValid,
+        JwtError::Invalid(_) | JwtError::UnknownKid => AuthReason::Invalid,
     }
 }
 

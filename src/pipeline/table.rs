@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::auth::oidc::Oidc;
 use crate::config::Operation;
 use crate::config::{
     BuiltinService, OrgSource, PolicyKey, PolicyMode, RouteSettings, Settings, UpstreamSettings,
@@ -30,6 +31,9 @@ pub enum TableError {
     /// Two routes the router cannot tell apart.
     #[error("routes: {0}")]
     Route(String),
+    /// The identity provider's client could not be made.
+    #[error("auth.oidc: {0}")]
+    Oidc(String),
 }
 
 /// Where a route's requests go: an HTTP upstream, or the built-in key
@@ -101,6 +105,8 @@ pub struct Pipeline {
     /// `[server.client_ip] header`, when header hygiene would not remove it
     /// anyway: a name of the operator's own choosing.
     pub(crate) client_ip_field: Option<http::HeaderName>,
+    /// `[auth.oidc]`: the identity provider whose JWTs act as sessions.
+    pub(crate) oidc: Option<Arc<Oidc>>,
 }
 
 impl Pipeline {
@@ -199,6 +205,17 @@ impl Pipeline {
                 }),
             });
         }
+        // `[auth.oidc]` needs a restart: a reload keeps the running provider
+        // and its key set.
+        let oidc = match (&settings.auth.oidc, previous.and_then(|g| g.oidc.clone())) {
+            (Some(_), Some(running)) => Some(running),
+            (Some(cfg), None) => {
+                let oidc = Oidc::new(cfg.clone()).map_err(TableError::Oidc)?;
+                oidc.spawn_refresh();
+                Some(oidc)
+            }
+            (None, _) => None,
+        };
         let keys_service = KeysService::new(store.clone(), keys.clone(), settings.clone());
         let field = &settings.server.client_ip.header;
         let client_ip_field = (!crate::proxy::headers::is_spoofable(field)).then(|| field.clone());
@@ -220,6 +237,7 @@ impl Pipeline {
                 |&(result, reason)| metrics::counter!(names::AUTH, "result" => result, "reason" => reason),
             ),
             client_ip_field,
+            oidc,
         })
     }
 }

@@ -15,7 +15,7 @@ mod changes;
 mod negative;
 mod tier;
 
-use super::{CachedApiKey, Change, KeyStore, SessionAuth, StoreError};
+use super::{CachedApiKey, Change, KeyStore, SessionAuth, SessionRecord, StoreError};
 use crate::secret::SecretHash;
 use changes::ChangeLog;
 use futures_util::FutureExt;
@@ -30,6 +30,7 @@ pub struct CachedKeyStore {
     api_keys: Arc<Tier<CachedApiKey>>,
     sessions: Arc<Tier<SessionAuth>>,
     log: Arc<ChangeLog>,
+    store: Arc<dyn KeyStore>,
 }
 
 impl CachedKeyStore {
@@ -54,7 +55,7 @@ impl CachedKeyStore {
             cfg,
         );
         let sessions = Tier::new(
-            store,
+            Arc::clone(&store),
             |store, hashes| async move { store.find_sessions(&hashes).await }.boxed(),
             Arc::clone(&log),
             breaker,
@@ -64,6 +65,7 @@ impl CachedKeyStore {
             api_keys,
             sessions,
             log,
+            store,
         }
     }
 
@@ -89,6 +91,28 @@ impl CachedKeyStore {
     /// [`Self::fresh_api_key`] for sessions.
     pub fn fresh_session(&self, hash: &SecretHash) -> Option<Option<Arc<SessionAuth>>> {
         self.sessions.fresh(hash)
+    }
+
+    /// The session a verified JWT stands for, cached under the token's
+    /// hash until `cache_ttl` (the record's `expires_at` bounds it too):
+    /// `session`'s user with its memberships, or `None` if the store has
+    /// no such user. A membership change drops it as it does a session's.
+    pub async fn token_session(
+        &self,
+        hash: &SecretHash,
+        session: SessionRecord,
+    ) -> Result<Option<Arc<SessionAuth>>, StoreError> {
+        let store = Arc::clone(&self.store);
+        self.sessions
+            .get_with(hash, async move {
+                let access = store.find_user_access(&session.user_id).await?;
+                Ok(access.map(|a| SessionAuth {
+                    session,
+                    memberships: a.memberships,
+                    org_limits: a.org_limits,
+                }))
+            })
+            .await
     }
 
     /// Drops exactly the entries `change` affects (`All`: everything).

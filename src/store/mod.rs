@@ -251,6 +251,15 @@ impl SessionAuth {
     }
 }
 
+/// A user's memberships and their organizations' overrides of policy quotas.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UserAccess {
+    /// Every (organization, role) of the user.
+    pub memberships: Vec<(String, String)>,
+    /// The overrides of policy quotas of those organizations.
+    pub org_limits: Vec<OrgLimit>,
+}
+
 /// One entry of the invalidation log: what cached entries it makes stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -317,6 +326,10 @@ pub trait KeyStore: Send + Sync + 'static {
             .filter_map(|(h, auth)| Some((*h, auth?)))
             .collect())
     }
+    /// Every (organization, role) of the user `user_id` and those
+    /// organizations' overrides, or `None` when the store has no such user:
+    /// what a verified JWT of that user may do.
+    async fn find_user_access(&self, user_id: &str) -> Result<Option<UserAccess>, StoreError>;
     /// Cheap liveness check, called by readiness probes and, while the
     /// cache's circuit breaker is open, by its probe. Fails fast when the
     /// store refuses connections.

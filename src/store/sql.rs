@@ -8,7 +8,7 @@
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
 use super::sql_connect::ConnectCheck;
 use super::sql_error::Db;
-use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError};
+use super::{ApiKeyAuth, KeyStore, SessionAuth, StoreConfig, StoreError, UserAccess};
 use crate::clock::unix_now;
 use crate::secret::SecretHash;
 use sqlx::any::AnyPoolOptions;
@@ -304,6 +304,10 @@ impl KeyStore for SqlStore {
         hashes: &[SecretHash],
     ) -> Result<Vec<(SecretHash, SessionAuth)>, StoreError> {
         self.find_sessions_by_hashes(hashes).await
+    }
+
+    async fn find_user_access(&self, user_id: &str) -> Result<Option<UserAccess>, StoreError> {
+        self.find_user_access_by_id(user_id).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

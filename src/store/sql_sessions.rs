@@ -6,10 +6,11 @@ use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::sql_limits::org_limits_of;
 use super::sql_list::{hash_list, in_list, text_list};
-use super::{Change, SessionAuth, SessionRecord, StoreError};
+use super::{Change, SessionAuth, SessionRecord, StoreError, UserAccess};
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
+use sqlx::AnyConnection;
 use sqlx::Row;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -176,25 +177,33 @@ impl SqlStore {
             .db()?;
             let Some(row) = row else { return Ok(None) };
             let session = session_from_row(&row).db()?;
-            let memberships = sqlx::query(
-                "SELECT organization_id, role FROM memberships WHERE user_id = $1 \
-                 ORDER BY organization_id",
-            )
-            .bind(&session.user_id)
-            .fetch_all(&mut *conn)
-            .await
-            .db()?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<Vec<(String, String)>, sqlx::Error>>()
-            .db()?;
-            let orgs: Vec<String> = memberships.iter().map(|(org, _)| org.clone()).collect();
-            let org_limits = org_limits_of(&mut conn, &orgs).await.db()?;
+            let access = access_of(&mut conn, &session.user_id).await.db()?;
             Ok(Some(SessionAuth {
                 session,
-                memberships,
-                org_limits,
+                memberships: access.memberships,
+                org_limits: access.org_limits,
             }))
+        })
+        .await
+    }
+
+    /// The memberships of the user `user_id` and their organizations'
+    /// overrides, or `None` if there is no such user.
+    pub(super) async fn find_user_access_by_id(
+        &self,
+        user_id: &str,
+    ) -> Result<Option<UserAccess>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let user = sqlx::query("SELECT id FROM users WHERE id = $1")
+                .bind(user_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .db()?;
+            if user.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(access_of(&mut conn, user_id).await.db()?))
         })
         .await
     }
@@ -277,4 +286,23 @@ impl SqlStore {
         })
         .await
     }
+}
+
+/// Every (organization, role) of `user` and those organizations' overrides.
+async fn access_of(conn: &mut AnyConnection, user: &str) -> Result<UserAccess, sqlx::Error> {
+    let memberships = sqlx::query(
+        "SELECT organization_id, role FROM memberships WHERE user_id = $1 ORDER BY organization_id",
+    )
+    .bind(user)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+    .collect::<Result<Vec<(String, String)>, sqlx::Error>>()?;
+    let orgs: Vec<String> = memberships.iter().map(|(org, _)| org.clone()).collect();
+    let org_limits = org_limits_of(conn, &orgs).await?;
+    Ok(UserAccess {
+        memberships,
+        org_limits,
+    })
 }

@@ -1,7 +1,7 @@
 //! The cache decorator's tests, against a fake store, on tokio's paused clock.
 use super::*;
 use crate::secret::hash_secret;
-use crate::store::{ApiKeyAuth, ApiKeyRecord, SessionRecord};
+use crate::store::{ApiKeyAuth, ApiKeyRecord, SessionRecord, UserAccess};
 use breaker::{OPEN_AFTER_FAILURES, PROBE_EVERY};
 use changes::{lock, RECENT_CHANGES};
 use std::collections::HashMap;
@@ -25,6 +25,8 @@ struct FakeStore {
     pings: AtomicUsize,
     /// The hashes of each API key query, in order.
     batches: Mutex<Vec<Vec<SecretHash>>>,
+    /// Users by id, for the lookups of verified JWTs.
+    users: Mutex<HashMap<String, UserAccess>>,
 }
 
 impl FakeStore {
@@ -100,6 +102,14 @@ impl KeyStore for FakeStore {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         Ok(snapshot)
+    }
+    async fn find_user_access(&self, user_id: &str) -> Result<Option<UserAccess>, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let failure = lock(&self.failure).clone();
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(lock(&self.users).get(user_id).cloned())
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.pings.fetch_add(1, Ordering::SeqCst);
@@ -689,4 +699,89 @@ async fn a_failure_of_a_lookup_begun_before_the_breaker_closed_does_not_open_it_
     // One begun since does open it.
     breaker.failed(&refused(), breaker.epoch());
     assert!(breaker.is_open());
+}
+
+fn token_record(user: &str) -> SessionRecord {
+    SessionRecord {
+        id: "jwt".into(),
+        user_id: user.into(),
+        created_at: 0,
+        expires_at: i64::MAX,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_verified_tokens_user_is_cached_under_the_tokens_hash_until_a_membership_changes() {
+    let (store, cache) = setup();
+    lock(&store.users).insert(
+        "carol".into(),
+        UserAccess {
+            memberships: vec![("acme".into(), "viewer".into())],
+            org_limits: vec![],
+        },
+    );
+    let hash = hash_secret("a.jwt.token");
+    let first = cache
+        .token_session(&hash, token_record("carol"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.role_in("acme"), Some("viewer"));
+    let calls = store.calls();
+    // The hot path's probe finds it fresh, without the store.
+    let fresh = cache
+        .fresh_session(&hash)
+        .expect("fresh")
+        .expect("positive");
+    assert_eq!(fresh.session.user_id, "carol");
+    assert_eq!(store.calls(), calls);
+    cache.invalidate(&Change::Member {
+        organization_id: "acme".into(),
+        user_id: "carol".into(),
+    });
+    assert!(
+        cache.fresh_session(&hash).is_none(),
+        "a membership change drops it"
+    );
+    // Past cache_ttl it is no longer fresh either.
+    cache
+        .token_session(&hash, token_record("carol"))
+        .await
+        .unwrap();
+    tokio::time::advance(CFG.ttl + Duration::from_millis(1)).await;
+    assert!(cache.fresh_session(&hash).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_tokens_user_is_not_cached_and_an_outage_serves_the_stale_entry() {
+    let (store, cache) = setup();
+    let hash = hash_secret("b.jwt.token");
+    assert!(cache
+        .token_session(&hash, token_record("dave"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        cache.fresh_session(&hash).is_none(),
+        "no negative entry for a token"
+    );
+    lock(&store.users).insert("dave".into(), UserAccess::default());
+    assert!(cache
+        .token_session(&hash, token_record("dave"))
+        .await
+        .unwrap()
+        .is_some());
+    tokio::time::advance(CFG.ttl + Duration::from_millis(1)).await;
+    store.down();
+    let stale = cache.token_session(&hash, token_record("dave")).await;
+    assert_eq!(
+        stale.unwrap().unwrap().session.user_id,
+        "dave",
+        "served stale"
+    );
+    tokio::time::advance(CFG.stale_if_error).await;
+    assert!(cache
+        .token_session(&hash, token_record("dave"))
+        .await
+        .is_err());
 }

@@ -202,6 +202,46 @@ impl<T: Cached> Tier<T> {
         }
     }
 
+    /// The answer for `hash`: fresh from cache, else `load`'s (cached unless
+    /// an invalidation raced it), else (store down) a stale positive entry.
+    /// For values the tier's loader cannot find by hash alone (a verified
+    /// JWT's user): no batching and no single flight, since each caller
+    /// verified its token first.
+    pub(super) async fn get_with(
+        self: &Arc<Self>,
+        hash: &SecretHash,
+        load: impl std::future::Future<Output = Result<Option<T>, StoreError>>,
+    ) -> Result<Option<Arc<T>>, StoreError> {
+        let now = Instant::from_std(crate::clock::now());
+        let cached = self.entries.get(hash);
+        if let Some(slot) = cached.as_ref().filter(|s| s.is_fresh(now, &self.cfg)) {
+            self.lookups.hit.increment(1);
+            return Ok(Some(slot.value.clone()));
+        }
+        if self.breaker.is_open() {
+            return self.stale_or(cached, now, circuit_open());
+        }
+        self.lookups.miss.increment(1);
+        let start_epoch = self.log.epoch();
+        let breaker_epoch = self.breaker.epoch();
+        let started = Instant::now();
+        match load.await {
+            Ok(found) => {
+                self.breaker.succeeded();
+                let found = found.map(Arc::new);
+                if let Some(value) = &found {
+                    self.cache(*hash, value, started, start_epoch);
+                }
+                Ok(found)
+            }
+            Err(e) if e.is_unavailable() => {
+                self.breaker.failed(&e, breaker_epoch);
+                self.stale_or(cached, Instant::from_std(crate::clock::now()), e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The answer for `hash` if the cache holds a fresh one (counted as a hit), else `None`
     /// (nothing counted, nothing loaded): the caller learns without waiting whether a
     /// lookup would reach the store.

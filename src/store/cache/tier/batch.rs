@@ -161,7 +161,13 @@ impl<T: Cached> Tier<T> {
 
     /// Caches `value` for `hash` unless an invalidation since `start_epoch`
     /// touches it; false if one did (nothing is left cached then).
-    fn cache(&self, hash: SecretHash, value: &Arc<T>, started: Instant, start_epoch: u64) -> bool {
+    pub(super) fn cache(
+        &self,
+        hash: SecretHash,
+        value: &Arc<T>,
+        started: Instant,
+        start_epoch: u64,
+    ) -> bool {
         let raced = || {
             self.log
                 .changed_since(start_epoch, |c| value.affected_by(c))

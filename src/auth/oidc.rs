@@ -1,0 +1,299 @@
+//! `[auth.oidc]` at run time: the identity provider's key set, fetched at
+//! start and every `jwks_refresh` (discovered from the issuer when no
+//! `jwks_url` is set), fetched again when a token names a `kid` it does not
+//! hold (at most once per [`UNKNOWN_KID_REFRESH`]), and kept when a fetch
+//! fails; and the verification of one token against it.
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::jwt::{JwtError, KeySet, Verified};
+use crate::config::OidcSettings;
+use crate::metrics::names::{JWKS_REFRESHES, JWT_VERIFICATIONS};
+
+/// A token naming an unknown `kid` fetches the key set again at most this often.
+pub const UNKNOWN_KID_REFRESH: Duration = Duration::from_secs(30);
+/// A key set or discovery document larger than this is refused.
+const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+/// One fetch (connect, TLS, answer) takes at most this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// While no key set was ever fetched, the next try comes after this, doubled
+/// each time up to `jwks_refresh`.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a JWT got no principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OidcError {
+    /// The token does not hold (a 401 of this reason).
+    Refused(JwtError),
+    /// No key set was ever fetched (a 503: the client did nothing wrong).
+    NoKeySet,
+}
+
+/// The identity provider: its settings and its current key set.
+pub struct Oidc {
+    settings: OidcSettings,
+    keys: ArcSwapOption<KeySet>,
+    /// When a token's unknown `kid` last made us fetch; held while fetching,
+    /// so tokens that arrive meanwhile wait for that one fetch.
+    last_kid_refresh: Mutex<Option<Instant>>,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+}
+
+impl Oidc {
+    /// The provider of `settings`, with no key set yet (see [`Oidc::spawn_refresh`]).
+    pub fn new(settings: OidcSettings) -> Result<Arc<Oidc>, String> {
+        let client = Client::builder(TokioExecutor::new()).build(connector(&settings)?);
+        Ok(Arc::new(Oidc {
+            settings,
+            keys: ArcSwapOption::empty(),
+            last_kid_refresh: Mutex::new(None),
+            client,
+        }))
+    }
+
+    /// The settings it was made with.
+    pub fn settings(&self) -> &OidcSettings {
+        &self.settings
+    }
+
+    /// Whether a key set is in use.
+    pub fn has_key_set(&self) -> bool {
+        self.keys.load().is_some()
+    }
+
+    /// Fetches the key set now, then every `jwks_refresh`; while none was
+    /// ever fetched, sooner, backing off from [`FIRST_RETRY`]. Stops when
+    /// the last other holder of `self` is gone.
+    pub fn spawn_refresh(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut retry = FIRST_RETRY;
+            loop {
+                let Some(oidc) = weak.upgrade() else { return };
+                let every = oidc.settings.jwks_refresh;
+                let wait = match oidc.refresh().await {
+                    Ok(()) => every,
+                    Err(_) if !oidc.has_key_set() => {
+                        let wait = retry.min(every);
+                        retry = (retry * 2).min(every);
+                        wait
+                    }
+                    Err(_) => every,
+                };
+                drop(oidc);
+                tokio::time::sleep(wait).await;
+            }
+        })
+    }
+
+    /// Checks `token` at `now` (unix seconds). A `kid` the key set lacks
+    /// fetches it again first, unless that was done in the last
+    /// [`UNKNOWN_KID_REFRESH`]; still unknown, the token is invalid.
+    pub async fn verify(&self, token: &str, now: i64) -> Result<Verified, OidcError> {
+        let result = match self.verify_with_current(token, now) {
+            Err(OidcError::Refused(JwtError::UnknownKid)) => {
+                self.refresh_for_unknown_kid().await;
+                match self.verify_with_current(token, now) {
+                    Err(OidcError::Refused(JwtError::UnknownKid)) => {
+                        Err(OidcError::Refused(JwtError::Invalid("unknown kid")))
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(OidcError::NoKeySet) => "no_key_set",
+            Err(OidcError::Refused(JwtError::Malformed)) => "malformed",
+            Err(OidcError::Refused(JwtError::Expired)) => "expired",
+            Err(OidcError::Refused(JwtError::NotYetValid)) => "not_yet_valid",
+            Err(OidcError::Refused(_)) => "invalid",
+        };
+        metrics::counter!(JWT_VERIFICATIONS, "outcome" => outcome).increment(1);
+        if let Err(OidcError::Refused(JwtError::Invalid(why))) = &result {
+            tracing::debug!(why, "JWT refused");
+        }
+        result
+    }
+
+    fn verify_with_current(&self, token: &str, now: i64) -> Result<Verified, OidcError> {
+        let keys = self.keys.load();
+        let keys = keys.as_ref().ok_or(OidcError::NoKeySet)?;
+        keys.verify(token, &self.settings, now)
+            .map_err(OidcError::Refused)
+    }
+
+    async fn refresh_for_unknown_kid(&self) {
+        let started = Instant::now();
+        let mut last = self.last_kid_refresh.lock().await;
+        match *last {
+            // Another token's fetch finished while this one waited.
+            Some(at) if at >= started => {}
+            Some(at) if at.elapsed() < UNKNOWN_KID_REFRESH => {}
+            _ => {
+                let _ = self.refresh().await;
+                *last = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Fetches the key set and puts it in use; on any failure the set in
+    /// use stays, and the error is logged (naming what was wrong) and counted.
+    pub async fn refresh(&self) -> Result<(), String> {
+        let result = self.fetch_key_set().await;
+        let outcome = match &result {
+            Ok(keys) => {
+                tracing::info!(keys = keys.len(), "identity provider's key set fetched");
+                "ok"
+            }
+            Err(Fetch::Unreachable(e)) => {
+                tracing::warn!(error = %e, kept = self.has_key_set(), "identity provider's key set could not be fetched");
+                "error"
+            }
+            Err(Fetch::Refused(e)) => {
+                tracing::error!(error = %e, kept = self.has_key_set(), "identity provider's key set refused");
+                "invalid"
+            }
+        };
+        metrics::counter!(JWKS_REFRESHES, "outcome" => outcome).increment(1);
+        match result {
+            Ok(keys) => {
+                self.keys.store(Some(Arc::new(keys)));
+                Ok(())
+            }
+            Err(Fetch::Unreachable(e) | Fetch::Refused(e)) => Err(e),
+        }
+    }
+
+    async fn fetch_key_set(&self) -> Result<KeySet, Fetch> {
+        let url = match &self.settings.jwks_url {
+            Some(url) => url.clone(),
+            None => self.discover().await?,
+        };
+        let body = self.get(&url).await?;
+        KeySet::parse(&body, &self.settings.algorithms)
+            .map_err(|e| Fetch::Refused(format!("{url}: {e}")))
+    }
+
+    /// `jwks_uri` of the issuer's discovery document, which must name the
+    /// configured issuer (OpenID Connect Discovery §4.3).
+    async fn discover(&self) -> Result<String, Fetch> {
+        let issuer = self.settings.issuer.trim_end_matches('/');
+        let url = format!("{issuer}/.well-known/openid-configuration");
+        let body = self.get(&url).await?;
+        let doc: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| Fetch::Refused(format!("{url}: not JSON: {e}")))?;
+        if doc.get("issuer").and_then(|v| v.as_str()) != Some(self.settings.issuer.as_str()) {
+            return Err(Fetch::Refused(format!(
+                "{url}: its issuer is not {:?}",
+                self.settings.issuer
+            )));
+        }
+        let jwks = doc
+            .get("jwks_uri")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| Fetch::Refused(format!("{url}: no jwks_uri")))?;
+        if let Some(problem) = crate::config::fetch_url_problem(jwks) {
+            return Err(Fetch::Refused(format!(
+                "{url}: jwks_uri {jwks:?}: {problem}"
+            )));
+        }
+        Ok(jwks.to_owned())
+    }
+
+    /// The body of a 200 answer to `GET url`, at most [`MAX_DOCUMENT_BYTES`].
+    async fn get(&self, url: &str) -> Result<Bytes, Fetch> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| Fetch::Refused(format!("{url}: {e}")))?;
+        let req = http::Request::get(uri)
+            .header(http::header::ACCEPT, "application/json")
+            .body(Empty::new())
+            .map_err(|e| Fetch::Refused(format!("{url}: {e}")))?;
+        let fetch = async {
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| Fetch::Unreachable(format!("{url}: {}", error_chain(&e))))?;
+            if res.status() != http::StatusCode::OK {
+                return Err(Fetch::Unreachable(format!(
+                    "{url}: status {}",
+                    res.status()
+                )));
+            }
+            Limited::new(res.into_body(), MAX_DOCUMENT_BYTES)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| Fetch::Refused(format!("{url}: {e}")))
+        };
+        tokio::time::timeout(FETCH_TIMEOUT, fetch)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Fetch::Unreachable(format!(
+                    "{url}: no answer in {FETCH_TIMEOUT:?}"
+                )))
+            })
+    }
+}
+
+enum Fetch {
+    /// The provider could not be reached, or did not answer 200.
+    Unreachable(String),
+    /// It answered with something we do not take.
+    Refused(String),
+}
+
+impl From<Fetch> for String {
+    fn from(f: Fetch) -> String {
+        match f {
+            Fetch::Unreachable(e) | Fetch::Refused(e) => e,
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// HTTPS with the system's roots or `ca_file`; plain HTTP passes through
+/// (the configuration allows it only to a loopback address).
+fn connector(s: &OidcSettings) -> Result<HttpsConnector<HttpConnector>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let config = match &s.ca_file {
+        Some(ca) => builder.with_root_certificates(crate::tls::pem::load_roots(ca)?),
+        None => builder
+            .with_native_roots()
+            .map_err(|e| format!("no system root certificates: {e}"))?,
+    }
+    .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(FETCH_TIMEOUT));
+    http.enforce_http(false);
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
+}
