@@ -183,7 +183,10 @@ impl Pipeline {
                 let found = self.keys.session(&hash).await;
                 session_status(found.map_err(crate::store::unavailable)?, now)
             }
-            Probe::Jwt(hash, token) => return self.token_session(&hash, token, now).await,
+            // Boxed: only JWT routes should carry room for a verification.
+            Probe::Jwt(hash, token) => {
+                return Box::pin(self.token_session(&hash, token, now)).await
+            }
         };
         known.map_err(GatewayError::Unauthorized)
     }

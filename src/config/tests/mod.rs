@@ -2,6 +2,7 @@ use super::*;
 use std::time::Duration;
 
 mod backends;
+mod oidc;
 mod server;
 mod upstreams;
 
