@@ -135,6 +135,16 @@ impl KeySet {
         self.keys.len()
     }
 
+    /// True when a key of `old` is not in this set (by `kid` and key).
+    pub fn drops_a_key_of(&self, old: &KeySet) -> bool {
+        old.keys.iter().any(|o| {
+            !self
+                .keys
+                .iter()
+                .any(|n| n.kid == o.kid && n.algorithms == o.algorithms && same_key(&n.key, &o.key))
+        })
+    }
+
     /// Always false: a set holds at least one key.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
@@ -183,6 +193,10 @@ impl KeySet {
         };
         check_claims(&claims, cfg, now)
     }
+}
+
+fn same_key(a: &DecodingKey, b: &DecodingKey) -> bool {
+    a.family() == b.family() && format!("{:?}", a.kind()) == format!("{:?}", b.kind())
 }
 
 /// Algorithms a key of these parameters can verify.

@@ -18,7 +18,11 @@ use tokio::time::Instant;
 use super::jwt::{JwtError, KeySet, Verified};
 use crate::config::OidcSettings;
 use crate::metrics::names::{JWKS_REFRESHES, JWT_VERIFICATIONS};
+use crate::store::{CachedKeyStore, Change};
 
+/// The session id of every verified token's cached session: one id, so
+/// that a key leaving the set drops them all at once.
+pub const JWT_SESSION_ID: &str = "jwt";
 /// A token naming an unknown `kid` fetches the key set again at most this often.
 pub const UNKNOWN_KID_REFRESH: Duration = Duration::from_secs(30);
 /// A key set or discovery document larger than this is refused.
@@ -46,17 +50,21 @@ pub struct Oidc {
     /// so tokens that arrive meanwhile wait for that one fetch.
     last_kid_refresh: Mutex<Option<Instant>>,
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// Where verified tokens are cached: dropped when a key leaves the set.
+    cache: CachedKeyStore,
 }
 
 impl Oidc {
-    /// The provider of `settings`, with no key set yet (see [`Oidc::spawn_refresh`]).
-    pub fn new(settings: OidcSettings) -> Result<Arc<Oidc>, String> {
+    /// The provider of `settings`, with no key set yet (see
+    /// [`Oidc::spawn_refresh`]); its verified tokens are cached in `cache`.
+    pub fn new(settings: OidcSettings, cache: CachedKeyStore) -> Result<Arc<Oidc>, String> {
         let client = Client::builder(TokioExecutor::new()).build(connector(&settings)?);
         Ok(Arc::new(Oidc {
             settings,
             keys: ArcSwapOption::empty(),
             last_kid_refresh: Mutex::new(None),
             client,
+            cache,
         }))
     }
 
@@ -168,7 +176,15 @@ impl Oidc {
         metrics::counter!(JWKS_REFRESHES, "outcome" => outcome).increment(1);
         match result {
             Ok(keys) => {
-                self.keys.store(Some(Arc::new(keys)));
+                let old = self.keys.swap(Some(Arc::new(keys)));
+                let new = self.keys.load();
+                if old.is_some_and(|old| new.as_ref().is_some_and(|new| new.drops_a_key_of(&old))) {
+                    // A token of a key the provider withdrew stops serving now,
+                    // not when its cache entry ages out.
+                    self.cache.invalidate(&Change::Session {
+                        id: JWT_SESSION_ID.into(),
+                    });
+                }
                 Ok(())
             }
             Err(Fetch::Unreachable(e) | Fetch::Refused(e)) => Err(e),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::table::{Pipeline, RouteEntry};
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
 use crate::auth::jwt::JwtError;
-use crate::auth::oidc::OidcError;
+use crate::auth::oidc::{OidcError, JWT_SESSION_ID};
 use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
@@ -214,7 +214,7 @@ impl Pipeline {
             Err(OidcError::Refused(e)) => return Err(GatewayError::Unauthorized(jwt_reason(&e))),
         };
         let record = SessionRecord {
-            id: "jwt".into(),
+            id: JWT_SESSION_ID.into(),
             user_id: verified.user.clone(),
             created_at: verified.issued_at,
             expires_at: verified.expires_at,

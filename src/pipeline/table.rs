@@ -210,7 +210,7 @@ impl Pipeline {
         let oidc = match (&settings.auth.oidc, previous.and_then(|g| g.oidc.clone())) {
             (Some(_), Some(running)) => Some(running),
             (Some(cfg), None) => {
-                let oidc = Oidc::new(cfg.clone()).map_err(TableError::Oidc)?;
+                let oidc = Oidc::new(cfg.clone(), keys.clone()).map_err(TableError::Oidc)?;
                 oidc.spawn_refresh();
                 Some(oidc)
             }
