@@ -15,6 +15,11 @@
 #   BACKEND=redis N=5000 benches/load/instructions.sh
 #       # the same with `[rate_limit] backend = "redis"` against a Redis of its
 #       # own (redis-server on a free port): the gateway's side of the shared limiter
+#   CRED=session N=5000 benches/load/instructions.sh
+#   CRED=jwt N=5000 benches/load/instructions.sh
+#       # the same on a session route, with an opaque session token, or with an
+#       # identity provider's JWT (ES256, minted by tests/support/mint_jwt.mjs,
+#       # its key set served on loopback): the cached-credential path of each
 #
 # Prints the total and the per-request figure, and leaves the callgrind file
 # (for `callgrind_annotate`) in $OUT (default /tmp/mpg-instructions.out).
@@ -22,7 +27,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
-BACKEND=${BACKEND:-local} H2=${H2:-}
+BACKEND=${BACKEND:-local} H2=${H2:-} CRED=${CRED:-api_key}
+case "$CRED" in
+  api_key|session) ;;
+  jwt) command -v node >/dev/null || { echo "instructions.sh: CRED=jwt needs node" >&2; exit 1; } ;;
+  *) echo "instructions.sh: CRED is api_key, session or jwt" >&2; exit 1 ;;
+esac
 case "$BACKEND" in
   local) tools="valgrind callgrind_control nginx" ;;
   redis) tools="valgrind callgrind_control nginx redis-server" ;;
@@ -65,6 +75,40 @@ seed_account "$CFG"
 python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
 URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
+if [ "$CRED" != api_key ]; then
+  # The same upstream behind a session route.
+  cat >>"$CFG" <<EOF
+[[routes]]
+method = "GET"
+path = "/api/v1/me/clusters"
+auth = "session"
+scope = "clusters:read"
+organization = "query:organization_id"
+upstream = "clusters"
+rate_limit = "bench"
+EOF
+  URL="http://127.0.0.1:$GW_PORT/api/v1/me/clusters?organization_id=acme"
+  KEY="$("$GW" sessions create --user alice --config "$CFG" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
+fi
+if [ "$CRED" = jwt ]; then
+  IDP_PORT=$(free_port); mkdir -p "$WORK/idp"
+  now=$(date +%s)
+  printf '{"keys":[{"kid":"ec-1","type":"ec"}],"tokens":{"t":{"kid":"ec-1","alg":"ES256","claims":{"iss":"https://idp.bench","aud":"mpg-api","sub":"alice","iat":%s,"exp":%s}}}}' \
+    "$now" "$((now + 3600))" | node "$ROOT/tests/support/mint_jwt.mjs" >"$WORK/minted.json"
+  python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); json.dump({"keys": list(m["jwks"].values())}, open(sys.argv[2], "w")); print(m["tokens"]["t"])' \
+    "$WORK/minted.json" "$WORK/idp/jwks.json" >"$WORK/token.txt"
+  KEY="$(cat "$WORK/token.txt")"
+  python3 -m http.server --bind 127.0.0.1 --directory "$WORK/idp" "$IDP_PORT" >/dev/null 2>&1 &
+  PIDS+=($!)
+  wait_port "$IDP_PORT"
+  cat >>"$CFG" <<EOF
+[auth.oidc]
+issuer = "https://idp.bench"
+audiences = ["mpg-api"]
+jwks_url = "http://127.0.0.1:$IDP_PORT/jwks.json"
+algorithms = ["ES256"]
+EOF
+fi
 
 rm -f "$OUT" "$OUT".*
 valgrind --tool=callgrind --callgrind-out-file="$OUT" "$GW" run --config "$CFG" >"$WORK/gw.log" 2>&1 &
@@ -79,5 +123,5 @@ callgrind_control -d "$VG" >/dev/null 2>&1
 sleep 1
 # The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
-echo "$N requests${H2:+ over h2c}${RATE:+ at $RATE/s} ($BACKEND limiter): $total instructions in the gateway's user space, $((total / N)) per request"
+echo "$N requests${H2:+ over h2c}${RATE:+ at $RATE/s} ($BACKEND limiter, $CRED): $total instructions in the gateway's user space, $((total / N)) per request"
 echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"
