@@ -1,5 +1,7 @@
 //! Micro-benchmarks of the per-request hot path, one group per stage:
 //! the API key check (format + SHA-256 + cache hit), the session lookup,
+//! a JWT's first verification per algorithm (what a token costs before it
+//! is cached),
 //! the rate-limit decision (local; Redis in its own group, skipped when no
 //! Redis answers at `MPG_TEST_REDIS_URL`), route matching, the request header
 //! rewrite, and error body rendering.
@@ -421,6 +423,43 @@ fn header_rewrite(c: &mut Criterion) {
     g.finish();
 }
 
+/// A JWT's first verification, per algorithm: header, key, signature and
+/// claims, against the key set and tokens Node's crypto minted for the
+/// verifier's tests. (A cached token costs what a session token does.)
+fn jwt_first_verification(c: &mut Criterion) {
+    use jsonwebtoken::Algorithm::*;
+    use mpg_gateway::auth::jwt::KeySet;
+    use mpg_gateway::config::OidcSettings;
+    let vectors: serde_json::Value =
+        serde_json::from_str(include_str!("../src/auth/jwt/vectors.json")).unwrap();
+    let cfg = OidcSettings {
+        issuer: "https://id.test".into(),
+        audiences: vec!["mpg-api".into()],
+        jwks_url: None,
+        ca_file: None,
+        user_claim: "sub".into(),
+        algorithms: vec![RS256, PS256, ES256, EdDSA],
+        leeway: Duration::from_secs(60),
+        jwks_refresh: Duration::from_secs(600),
+        provision_users: false,
+    };
+    let keys = KeySet::parse(vectors["jwks"].to_string().as_bytes(), &cfg.algorithms).unwrap();
+    let mut g = c.benchmark_group("jwt_first_verification");
+    g.throughput(Throughput::Elements(1));
+    for (name, alg) in [
+        ("rs256", "RS256"),
+        ("ps256", "PS256"),
+        ("es256", "ES256"),
+        ("eddsa", "EdDSA"),
+    ] {
+        let token = vectors["tokens"][name].as_str().unwrap().to_string();
+        g.bench_function(alg, |b| {
+            b.iter(|| keys.verify(black_box(&token), &cfg, 1_893_456_000).unwrap())
+        });
+    }
+    g.finish();
+}
+
 fn error_bodies(c: &mut Criterion) {
     let mut g = c.benchmark_group("error_body");
     g.throughput(Throughput::Elements(1));
@@ -451,6 +490,7 @@ criterion_group!(
     limiter_redis,
     routing,
     header_rewrite,
+    jwt_first_verification,
     error_bodies
 );
 criterion_main!(benches);
