@@ -81,8 +81,11 @@ async fn answer(
             ))
         }
         (&Method::GET, ["organizations"]) => {
-            let all = store.list_organizations().await.map_err(store_error)?;
-            page(all, query, "id")
+            let (limit, cursor) = crate::keys_service::paging(query)?;
+            let rows = store
+                .list_organizations_after(cursor.as_deref(), limit + 1)
+                .await;
+            Ok(read_page(rows.map_err(store_error)?, limit, "id"))
         }
         (&Method::GET, ["organizations", id]) => {
             let found = store.get_organization(id).await.map_err(store_error)?;
@@ -109,8 +112,9 @@ async fn answer(
             ))
         }
         (&Method::GET, ["users"]) => {
-            let all = store.list_users().await.map_err(store_error)?;
-            page(all, query, "id")
+            let (limit, cursor) = crate::keys_service::paging(query)?;
+            let rows = store.list_users_after(cursor.as_deref(), limit + 1).await;
+            Ok(read_page(rows.map_err(store_error)?, limit, "id"))
         }
         (&Method::GET, ["users", id]) => {
             let found = store.get_user(id).await.map_err(store_error)?;
@@ -357,6 +361,20 @@ fn page(
         StatusCode::OK,
         &json!({ "data": data, "next_cursor": next }),
     ))
+}
+
+/// The answer for `rows`, read from the store as up to `limit + 1` rows in
+/// `key` order: the first `limit`, and the cursor after them if there are more.
+fn read_page(mut rows: Vec<Value>, limit: u32, key: &str) -> Response<Body> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let next = (rows.len() > limit).then(|| {
+        rows.truncate(limit);
+        rows[limit - 1][key].as_str().unwrap_or_default().to_owned()
+    });
+    json_response(
+        StatusCode::OK,
+        &json!({ "data": rows, "next_cursor": next }),
+    )
 }
 
 /// A store error as the API's answer: 404, 409, 400 naming what is wrong,

@@ -111,6 +111,53 @@ impl SqlStore {
         .await
     }
 
+    /// Up to `limit` organizations with an id after `after` (from the
+    /// first with none), by id: one page of a list, read as one.
+    pub async fn list_organizations_after(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        let sql =
+            "SELECT id, name, created_at FROM organizations WHERE id > $1 ORDER BY id LIMIT $2";
+        self.list_accounts_page(sql, "name", after, limit).await
+    }
+
+    /// [`Self::list_organizations_after`] for users.
+    pub async fn list_users_after(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        let sql = "SELECT id, email, created_at FROM users WHERE id > $1 ORDER BY id LIMIT $2";
+        self.list_accounts_page(sql, "email", after, limit).await
+    }
+
+    /// The rows of `sql`, with `after` (or the empty string, before every
+    /// id) bound as `$1` and `limit` as `$2`.
+    async fn list_accounts_page(
+        &self,
+        sql: &str,
+        column: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            sqlx::query(sql)
+                .bind(after.unwrap_or(""))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *conn)
+                .await
+                .db()?
+                .iter()
+                .map(|r| account_json(r, column))
+                .collect::<Result<Vec<_>, _>>()
+                .db()
+        })
+        .await
+    }
+
     /// The organization `id`, if it exists.
     pub async fn get_organization(&self, id: &str) -> Result<Option<Value>, StoreError> {
         let sql = "SELECT id, name, created_at FROM organizations WHERE id = $1";
