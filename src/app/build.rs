@@ -79,7 +79,11 @@ pub async fn open_store(settings: &Settings) -> Result<SqlStore, StartError> {
     })
     .await
     .map_err(err)?;
-    store.migrate().await.map_err(err)?;
+    if s.wait_at_start {
+        store.migrate_or_wait().await.map_err(err)?;
+    } else {
+        store.migrate().await.map_err(err)?;
+    }
     Ok(store)
 }
 

@@ -201,6 +201,7 @@ pub(crate) struct RawStore {
     pub(crate) query_timeout: Duration,
     #[serde(with = "serde_str")]
     pub(crate) audit_retention: Duration,
+    pub(crate) wait_at_start: bool,
 }
 
 impl Default for RawStore {
@@ -216,6 +217,7 @@ impl Default for RawStore {
             stale_if_error: secs(60),
             query_timeout: secs(2),
             audit_retention: secs(90 * 24 * 60 * 60),
+            wait_at_start: true,
         }
     }
 }

@@ -189,6 +189,9 @@ pub struct StoreSettings {
     pub query_timeout: Duration,
     /// Key lifecycle audit events are deleted once older than this.
     pub audit_retention: Duration,
+    /// A store that cannot be reached at start: serve 503 and retry until
+    /// it answers (`true`), or exit (`false`).
+    pub wait_at_start: bool,
 }
 
 /// `[rate_limit]`

@@ -147,5 +147,6 @@ pub(super) fn store_settings(p: &mut Problems, raw: RawStore) -> StoreSettings {
         stale_if_error: raw.stale_if_error,
         query_timeout: raw.query_timeout,
         audit_retention: raw.audit_retention,
+        wait_at_start: raw.wait_at_start,
     }
 }

@@ -35,6 +35,9 @@ pub struct SqlStore {
     pub(super) url: Arc<str>,
     /// Fails an acquire at once when the server refuses connections.
     connect_check: Arc<ConnectCheck>,
+    /// Closed while the schema is not known to be in place (a start with the
+    /// store down): every query fails as unreachable until a migration ran.
+    open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for SqlStore {
@@ -45,6 +48,16 @@ impl fmt::Debug for SqlStore {
             .finish_non_exhaustive()
     }
 }
+
+/// The first retry of a migration that found the store down at start; each
+/// next one waits twice as long, up to [`MIGRATION_RETRY_MAX`] (less jitter).
+const MIGRATION_RETRY_FIRST: Duration = Duration::from_millis(500);
+const MIGRATION_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why a query failed while the store waits for its first migration.
+#[derive(Debug, thiserror::Error)]
+#[error("the store has not answered since the start")]
+pub struct StoreWaiting;
 
 /// Splits `sqlite://PATH?opts` into the file path (None for in-memory).
 fn sqlite_path(url: &str) -> Option<&str> {
@@ -165,7 +178,59 @@ impl SqlStore {
             timeout: cfg.query_timeout,
             url: url.into(),
             connect_check: Arc::default(),
+            open: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
+    }
+
+    /// Migrates the store, and if it is down ([`StoreError::store_is_down`]), keeps every query
+    /// failing as unreachable (so lookups answer 503 and readiness says no)
+    /// while a task retries the migration with backoff and jitter; the
+    /// store opens once one succeeds. Any other failure is returned.
+    pub async fn migrate_or_wait(&self) -> Result<(), StoreError> {
+        match self.migrate().await {
+            Err(e) if e.store_is_down() => {
+                self.open.store(false, std::sync::atomic::Ordering::Release);
+                tracing::error!(
+                    backend = self.backend(),
+                    error = %crate::logging::Chain(&e),
+                    "the store cannot be reached at start; serving 503 until it answers"
+                );
+                tokio::spawn(self.clone().retry_migration());
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Whether queries may run (false only while waiting for the store at start).
+    pub fn is_open(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    async fn retry_migration(self) {
+        let mut wait = MIGRATION_RETRY_FIRST;
+        let mut failures: u64 = 0;
+        loop {
+            // Full jitter: instances that started together do not retry together.
+            let jittered = wait.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+            tokio::time::sleep(jittered).await;
+            match self.migrate().await {
+                Ok(()) => {
+                    self.open.store(true, std::sync::atomic::Ordering::Release);
+                    tracing::info!(
+                        backend = self.backend(),
+                        failed_attempts = failures,
+                        "the store answers; serving"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::debug!(error = %crate::logging::Chain(&e), "the store still cannot be reached");
+                    wait = (wait * 2).min(MIGRATION_RETRY_MAX);
+                }
+            }
+        }
     }
 
     /// `"sqlite"` or `"postgres"`.
@@ -198,7 +263,18 @@ impl SqlStore {
     /// A pooled connection; a dead server shows up here as Unreachable, at
     /// once when it refuses connections (see `sql_connect.rs`).
     pub(super) async fn conn(&self) -> Result<PoolConnection<Any>, StoreError> {
+        self.gate()?;
         self.acquiring(self.pool.acquire()).await
+    }
+
+    /// `Err` while the store waits for its first migration.
+    fn gate(&self) -> Result<(), StoreError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        static WAITING: std::sync::LazyLock<Arc<StoreWaiting>> =
+            std::sync::LazyLock::new(|| Arc::new(StoreWaiting));
+        Err(StoreError::Unreachable(WAITING.clone()))
     }
 
     /// Awaits `acquire` (anything that starts with a pool acquire); on
@@ -222,6 +298,12 @@ impl SqlStore {
     /// A write transaction (SQLite: `BEGIN IMMEDIATE`, so a read-then-write
     /// never fails on a lock upgrade).
     pub(super) async fn begin(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        self.gate()?;
+        self.begin_always().await
+    }
+
+    /// [`Self::begin`] whether or not the store is open (for the migration).
+    async fn begin_always(&self) -> Result<Transaction<'static, Any>, StoreError> {
         let begin = match self.dialect {
             Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE"),
             Dialect::Postgres => self.pool.begin_with("BEGIN"),
@@ -241,7 +323,7 @@ impl SqlStore {
 
     /// Creates or upgrades the schema; idempotent, safe to run at every start.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_always().await?;
         self.timed(async {
             if self.dialect == Dialect::Postgres {
                 // Serialize concurrent migrators; the void result stays in the subquery.

@@ -41,6 +41,30 @@ impl<T> Db<T> for Result<T, sqlx::Error> {
 }
 
 impl StoreError {
+    /// Whether waiting could cure it: the server refused, dropped or did not
+    /// answer connections, or is starting up. Not a refusal by the server
+    /// (a wrong password, a missing database) or by TLS (a certificate
+    /// that does not verify): those need an operator.
+    pub fn store_is_down(&self) -> bool {
+        let source = match self {
+            StoreError::Timeout => return true,
+            StoreError::Unreachable(e) | StoreError::Unavailable(e) => e,
+            _ => return false,
+        };
+        match source.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Io(io)) => io_is_down(io),
+            Some(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
+            Some(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+            Some(_) => false,
+            // Our own connect check's timeout, or the pool's.
+            None => source
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(io_is_down),
+        }
+    }
+
     /// What went wrong, cause first, for an operator reading a start-up or
     /// admin command failure: a database that does not exist, a refused
     /// login, a refused connection, rather than "unavailable". The source
@@ -65,6 +89,19 @@ impl StoreError {
         }
         crate::logging::Chain(self).to_string()
     }
+}
+
+/// An I/O error of a connection that a later attempt may not meet: not a
+/// TLS refusal (sqlx reports a certificate that does not verify as I/O).
+fn io_is_down(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let tls = e
+        .get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+    !tls && !matches!(
+        e.kind(),
+        K::InvalidData | K::PermissionDenied | K::InvalidInput
+    )
 }
 
 /// The cause of a sqlx error in an operator's words, when it is one they

@@ -396,18 +396,31 @@ fn chown_postgres(path: &Path) {
 }
 
 /// A PostgreSQL cluster of its own (initdb in a temp dir), on a free
-/// loopback port, with TLS on (`pki`'s server certificate) and every TCP
-/// connection required to use it (`hostssl` only in pg_hba.conf). Needs root
-/// (to become `postgres`); stopped and deleted on drop.
-pub struct TlsPostgres {
+/// loopback port: with TLS on (`pki`'s server certificate) and every TCP
+/// connection required to use it (`hostssl` only in pg_hba.conf), or plain.
+/// Needs root (to become `postgres`); stopped and deleted on drop.
+pub struct OwnPostgres {
     pub port: u16,
     pub pki: Pki,
+    tls: bool,
     bindir: PathBuf,
     data: PathBuf,
 }
 
-impl TlsPostgres {
-    pub fn start() -> TlsPostgres {
+/// The TLS-only [`OwnPostgres`], started.
+pub type TlsPostgres = OwnPostgres;
+
+impl OwnPostgres {
+    /// A TLS-only cluster, started.
+    pub fn start() -> OwnPostgres {
+        let pg = Self::init(true);
+        pg.run();
+        pg
+    }
+
+    /// A cluster made but not started: its port refuses connections until
+    /// [`OwnPostgres::run`].
+    pub fn init(tls: bool) -> OwnPostgres {
         let pki = Pki::new();
         let dir = pki.dir.path().to_path_buf();
         let bindir = pg_bindir();
@@ -430,31 +443,44 @@ impl TlsPostgres {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        // Local socket for nobody but the test's own checks; TCP only with TLS.
+        // Local socket for nobody but the test's own checks; TCP with TLS only when asked.
+        let tcp = if tls { "hostssl" } else { "host" };
         std::fs::write(
             data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            format!("local all all trust\n{tcp} all all 127.0.0.1/32 trust\n"),
         )
         .unwrap();
-        let port = free_port();
-        let pg = TlsPostgres {
-            port,
+        OwnPostgres {
+            port: free_port(),
             pki,
+            tls,
             bindir,
             data,
+        }
+    }
+
+    /// Starts the server (again, after [`OwnPostgres::halt`]).
+    pub fn run(&self) {
+        let dir = self.pki.dir.path();
+        let tls = if self.tls {
+            format!(
+                "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                self.pki.cert.display(),
+                self.pki.key.display()
+            )
+        } else {
+            String::new()
         };
         let options = format!(
-            "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={dir} \
-             -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key} \
+            "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={dir} {tls} \
              -c fsync=off -c shared_buffers=16MB -c max_connections=40",
+            port = self.port,
             dir = dir.display(),
-            cert = pg.pki.cert.display(),
-            key = pg.pki.key.display(),
         );
         let out = run_bounded(
-            as_postgres(&pg.bindir.join("pg_ctl"))
+            as_postgres(&self.bindir.join("pg_ctl"))
                 .arg("-D")
-                .arg(&pg.data)
+                .arg(&self.data)
                 .arg("-l")
                 .arg(dir.join("postgres.log"))
                 .args(["-w", "-t", "60", "-o", &options, "start"]),
@@ -467,7 +493,18 @@ impl TlsPostgres {
             String::from_utf8_lossy(&out.stderr),
             read_log(&dir.join("postgres.log"))
         );
-        pg
+    }
+
+    /// Stops the server at once (connections are cut); true if it stopped.
+    pub fn halt(&self) -> bool {
+        as_postgres(&self.bindir.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "-t", "20", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DB?QUERY`.
@@ -476,17 +513,9 @@ impl TlsPostgres {
     }
 }
 
-impl Drop for TlsPostgres {
+impl Drop for OwnPostgres {
     fn drop(&mut self) {
-        let stopped = as_postgres(&self.bindir.join("pg_ctl"))
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "-w", "-t", "20", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !stopped {
+        if !self.halt() {
             // The first line of postmaster.pid is the server's pid.
             if let Some(pid) = std::fs::read_to_string(self.data.join("postmaster.pid"))
                 .ok()
