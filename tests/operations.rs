@@ -156,6 +156,14 @@ async fn a_bad_reload_changes_nothing_and_names_the_problem() {
     assert_eq!(res.status(), 200);
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["restart_needed"], serde_json::json!(["server.listen"]));
+    // The log line names them too, as one comma-separated string (not a Debug list).
+    let line = gw
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["message"] == "configuration reloaded")
+        .expect("a reload log line");
+    assert_eq!(line["restart_needed"], "server.listen", "{line}");
     let res = client()
         .get(gw.url("/api/v1/clusters?organization_id=acme"))
         .bearer_auth(&seed.key)
@@ -493,6 +501,8 @@ async fn signal_while_starting(
     cfg.set("store.kind", "postgres");
     cfg.set("store.url", format!("postgres://postgres@{store}/test"));
     cfg.set("store.query_timeout", query_timeout);
+    // A store that never answers then ends the start (instead of a wait for it).
+    cfg.set("store.wait_at_start", false);
     let mut child = std::process::Command::new(BIN)
         .arg("run")
         .arg("--config")

@@ -93,10 +93,11 @@ impl Live {
         match &result {
             Ok(outcome) => {
                 metrics::counter!(RELOADS, "result" => "ok").increment(1);
+                // A log field holds no list: the names, comma-separated ("" for none).
                 tracing::info!(
-                    restart_needed = ?outcome.restart_needed,
+                    restart_needed = %outcome.restart_needed.join(","),
                     certificate_reloaded = outcome.certificate_reloaded,
-                    upstreams_rebuilt = ?outcome.upstreams_rebuilt,
+                    upstreams_rebuilt = %outcome.upstreams_rebuilt.join(","),
                     "configuration reloaded"
                 );
             }

@@ -10,6 +10,25 @@ use super::Problem;
 /// at shutdown acquires them all as one `u32`.
 pub(super) const MAX_CONNECTIONS: usize = u32::MAX as usize;
 
+/// A value with more bad keys than this is reported that far, then as a whole.
+const MAX_PARSE_PROBLEMS: usize = 64;
+
+/// Removes the key at `segments` (table keys, outermost first) from `value`;
+/// false if there is none.
+fn remove_path(value: &mut toml::Value, segments: &[String]) -> bool {
+    let Some((last, parents)) = segments.split_last() else {
+        return false;
+    };
+    let mut at = value;
+    for key in parents {
+        match at.get_mut(key.as_str()) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    at.as_table_mut().and_then(|t| t.remove(last)).is_some()
+}
+
 /// Collects problems while walking the file.
 #[derive(Default)]
 pub(super) struct Problems {
@@ -66,23 +85,68 @@ impl Problems {
             .collect()
     }
 
-    /// Deserializes one value, recording a failure at `base` + the inner path.
-    pub(super) fn de<T: DeserializeOwned>(&mut self, base: &str, value: toml::Value) -> Option<T> {
-        match serde_path_to_error::deserialize::<_, T>(value) {
-            Ok(v) => Some(v),
-            Err(err) => {
-                let inner = err.path().to_string();
-                let path = match inner.as_str() {
-                    "." | "?" | "" => base.to_string(),
-                    _ if base.is_empty() => inner,
-                    _ => format!("{base}.{inner}"),
-                };
-                let message = err.into_inner().to_string().trim().replace('\n', " ");
-                self.failed.push(base.to_string());
-                self.list.push((Problem { path, message }, true));
-                None
+    /// Deserializes one value, recording each failure at `base` + its inner
+    /// path. A key that fails is taken out and the rest read again, so every
+    /// bad key of a section is reported in one run. When every key taken out
+    /// was unknown, what is left is what the file meant: it is returned, and
+    /// checked like any other. Otherwise defaults would stand in for what
+    /// failed: `None`, and the later problems under `base` are dropped as
+    /// echoes of those defaults.
+    pub(super) fn de<T: DeserializeOwned>(
+        &mut self,
+        base: &str,
+        mut value: toml::Value,
+    ) -> Option<T> {
+        let mut only_unknown = true;
+        let mut removed: Vec<Vec<String>> = Vec::new();
+        for _ in 0..MAX_PARSE_PROBLEMS {
+            let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+                Ok(v) if only_unknown => return Some(v),
+                Ok(_) => {
+                    self.failed.push(base.to_string());
+                    return None;
+                }
+                Err(err) => err,
+            };
+            let segments: Vec<String> = err
+                .path()
+                .iter()
+                .map_while(|s| match s {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    _ => None,
+                })
+                .collect();
+            let inner = err.path().to_string();
+            let path = match inner.as_str() {
+                "." | "?" | "" => base.to_string(),
+                _ if base.is_empty() => inner,
+                _ => format!("{base}.{inner}"),
+            };
+            let message = err.into_inner().to_string().trim().replace('\n', " ");
+            // A required key we took out is missing now: its problem is listed.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next());
+            if let Some(name) = missing {
+                let mut key = segments.clone();
+                key.push(name.to_owned());
+                if removed.contains(&key) {
+                    self.failed.push(base.to_string());
+                    return None;
+                }
             }
+            let removable = missing.is_none() && !segments.is_empty();
+            only_unknown &= message.starts_with("unknown field");
+            self.list.push((Problem { path, message }, true));
+            // The key (or the list holding the bad element) comes out.
+            if !removable || !remove_path(&mut value, &segments) {
+                self.failed.push(base.to_string());
+                return None;
+            }
+            removed.push(segments);
         }
+        self.failed.push(base.to_string());
+        None
     }
 
     /// A section that may be absent (then its default).

@@ -487,3 +487,33 @@ fn a_policy_is_enforced_unless_its_mode_is_shadow() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn every_bad_key_of_one_section_is_reported_in_one_run() {
+    let text = format!(
+        "{MINIMAL}\n[server.limits]\nidle_timeout = \"forever\"\nheader_read_timeout = \"soon\"\n\
+         max_connections = \"many\"\n[rate_limit.policies.a]\nrequests = 1\nper = \"x\"\n\
+         [auth.oidc]\nissuers = 1\nissuer = \"https://id.example\"\naudiences = [\"a\"]\n\
+         algorithms = [\"HS256\"]\n"
+    );
+    let errs = problems(&text);
+    for want in [
+        "server.limits.idle_timeout: invalid duration \"forever\"",
+        "server.limits.header_read_timeout: invalid duration \"soon\"",
+        "server.limits.max_connections: invalid type",
+        "rate_limit.policies.a.per: invalid duration \"x\"",
+        "auth.oidc.issuers: unknown field",
+        // Only an unknown key failed: the rest of the section is still checked.
+        "auth.oidc.algorithms: \"HS256\" is refused",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.starts_with(want)),
+            "missing {want:?} in {errs:#?}"
+        );
+    }
+    // A required key that failed is not reported again as missing.
+    assert!(
+        !errs.iter().any(|e| e.contains("missing field")),
+        "{errs:#?}"
+    );
+}
