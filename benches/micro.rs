@@ -102,6 +102,7 @@ fn warm_cache(rt: &tokio::runtime::Runtime, n: usize) -> (CachedKeyStore, Vec<St
             },
             memberships: vec![("acme".into(), "owner".into())],
             org_limits: vec![],
+            token: None,
         },
     );
     let cache = CachedKeyStore::new(

@@ -503,6 +503,7 @@ mod tests {
             },
             memberships: vec![("acme".into(), "owner".into())],
             org_limits: vec![],
+            token: None,
         }));
         // A route whose organization is not the key's own hands over the bare
         // id (no record), or a record of another organization.

@@ -108,7 +108,12 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// SHA-256 of `secret`.
 pub fn hash_secret(secret: &str) -> SecretHash {
-    SecretHash(Sha256::digest(secret.as_bytes()).into())
+    hash_bytes(secret.as_bytes())
+}
+
+/// SHA-256 of `bytes`.
+pub fn hash_bytes(bytes: &[u8]) -> SecretHash {
+    SecretHash(Sha256::digest(bytes).into())
 }
 
 /// `n` random base62 characters from the thread-local CSPRNG (OS-seeded ChaCha).

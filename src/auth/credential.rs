@@ -13,8 +13,9 @@ pub enum Credential<'a> {
     ApiKey(&'a str),
     /// A session token that passed the format check.
     Session(&'a str),
-    /// Three base64url parts joined by dots, at most
-    /// [`MAX_TOKEN_BYTES`](crate::auth::jwt::MAX_TOKEN_BYTES): a JWT to verify.
+    /// A token with two dots, at most
+    /// [`MAX_TOKEN_BYTES`](crate::auth::jwt::MAX_TOKEN_BYTES): a JWT to verify
+    /// (its alphabet is [`jwt::well_formed`](crate::auth::jwt::well_formed)'s to check).
     Jwt(&'a str),
 }
 
@@ -62,8 +63,8 @@ impl CredentialError {
 /// Exactly one `Authorization` header, scheme `Bearer` (case-insensitive), one
 /// space, a token with no whitespace. Two Authorization headers, another scheme,
 /// empty token, trailing junk: Malformed. Prefix `mpg_` = API key (bad length,
-/// alphabet or checksum = Malformed); two dots = JWT (base64url parts, at most
-/// 8 KiB, else Malformed); anything else = session token (must pass
+/// alphabet or checksum = Malformed); two dots = JWT (at most 8 KiB, else
+/// Malformed); anything else = session token (must pass
 /// [`check_session_token_format`], else Malformed).
 pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, CredentialError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
@@ -86,8 +87,9 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
         check_api_key_format(token).map_err(|_| CredentialError::Malformed)?;
         Ok(Credential::ApiKey(token))
     } else if token.bytes().filter(|&b| b == b'.').count() == 2 {
-        let base64url = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-        if token.len() > MAX_TOKEN_BYTES || !token.bytes().all(base64url) {
+        // Its alphabet is checked only where the cache cannot vouch for it
+        // (`jwt::well_formed`): a cached token matched byte for byte passed.
+        if token.len() > MAX_TOKEN_BYTES {
             return Err(CredentialError::Malformed);
         }
         Ok(Credential::Jwt(token))

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::config::OidcSettings;
+use crate::secret::{hash_bytes, SecretHash};
 
 /// The longest token taken: a JWT's claims of a user fit well inside.
 pub const MAX_TOKEN_BYTES: usize = 8192;
@@ -19,6 +20,40 @@ pub const MAX_TOKEN_BYTES: usize = 8192;
 const MAX_KEYS: usize = 100;
 /// RSA moduli shorter than this are refused (RFC 7518 §3.3 asks for 2048).
 const MIN_RSA_BITS: usize = 2048;
+
+/// How many bytes of a token's end its cache key hashes: one SHA-256 block,
+/// all of them signature for every algorithm taken (the shortest, ES256's
+/// and EdDSA's, are 86 characters).
+const CACHE_KEY_TAIL: usize = 55;
+
+/// The key a verified token is cached under: the SHA-256 of its last
+/// [`CACHE_KEY_TAIL`] bytes, which lie in its signature. Hashing the whole
+/// token would cost every request six SHA-256 blocks instead of one; the
+/// cached entry holds the whole token, and a hit counts only if it matches
+/// byte for byte, so the entry still stands for exactly one token.
+pub fn cache_key(token: &str) -> SecretHash {
+    let bytes = token.as_bytes();
+    hash_bytes(&bytes[bytes.len().saturating_sub(CACHE_KEY_TAIL)..])
+}
+
+/// Three non-empty base64url parts, the last possibly empty (`alg: none`),
+/// at most [`MAX_TOKEN_BYTES`]: the shape of a JWT, checked where the
+/// cache cannot vouch for the token.
+pub fn well_formed(token: &str) -> bool {
+    let base64url = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_');
+    let mut parts = token.split('.');
+    let (Some(head), Some(claims), Some(signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    token.len() <= MAX_TOKEN_BYTES
+        && !head.is_empty()
+        && !claims.is_empty()
+        && [head, claims, signature]
+            .iter()
+            .all(|p| p.as_bytes().iter().all(base64url))
+}
 
 /// The verifying keys of one key set.
 pub struct KeySet {

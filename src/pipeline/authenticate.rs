@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::table::{Pipeline, RouteEntry};
 use crate::auth::credential::{parse_authorization, Credential, CredentialError};
-use crate::auth::jwt::JwtError;
+use crate::auth::jwt::{self, JwtError};
 use crate::auth::oidc::{OidcError, JWT_SESSION_ID};
 use crate::auth::Principal;
 use crate::config::AuthMode;
@@ -161,11 +161,18 @@ impl Pipeline {
                 Probe::Known(Err(AuthReason::Malformed))
             }
             (Credential::Jwt(token), AuthMode::Session) => {
-                let hash = hash_secret(token);
+                let hash = jwt::cache_key(token);
                 match self.keys.fresh_session(&hash) {
-                    Some(Some(found)) => Probe::Known(session_status(Some(found), now)),
+                    // The key hashes the token's tail: the entry must hold this very token.
+                    Some(Some(found)) if found.token.as_deref() == Some(token) => {
+                        Probe::Known(session_status(Some(found), now))
+                    }
+                    _ if !jwt::well_formed(token) => Probe::Known(Err(AuthReason::Malformed)),
                     _ => Probe::Jwt(hash, token),
                 }
+            }
+            (Credential::Jwt(token), _) if !jwt::well_formed(token) => {
+                Probe::Known(Err(AuthReason::Malformed))
             }
             _ => Probe::Known(Err(AuthReason::WrongCredentialType)),
         }
@@ -222,7 +229,7 @@ impl Pipeline {
         let unavailable = crate::store::unavailable;
         let mut found = self
             .keys
-            .token_session(hash, record.clone())
+            .token_session(hash, token, record.clone())
             .await
             .map_err(unavailable)?;
         if found.is_none() && oidc.settings().provision_users {
@@ -243,7 +250,7 @@ impl Pipeline {
             }
             found = self
                 .keys
-                .token_session(hash, record)
+                .token_session(hash, token, record)
                 .await
                 .map_err(unavailable)?;
         }

@@ -93,26 +93,31 @@ impl CachedKeyStore {
         self.sessions.fresh(hash)
     }
 
-    /// The session a verified JWT stands for, cached under the token's
-    /// hash until `cache_ttl` (the record's `expires_at` bounds it too):
-    /// `session`'s user with its memberships, or `None` if the store has
-    /// no such user. A membership change drops it as it does a session's.
+    /// The session the verified JWT `token` stands for, cached under `hash`
+    /// (its [`cache_key`](crate::auth::jwt::cache_key)) until `cache_ttl`
+    /// (the record's `expires_at` bounds it too), holding the token, which a
+    /// cached entry must match: `session`'s user with its memberships, or
+    /// `None` if the store has no such user. A membership change drops it as
+    /// it does a session's.
     pub async fn token_session(
         &self,
         hash: &SecretHash,
+        token: &str,
         session: SessionRecord,
     ) -> Result<Option<Arc<SessionAuth>>, StoreError> {
         let store = Arc::clone(&self.store);
-        self.sessions
-            .get_with(hash, async move {
-                let access = store.find_user_access(&session.user_id).await?;
-                Ok(access.map(|a| SessionAuth {
-                    session,
-                    memberships: a.memberships,
-                    org_limits: a.org_limits,
-                }))
-            })
-            .await
+        let owned: Box<str> = token.into();
+        let load = async move {
+            let access = store.find_user_access(&session.user_id).await?;
+            Ok(access.map(|a| SessionAuth {
+                session,
+                memberships: a.memberships,
+                org_limits: a.org_limits,
+                token: Some(owned),
+            }))
+        };
+        let fits = |found: &SessionAuth| found.token.as_deref() == Some(token);
+        self.sessions.get_with(hash, fits, load).await
     }
 
     /// Drops exactly the entries `change` affects (`All`: everything).

@@ -239,6 +239,10 @@ pub struct SessionAuth {
     pub memberships: Vec<(String, String)>,
     /// The overrides of policy quotas of those organizations (usually none).
     pub org_limits: Vec<OrgLimit>,
+    /// For a verified JWT, the token itself: its cache key hashes only the
+    /// token's tail, so a hit counts only if the whole token is this one.
+    /// `None` for a session of the store.
+    pub token: Option<Box<str>>,
 }
 
 impl SessionAuth {
@@ -400,6 +404,7 @@ mod tests {
             },
             memberships: vec![("acme".into(), "admin".into())],
             org_limits: vec![],
+            token: None,
         };
         assert_eq!(s.role_in("acme"), Some("admin"));
         assert_eq!(s.role_in("other"), None);

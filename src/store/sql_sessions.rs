@@ -182,6 +182,7 @@ impl SqlStore {
                 session,
                 memberships: access.memberships,
                 org_limits: access.org_limits,
+                token: None,
             }))
         })
         .await
@@ -279,6 +280,7 @@ impl SqlStore {
                         session,
                         memberships,
                         org_limits,
+                        token: None,
                     };
                     (hash, auth)
                 })

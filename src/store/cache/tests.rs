@@ -158,6 +158,7 @@ fn session(id: &str, user: &str) -> SessionAuth {
         },
         memberships: vec![("acme".into(), "admin".into())],
         org_limits: vec![],
+        token: None,
     }
 }
 
@@ -720,9 +721,10 @@ async fn a_verified_tokens_user_is_cached_under_the_tokens_hash_until_a_membersh
             org_limits: vec![],
         },
     );
-    let hash = hash_secret("a.jwt.token");
+    const TOKEN_A: &str = "a.jwt.token";
+    let hash = hash_secret(TOKEN_A);
     let first = cache
-        .token_session(&hash, token_record("carol"))
+        .token_session(&hash, TOKEN_A, token_record("carol"))
         .await
         .unwrap()
         .unwrap();
@@ -745,7 +747,7 @@ async fn a_verified_tokens_user_is_cached_under_the_tokens_hash_until_a_membersh
     );
     // Past cache_ttl it is no longer fresh either.
     cache
-        .token_session(&hash, token_record("carol"))
+        .token_session(&hash, TOKEN_A, token_record("carol"))
         .await
         .unwrap();
     tokio::time::advance(CFG.ttl + Duration::from_millis(1)).await;
@@ -755,9 +757,10 @@ async fn a_verified_tokens_user_is_cached_under_the_tokens_hash_until_a_membersh
 #[tokio::test(start_paused = true)]
 async fn an_unknown_tokens_user_is_not_cached_and_an_outage_serves_the_stale_entry() {
     let (store, cache) = setup();
-    let hash = hash_secret("b.jwt.token");
+    const TOKEN_B: &str = "b.jwt.token";
+    let hash = hash_secret(TOKEN_B);
     assert!(cache
-        .token_session(&hash, token_record("dave"))
+        .token_session(&hash, TOKEN_B, token_record("dave"))
         .await
         .unwrap()
         .is_none());
@@ -767,13 +770,13 @@ async fn an_unknown_tokens_user_is_not_cached_and_an_outage_serves_the_stale_ent
     );
     lock(&store.users).insert("dave".into(), UserAccess::default());
     assert!(cache
-        .token_session(&hash, token_record("dave"))
+        .token_session(&hash, TOKEN_B, token_record("dave"))
         .await
         .unwrap()
         .is_some());
     tokio::time::advance(CFG.ttl + Duration::from_millis(1)).await;
     store.down();
-    let stale = cache.token_session(&hash, token_record("dave")).await;
+    let stale = cache.token_session(&hash, TOKEN_B, token_record("dave")).await;
     assert_eq!(
         stale.unwrap().unwrap().session.user_id,
         "dave",
@@ -781,7 +784,23 @@ async fn an_unknown_tokens_user_is_not_cached_and_an_outage_serves_the_stale_ent
     );
     tokio::time::advance(CFG.stale_if_error).await;
     assert!(cache
-        .token_session(&hash, token_record("dave"))
+        .token_session(&hash, TOKEN_B, token_record("dave"))
         .await
         .is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cached_token_counts_only_for_the_very_token_it_holds() {
+    let (store, cache) = setup();
+    for user in ["erin", "frank"] {
+        lock(&store.users).insert(user.into(), UserAccess::default());
+    }
+    // Two tokens under one key (a key hashes only a token's tail).
+    let hash = hash_secret("shared tail");
+    let erin = cache.token_session(&hash, "x.erin.tail", token_record("erin")).await;
+    assert_eq!(erin.unwrap().unwrap().session.user_id, "erin");
+    let calls = store.calls();
+    let frank = cache.token_session(&hash, "y.frank.tail", token_record("frank")).await;
+    assert_eq!(frank.unwrap().unwrap().session.user_id, "frank", "not erin's entry");
+    assert_eq!(store.calls(), calls + 1, "loaded, not served from erin's entry");
 }

@@ -203,17 +203,18 @@ impl<T: Cached> Tier<T> {
     }
 
     /// The answer for `hash`: fresh from cache, else `load`'s (cached unless
-    /// an invalidation raced it), else (store down) a stale positive entry.
-    /// For values the tier's loader cannot find by hash alone (a verified
-    /// JWT's user): no batching and no single flight, since each caller
-    /// verified its token first.
+    /// an invalidation raced it), else (store down) a stale positive entry;
+    /// a cached entry counts only if it `fits`. For values the tier's loader
+    /// cannot find by hash alone (a verified JWT's user): no batching and no
+    /// single flight, since each caller verified its token first.
     pub(super) async fn get_with(
         self: &Arc<Self>,
         hash: &SecretHash,
+        fits: impl Fn(&T) -> bool,
         load: impl std::future::Future<Output = Result<Option<T>, StoreError>>,
     ) -> Result<Option<Arc<T>>, StoreError> {
         let now = Instant::from_std(crate::clock::now());
-        let cached = self.entries.get(hash);
+        let cached = self.entries.get(hash).filter(|slot| fits(&slot.value));
         if let Some(slot) = cached.as_ref().filter(|s| s.is_fresh(now, &self.cfg)) {
             self.lookups.hit.increment(1);
             return Ok(Some(slot.value.clone()));
