@@ -1,7 +1,9 @@
 //! The `Authorization` header, read by the authentication stage: exactly one
 //! `Bearer <token>` whose token is a well-formed API key or session token.
 use crate::auth::jwt::MAX_TOKEN_BYTES;
-use crate::secret::{check_api_key_format, check_session_token_format, API_KEY_PREFIX};
+use crate::secret::{
+    check_api_key_format, check_session_token_format, API_KEY_PREFIX, SESSION_PREFIX,
+};
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use std::fmt;
@@ -86,7 +88,9 @@ pub fn parse_authorization(headers: &HeaderMap) -> Result<Credential<'_>, Creden
     if token.starts_with(API_KEY_PREFIX) {
         check_api_key_format(token).map_err(|_| CredentialError::Malformed)?;
         Ok(Credential::ApiKey(token))
-    } else if token.bytes().filter(|&b| b == b'.').count() == 2 {
+    } else if !token.starts_with(SESSION_PREFIX)
+        && token.bytes().filter(|&b| b == b'.').count() == 2
+    {
         // Its alphabet is checked only where the cache cannot vouch for it
         // (`jwt::well_formed`): a cached token matched byte for byte passed.
         if token.len() > MAX_TOKEN_BYTES {

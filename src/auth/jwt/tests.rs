@@ -200,13 +200,27 @@ fn a_cache_key_hashes_one_block_of_the_signature_and_the_shape_is_checked_apart(
     for name in ["rs256", "es256", "eddsa"] {
         let token = v["tokens"][name].as_str().unwrap();
         let signature = token.rsplit('.').next().unwrap();
-        assert!(signature.len() >= CACHE_KEY_TAIL, "{name}: the tail lies in the signature");
-        assert_eq!(cache_key(token), crate::secret::hash_secret(&token[token.len() - 55..]));
+        assert!(
+            signature.len() >= CACHE_KEY_TAIL,
+            "{name}: the tail lies in the signature"
+        );
+        assert_eq!(
+            cache_key(token),
+            crate::secret::hash_secret(&token[token.len() - 55..])
+        );
         assert!(well_formed(token), "{name}");
     }
-    assert!(well_formed(v["tokens"]["alg_none"].as_str().unwrap()), "an empty signature has the shape");
-    for bad in ["a.b", "a..c", ".b.c", "a.b.c.d", "a.b!.c", "a.b.c d", "ä.b.c"] {
+    assert!(
+        well_formed(v["tokens"]["alg_none"].as_str().unwrap()),
+        "an empty signature has the shape"
+    );
+    for bad in [
+        "a.b", "a..c", ".b.c", "a.b.c.d", "a.b!.c", "a.b.c d", "ä.b.c",
+    ] {
         assert!(!well_formed(bad), "{bad}");
     }
-    assert!(!well_formed(&format!("{}.b.c", "a".repeat(MAX_TOKEN_BYTES))));
+    assert!(!well_formed(&format!(
+        "{}.b.c",
+        "a".repeat(MAX_TOKEN_BYTES)
+    )));
 }

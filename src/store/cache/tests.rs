@@ -776,7 +776,9 @@ async fn an_unknown_tokens_user_is_not_cached_and_an_outage_serves_the_stale_ent
         .is_some());
     tokio::time::advance(CFG.ttl + Duration::from_millis(1)).await;
     store.down();
-    let stale = cache.token_session(&hash, TOKEN_B, token_record("dave")).await;
+    let stale = cache
+        .token_session(&hash, TOKEN_B, token_record("dave"))
+        .await;
     assert_eq!(
         stale.unwrap().unwrap().session.user_id,
         "dave",
@@ -797,10 +799,22 @@ async fn a_cached_token_counts_only_for_the_very_token_it_holds() {
     }
     // Two tokens under one key (a key hashes only a token's tail).
     let hash = hash_secret("shared tail");
-    let erin = cache.token_session(&hash, "x.erin.tail", token_record("erin")).await;
+    let erin = cache
+        .token_session(&hash, "x.erin.tail", token_record("erin"))
+        .await;
     assert_eq!(erin.unwrap().unwrap().session.user_id, "erin");
     let calls = store.calls();
-    let frank = cache.token_session(&hash, "y.frank.tail", token_record("frank")).await;
-    assert_eq!(frank.unwrap().unwrap().session.user_id, "frank", "not erin's entry");
-    assert_eq!(store.calls(), calls + 1, "loaded, not served from erin's entry");
+    let frank = cache
+        .token_session(&hash, "y.frank.tail", token_record("frank"))
+        .await;
+    assert_eq!(
+        frank.unwrap().unwrap().session.user_id,
+        "frank",
+        "not erin's entry"
+    );
+    assert_eq!(
+        store.calls(),
+        calls + 1,
+        "loaded, not served from erin's entry"
+    );
 }
