@@ -226,14 +226,7 @@ async fn reason(gw: &Gateway, token: &str) -> (u16, String) {
 }
 
 async fn metrics(gw: &Gateway) -> String {
-    client()
-        .get(format!("http://{}/metrics", gw.admin.unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    common::scale::metrics(gw.admin.unwrap()).await
 }
 
 async fn metrics_have(gw: &Gateway, needle: &str) -> bool {

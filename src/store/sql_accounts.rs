@@ -120,7 +120,8 @@ impl SqlStore {
     ) -> Result<Vec<Value>, StoreError> {
         let sql =
             "SELECT id, name, created_at FROM organizations WHERE id > $1 ORDER BY id LIMIT $2";
-        self.list_accounts_page(sql, "name", after, limit).await
+        let bind = Bind::Page(after.unwrap_or(""), limit);
+        self.list_accounts_where(sql, "name", bind).await
     }
 
     /// [`Self::list_organizations_after`] for users.
@@ -130,66 +131,46 @@ impl SqlStore {
         limit: u32,
     ) -> Result<Vec<Value>, StoreError> {
         let sql = "SELECT id, email, created_at FROM users WHERE id > $1 ORDER BY id LIMIT $2";
-        self.list_accounts_page(sql, "email", after, limit).await
-    }
-
-    /// The rows of `sql`, with `after` (or the empty string, before every
-    /// id) bound as `$1` and `limit` as `$2`.
-    async fn list_accounts_page(
-        &self,
-        sql: &str,
-        column: &str,
-        after: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(async {
-            sqlx::query(sql)
-                .bind(after.unwrap_or(""))
-                .bind(i64::from(limit))
-                .fetch_all(&mut *conn)
-                .await
-                .db()?
-                .iter()
-                .map(|r| account_json(r, column))
-                .collect::<Result<Vec<_>, _>>()
-                .db()
-        })
-        .await
+        let bind = Bind::Page(after.unwrap_or(""), limit);
+        self.list_accounts_where(sql, "email", bind).await
     }
 
     /// The organization `id`, if it exists.
     pub async fn get_organization(&self, id: &str) -> Result<Option<Value>, StoreError> {
         let sql = "SELECT id, name, created_at FROM organizations WHERE id = $1";
-        Ok(self.list_accounts_where(sql, "name", Some(id)).await?.pop())
+        Ok(self
+            .list_accounts_where(sql, "name", Bind::Id(id))
+            .await?
+            .pop())
     }
 
     /// The user `id`, if they exist.
     pub async fn get_user(&self, id: &str) -> Result<Option<Value>, StoreError> {
         let sql = "SELECT id, email, created_at FROM users WHERE id = $1";
         Ok(self
-            .list_accounts_where(sql, "email", Some(id))
+            .list_accounts_where(sql, "email", Bind::Id(id))
             .await?
             .pop())
     }
 
     async fn list_accounts(&self, sql: &str, column: &str) -> Result<Vec<Value>, StoreError> {
-        self.list_accounts_where(sql, column, None).await
+        self.list_accounts_where(sql, column, Bind::None).await
     }
 
-    /// The rows of `sql`, with `id` bound as `$1` when given.
+    /// The rows of `sql`, with `bind`'s values bound as `$1`, `$2`.
     async fn list_accounts_where(
         &self,
         sql: &str,
         column: &str,
-        id: Option<&str>,
+        bind: Bind<'_>,
     ) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            let mut query = sqlx::query(sql);
-            if let Some(id) = id {
-                query = query.bind(id);
-            }
+            let query = match bind {
+                Bind::None => sqlx::query(sql),
+                Bind::Id(id) => sqlx::query(sql).bind(id),
+                Bind::Page(after, limit) => sqlx::query(sql).bind(after).bind(i64::from(limit)),
+            };
             query
                 .fetch_all(&mut *conn)
                 .await
@@ -371,4 +352,13 @@ impl SqlStore {
         self.commit(tx).await?;
         Ok(role)
     }
+}
+
+/// The values a listing query binds.
+enum Bind<'a> {
+    None,
+    /// `$1`: an id.
+    Id(&'a str),
+    /// `$1`: the id to list after, `$2`: how many rows at most.
+    Page(&'a str, u32),
 }
