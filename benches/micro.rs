@@ -433,17 +433,8 @@ fn jwt_first_verification(c: &mut Criterion) {
     use mpg_gateway::config::OidcSettings;
     let vectors: serde_json::Value =
         serde_json::from_str(include_str!("../src/auth/jwt/vectors.json")).unwrap();
-    let cfg = OidcSettings {
-        issuer: "https://id.test".into(),
-        audiences: vec!["mpg-api".into()],
-        jwks_url: None,
-        ca_file: None,
-        user_claim: "sub".into(),
-        algorithms: vec![RS256, PS256, ES256, EdDSA],
-        leeway: Duration::from_secs(60),
-        jwks_refresh: Duration::from_secs(600),
-        provision_users: false,
-    };
+    let mut cfg = OidcSettings::new("https://id.test", &["mpg-api"]);
+    cfg.algorithms = vec![RS256, PS256, ES256, EdDSA];
     let keys = KeySet::parse(vectors["jwks"].to_string().as_bytes(), &cfg.algorithms).unwrap();
     let mut g = c.benchmark_group("jwt_first_verification");
     g.throughput(Throughput::Elements(1));

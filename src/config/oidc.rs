@@ -22,6 +22,24 @@ const SUPPORTED: [(&str, Algorithm); 9] = [
     ("EdDSA", Algorithm::EdDSA),
 ];
 
+impl OidcSettings {
+    /// `[auth.oidc]` with only `issuer` and `audiences` set: every other key
+    /// at its default (the key set discovered from the issuer).
+    pub fn new(issuer: &str, audiences: &[&str]) -> OidcSettings {
+        OidcSettings {
+            issuer: issuer.to_owned(),
+            audiences: audiences.iter().map(|a| a.to_string()).collect(),
+            jwks_url: None,
+            ca_file: None,
+            user_claim: "sub".into(),
+            algorithms: vec![Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA],
+            leeway: std::time::Duration::from_secs(60),
+            jwks_refresh: std::time::Duration::from_secs(600),
+            provision_users: false,
+        }
+    }
+}
+
 pub(super) fn oidc_settings(p: &mut Problems, raw: RawOidc) -> Option<OidcSettings> {
     let before = p.len();
     let issuer = match raw.issuer {

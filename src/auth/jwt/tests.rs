@@ -14,17 +14,9 @@ fn vectors() -> Value {
 }
 
 fn settings() -> OidcSettings {
-    OidcSettings {
-        issuer: "https://id.test".into(),
-        audiences: vec!["mpg-api".into()],
-        jwks_url: None,
-        ca_file: None,
-        user_claim: "sub".into(),
-        algorithms: vec![RS256, PS256, ES256, EdDSA],
-        leeway: Duration::from_secs(60),
-        jwks_refresh: Duration::from_secs(600),
-        provision_users: false,
-    }
+    let mut cfg = OidcSettings::new("https://id.test", &["mpg-api"]);
+    cfg.algorithms = vec![RS256, PS256, ES256, EdDSA];
+    cfg
 }
 
 fn key_set(allowed: &[Algorithm]) -> KeySet {

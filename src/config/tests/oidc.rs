@@ -23,6 +23,7 @@ fn a_small_oidc_section_gets_every_default() {
     assert_eq!(o.leeway, Duration::from_secs(60));
     assert_eq!(o.jwks_refresh, Duration::from_secs(600));
     assert!(!o.provision_users);
+    assert_eq!(o, OidcSettings::new("https://id.example.com", &["mpg-api"]));
     assert!(Settings::parse(MINIMAL).unwrap().auth.oidc.is_none());
 }
 
