@@ -137,7 +137,7 @@ pub async fn run(args: &DemoArgs, config: Option<&Path>) -> Result<(), Failure> 
 
     let limit = clusters_limit(&settings);
     let started = async {
-        let store = crate::app::open_store(&settings)
+        let store = crate::app::open_store(&settings, false)
             .await
             .map_err(|e| Failure::runtime(e.to_string()))?;
         let seeded = seed(&store).await?;

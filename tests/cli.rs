@@ -511,7 +511,10 @@ fn a_missing_database_a_refused_login_and_a_refused_connection_are_named_as_such
             "{url}: {err}"
         );
         assert!(!err.contains("hunter2"), "{err}");
-        // The same words when the gateway starts.
+        // The same words when the gateway starts (and does not wait for a store
+        // that refuses connections).
+        cfg.set("store.wait_at_start", false);
+        let path = cfg.write();
         let out = Command::new(BIN)
             .args(["run", "--config"])
             .arg(&path)

@@ -22,7 +22,7 @@ const USAGE_FLUSH: Duration = Duration::from_secs(10);
 /// Opens the store (migrating it), the limiter and the upstreams, and
 /// compiles the route table.
 pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
-    let store = open_store(&settings).await?;
+    let store = open_store(&settings, settings.store.wait_at_start).await?;
     // Where the change log stands before anything is cached: the follower
     // then has nothing to clear or re-apply when it starts (a key the first
     // requests cached would otherwise be dropped, and missed in an outage
@@ -48,8 +48,11 @@ pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
     )?)
 }
 
-/// Opens and migrates the store named by the settings.
-pub async fn open_store(settings: &Settings) -> Result<SqlStore, StartError> {
+/// Opens and migrates the store named by the settings. With `wait`, a store
+/// that is down is waited for in the background ([`SqlStore::migrate_or_wait`]);
+/// without, its failure is returned (the admin commands, and `run` with
+/// `wait_at_start = false`).
+pub async fn open_store(settings: &Settings, wait: bool) -> Result<SqlStore, StartError> {
     let s = &settings.store;
     if let Some(path) = s
         .url
@@ -79,7 +82,7 @@ pub async fn open_store(settings: &Settings) -> Result<SqlStore, StartError> {
     })
     .await
     .map_err(err)?;
-    if s.wait_at_start {
+    if wait {
         store.migrate_or_wait().await.map_err(err)?;
     } else {
         store.migrate().await.map_err(err)?;

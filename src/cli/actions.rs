@@ -16,7 +16,7 @@ mod limits;
 
 /// Runs an admin command (everything but run, check-config and demo).
 pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> {
-    let store = open_store(settings)
+    let store = open_store(settings, false)
         .await
         .map_err(|e| Failure::runtime(crate::logging::Chain(&e).to_string()))?;
     let now = unix_now();
