@@ -39,12 +39,14 @@ pub trait Control: Send + Sync + 'static {
 }
 
 /// The serving gateway's state.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Status {
     /// `local` or `redis`.
     pub limiter_backend: &'static str,
     /// Whether the limiter's backend answers (false: in fallback).
     pub limiter_healthy: bool,
+    /// On a Redis Cluster, the primaries whose slots' decisions fall back now.
+    pub limiter_nodes_down: Vec<String>,
     /// Configured routes.
     pub routes: usize,
     /// Key-cache entries, positive and negative.
@@ -101,7 +103,11 @@ impl<C: Control> Admin<C> {
             },
             "config": "loaded",
             "store": if store_ok { "ok" } else { "unreachable" },
-            "rate_limiter": { "backend": status.limiter_backend, "healthy": status.limiter_healthy },
+            "rate_limiter": {
+                "backend": status.limiter_backend,
+                "healthy": status.limiter_healthy,
+                "nodes_down": status.limiter_nodes_down,
+            },
             "routes": status.routes,
         });
         // A limiter in fallback still serves (per on_backend_error): ready, but said.

@@ -60,6 +60,9 @@ pub mod names {
     pub const TLS_HANDSHAKES: &str = "mpg_tls_handshakes_total";
     /// Counter: configuration reloads by `result` (`ok` / `error`).
     pub const RELOADS: &str = "mpg_config_reloads_total";
+    /// Counter: on a Redis Cluster, decisions that fell back because the
+    /// primary serving their key's slot was failing, by `node` (`host:port`).
+    pub const RATE_LIMIT_NODE_FALLBACKS: &str = "mpg_rate_limit_node_fallbacks_total";
     /// Counter: JWTs checked against the identity provider's key set, by
     /// `outcome` (`ok`, `malformed`, `invalid`, `expired`, `not_yet_valid`,
     /// `no_key_set`); a cached token is not checked again.

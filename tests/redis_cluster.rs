@@ -2,7 +2,8 @@
 //! the test starts on loopback, buckets spread over their slots, one limit
 //! held by two gateway instances, and the script reloaded on every node after
 //! `SCRIPT FLUSH` (EVALSHA answered NOSCRIPT); and a cluster speaking only TLS
-//! (`rediss+cluster://` with `rate_limit.redis_ca_file`).
+//! (`rediss+cluster://` with `rate_limit.redis_ca_file`); and a primary that
+//! dies, with only its own slots falling back until its replica takes over.
 mod common;
 
 use common::backends::RedisCluster;
@@ -208,4 +209,138 @@ async fn the_guard_and_the_policy_hold_across_slots_and_instances() {
         let log = gw.log_text();
         assert!(!log.contains("rate-limit backend redis"), "{log}");
     }
+}
+
+/// `GET /public/ping` `n` times from `client`, alternating between `gws`: the statuses.
+async fn statuses(client: &reqwest::Client, gws: &[Gateway; 2], n: usize) -> Vec<u16> {
+    let mut seen = Vec::new();
+    for i in 0..n {
+        let res = client.get(gws[i % 2].url("/public/ping")).send().await;
+        seen.push(res.map_or(0, |r| r.status().as_u16()));
+    }
+    seen
+}
+
+/// `/readyz`'s `rate_limiter.nodes_down` of `gw`.
+async fn nodes_down(gw: &Gateway) -> Vec<String> {
+    let ready: serde_json::Value = client()
+        .get(format!("http://{}/readyz", gw.admin.unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    serde_json::from_value(ready["rate_limiter"]["nodes_down"].clone()).unwrap()
+}
+
+/// One primary of three dies (each has a replica). The buckets on the other
+/// primaries stay exact across two instances; only the dead primary's slots
+/// fall back, counted by node and named by `/readyz`; and once its replica
+/// is promoted the limiter follows the new topology without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_primary_loosens_only_its_own_slots_and_its_failover_is_followed() {
+    let mut cluster = RedisCluster::start_with_replicas(3, 1);
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up, &cluster.url());
+    cfg.set("rate_limit.on_backend_error", "local");
+    cfg.set("rate_limit.redis_timeout", "500ms");
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
+    let path = cfg.write();
+    let gws = [Gateway::start(&path), Gateway::start(&path)];
+
+    // One request from each client, so that each has a bucket: where it lives.
+    for last in 100..160u8 {
+        let res = client_from(last)
+            .get(gws[0].url("/public/ping"))
+            .send()
+            .await;
+        assert_eq!(res.unwrap().status(), 200);
+    }
+    let primaries = cluster.primaries(cluster.ports[0]);
+    assert_eq!(primaries.len(), 3, "three primaries");
+    let owner = |last: u8| {
+        let suffix = format!(":127.0.0.{last}");
+        primaries.iter().copied().find(|&p| {
+            cluster
+                .keys_on(p, "mpg:rl:")
+                .iter()
+                .any(|k| k.ends_with(&suffix))
+        })
+    };
+    let owners: Vec<(u8, u16)> = (100..160u8).map(|l| (l, owner(l).unwrap())).collect();
+    let dead = owners[0].1;
+    let on_dead: Vec<u8> = owners.iter().filter(|o| o.1 == dead).map(|o| o.0).collect();
+    let elsewhere: Vec<u8> = owners.iter().filter(|o| o.1 != dead).map(|o| o.0).collect();
+    assert!(on_dead.len() >= 3 && elsewhere.len() >= 3, "{owners:?}");
+    cluster.kill(dead);
+    let node = format!("127.0.0.1:{dead}");
+
+    // The dead primary's buckets fall back (answered, never a 5xx).
+    for seen in statuses(&client_from(on_dead[1]), &gws, 4).await {
+        assert!(seen == 200 || seen == 429, "{seen}");
+    }
+    assert!(nodes_down(&gws[0]).await.contains(&node));
+    let metrics = common::scale::metrics(gws[0].admin.unwrap()).await;
+    assert!(
+        metrics.contains(&format!(
+            "mpg_rate_limit_node_fallbacks_total{{node=\"{node}\"}}"
+        )),
+        "fallbacks counted by node"
+    );
+    // Meanwhile every other bucket is still one for both instances: 3 an hour,
+    // one of them spent above.
+    for &last in &elsewhere[..3] {
+        let seen = statuses(&client_from(last), &gws, 6).await;
+        assert_eq!(
+            seen,
+            [200, 200, 429, 429, 429, 429],
+            "client 127.0.0.{last}"
+        );
+    }
+
+    // Its replica takes over (as an operator or an orchestrator forces it);
+    // traffic on the old slots finds it, and the node stops counting as down.
+    let live = elsewhere_port(&primaries, dead);
+    let replica = cluster
+        .replica_of(live, dead)
+        .expect("the dead primary's replica");
+    let answer = cluster.cli(replica, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert_eq!(answer.trim(), "OK");
+    let start = std::time::Instant::now();
+    while !(cluster.primaries(live).contains(&replica)
+        && cluster
+            .cli(live, &["CLUSTER", "INFO"])
+            .contains("cluster_state:ok"))
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        statuses(&client_from(on_dead[1]), &gws, 2).await;
+        if nodes_down(&gws[0]).await.is_empty() && nodes_down(&gws[1]).await.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still down after the failover: {}\n{}\n{:?}",
+            cluster.cli(live, &["CLUSTER", "NODES"]),
+            cluster.cli(live, &["CLUSTER", "SLOTS"]),
+            nodes_down(&gws[0]).await
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A bucket on the promoted replica: one for both instances again, at most
+    // 3 an hour (the one spent before the kill may be lost, replication being
+    // asynchronous); in-process fallback would give 3 per instance.
+    let seen = statuses(&client_from(on_dead[2]), &gws, 8).await;
+    let allowed = seen.iter().filter(|&&s| s == 200).count();
+    assert!(allowed <= 3, "{seen:?}: decided in Redis");
+    assert!(seen.iter().all(|&s| s == 200 || s == 429), "{seen:?}");
+}
+
+fn elsewhere_port(primaries: &[u16], dead: u16) -> u16 {
+    *primaries.iter().find(|&&p| p != dead).unwrap()
 }

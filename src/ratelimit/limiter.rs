@@ -33,6 +33,8 @@ use crate::logging::Incident;
 
 use super::clock::{Clock, SystemClock};
 use super::gcra::{self, Gcra, Op};
+use super::nodes::NodeHealth;
+use super::redis::Failed;
 use super::{
     Decision, LimiterError, LocalLimiter, OnBackendError, PolicyId, Quota, RedisLimiter,
     RedisTarget,
@@ -67,6 +69,9 @@ struct Remote {
     incident: Incident,
     /// Time per Redis call (made once here, not looked up per decision).
     latency: metrics::Histogram,
+    /// On a cluster: the primaries failing now. Their slots' decisions fall
+    /// back; every other slot's still go to Redis.
+    nodes: Arc<NodeHealth>,
 }
 
 // === impl RateLimiter ===
@@ -141,11 +146,12 @@ impl RateLimiter {
                 crate::metrics::names::RATE_LIMIT_BACKEND_SECONDS,
                 "backend" => "redis"
             ),
+            nodes: NodeHealth::new(),
         };
         let now = clock.now_nanos();
         match remote.connect().await {
             Ok(limiter) => remote.limiter.store(Some(limiter)),
-            Err(err) => remote.mark_down(now, &err),
+            Err(err) => remote.mark_down(now, &unattributed(err)),
         }
         Ok(Self {
             gcras: all.iter().map(Gcra::new).collect(),
@@ -247,11 +253,23 @@ impl RateLimiter {
         }
     }
 
-    /// False while the configured backend is failing and decisions come from the fallback.
+    /// False while the configured backend is failing and decisions come from the
+    /// fallback (on a cluster: those of some nodes' slots, see [`Self::nodes_down`]).
     pub fn healthy(&self) -> bool {
         self.remote.as_ref().is_none_or(|remote| {
-            remote.limiter.load().is_some() && remote.down_until.load(Ordering::Acquire) == 0
+            remote.limiter.load().is_some()
+                && remote.down_until.load(Ordering::Acquire) == 0
+                && !remote.nodes.any_down()
         })
+    }
+
+    /// On a Redis Cluster, the primaries (`host:port`) whose slots' decisions
+    /// fall back now; empty elsewhere.
+    pub fn nodes_down(&self) -> Vec<String> {
+        self.remote
+            .as_ref()
+            .map(|remote| remote.nodes.down())
+            .unwrap_or_default()
     }
 
     /// Number of failed backend calls (connects, timeouts, errors) since start.
@@ -297,13 +315,13 @@ impl RateLimiter {
             return gcra::unknown_policy_decision(self.now());
         };
         let now = self.now();
-        if remote.may_try(now) {
+        if remote.may_try(now, &[(policy, key)]) {
             match remote.run(policy, key, gcra, op).await {
                 Ok(decision) => {
-                    remote.mark_up(now);
+                    remote.mark_up(now, &[(policy, key)]);
                     return decision;
                 }
-                Err(err) => remote.mark_down(now, &err),
+                Err(failed) => remote.mark_down(now, &failed),
             }
         }
         match (remote.on_error, auth_guard) {
@@ -355,13 +373,14 @@ impl RateLimiter {
             return Ok(gcra::unknown_policy_decision(self.now()));
         };
         let now = self.now();
-        if remote.may_try(now) {
+        let keys = [(self.auth_policy, client_ip), (policy, key)];
+        if remote.may_try(now, &keys) {
             match remote.run_then(guard, (policy, key, gcra, op)).await {
                 Ok((guard, then)) => {
-                    remote.mark_up(now);
+                    remote.mark_up(now, &keys);
                     return then.ok_or(guard);
                 }
-                Err(err) => remote.mark_down(now, &err),
+                Err(failed) => remote.mark_down(now, &failed),
             }
         }
         let guard = self.local.peek(self.auth_policy, client_ip);
@@ -422,7 +441,33 @@ impl Remote {
             self.timeout,
         )
         .await?;
+        if limiter.is_cluster() {
+            match limiter.slot_map().await {
+                Ok(map) => self.nodes.set_map(map),
+                // Then the cluster's slots share one breaker until a later read.
+                Err(e) => tracing::debug!(error = %e, "CLUSTER SLOTS not read at connect"),
+            }
+        }
         Ok(Arc::new(limiter))
+    }
+
+    /// Reads the cluster's slot map again in the background, at most once a second.
+    fn refresh_slots(&self, now: u64) {
+        let Some(limiter) = self.limiter.load_full().filter(|l| l.is_cluster()) else {
+            return;
+        };
+        if !self.nodes.refresh_due(now) {
+            return;
+        }
+        let nodes = Arc::clone(&self.nodes);
+        tokio::spawn(async move {
+            match limiter.slot_map().await {
+                Ok(map) => nodes.set_map(map),
+                Err(e) => {
+                    tracing::warn!(error = %crate::logging::Chain(&e), "CLUSTER SLOTS not read")
+                }
+            }
+        });
     }
 
     /// The connected limiter, connecting first if there is none yet.
@@ -445,8 +490,8 @@ impl Remote {
         key: &str,
         gcra: Gcra,
         op: Op,
-    ) -> Result<Decision, LimiterError> {
-        let limiter = self.limiter().await?;
+    ) -> Result<Decision, Failed> {
+        let limiter = self.limiter().await.map_err(unattributed)?;
         // The request path's clock, read once per poll: the wait spans two polls, and a
         // reading per poll is exact to within one (microseconds).
         let started = crate::clock::now();
@@ -460,8 +505,8 @@ impl Remote {
         &self,
         first: (PolicyId, &str, Gcra, Op),
         then: (PolicyId, &str, Gcra, Op),
-    ) -> Result<(Decision, Option<Decision>), LimiterError> {
-        let limiter = self.limiter().await?;
+    ) -> Result<(Decision, Option<Decision>), Failed> {
+        let limiter = self.limiter().await.map_err(unattributed)?;
         let started = crate::clock::now();
         let decisions = limiter.decide_then(first, then).await;
         self.record_latency(started);
@@ -474,38 +519,77 @@ impl Remote {
         self.latency.record(took.as_secs_f64());
     }
 
-    /// Healthy: always. Failed: not before the probe time, then one caller at a time.
-    fn may_try(&self, now: u64) -> bool {
+    /// Whether decisions for `keys` may go to Redis now. Healthy: always.
+    /// Failed: not before the probe time, then one caller at a time; on a
+    /// cluster, per node: a key whose primary is failing falls back (counted
+    /// by node), every other key goes to Redis.
+    fn may_try(&self, now: u64, keys: &[(PolicyId, &str)]) -> bool {
         let until = self.down_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true;
+        let whole = until == 0
+            || (now >= until
+                && self
+                    .down_until
+                    .compare_exchange(until, probe_time(now), Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok());
+        if !whole || !self.nodes.any_down() {
+            return whole;
         }
-        now >= until
-            && self
-                .down_until
-                .compare_exchange(until, probe_time(now), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        let Some(limiter) = self.limiter.load_full() else {
+            return true;
+        };
+        keys.iter().all(|(policy, key)| {
+            let slot = limiter.slot(*policy, key);
+            let ok = self.nodes.may_try(slot, now, probe_time(now));
+            if !ok {
+                metrics::counter!(
+                    crate::metrics::names::RATE_LIMIT_NODE_FALLBACKS,
+                    "node" => self.nodes.node_of(slot)
+                )
+                .increment(1);
+            }
+            ok
+        })
     }
 
-    /// A decision came from Redis: a load (no write) while it was healthy.
-    fn mark_up(&self, now: u64) {
-        if self.down_until.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        if self.down_until.swap(0, Ordering::AcqRel) != 0 {
+    /// Decisions for `keys` came from Redis: a load (no write) while it was healthy.
+    fn mark_up(&self, now: u64, keys: &[(PolicyId, &str)]) {
+        if self.down_until.load(Ordering::Acquire) != 0
+            && self.down_until.swap(0, Ordering::AcqRel) != 0
+        {
             if let Some(r) = self.incident.recovered(now / 1_000_000) {
                 r.log(tracing::Level::WARN, &self.subject(), "calls failed");
             }
         }
+        if !self.nodes.any_down() {
+            return;
+        }
+        let Some(limiter) = self.limiter.load_full() else {
+            return;
+        };
+        for (policy, key) in keys {
+            if let Some(node) = self.nodes.answered(limiter.slot(*policy, key)) {
+                tracing::warn!(node, "rate-limit backend redis: the node answers again; its slots' decisions are Redis's again");
+            }
+        }
     }
 
-    fn mark_down(&self, now: u64, err: &LimiterError) {
+    fn mark_down(&self, now: u64, failed: &Failed) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(crate::metrics::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
             .increment(1);
+        let cause = crate::logging::Chain(&failed.error);
+        if let Some(slot) = failed.slot {
+            // A cluster node: only its slots fall back.
+            let node = self.nodes.failed(slot, probe_time(now));
+            self.refresh_slots(now);
+            if let Some(line) = self.incident.failed(now / 1_000_000) {
+                let subject = format!("{} for the slots of node {node}", self.subject());
+                line.log(tracing::Level::WARN, &subject, "calls failed", &cause);
+            }
+            return;
+        }
         self.down_until.store(probe_time(now), Ordering::Release);
         if let Some(line) = self.incident.failed(now / 1_000_000) {
-            let cause = crate::logging::Chain(err);
             line.log(
                 tracing::Level::WARN,
                 &self.subject(),
@@ -524,6 +608,11 @@ impl Remote {
         };
         format!("rate-limit backend redis (meanwhile {fallback})")
     }
+}
+
+/// A failure no slot is known for (no connection yet): the whole backend's.
+fn unattributed(error: LimiterError) -> Failed {
+    Failed { slot: None, error }
 }
 
 fn probe_time(now: u64) -> u64 {

@@ -13,6 +13,7 @@ mod clock;
 mod gcra;
 mod limiter;
 mod local;
+mod nodes;
 mod redis;
 mod redis_target;
 

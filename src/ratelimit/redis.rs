@@ -37,7 +37,7 @@ use tokio::sync::oneshot;
 use self::batch::Batcher;
 use self::script::{Answer, Pending, Step};
 use super::gcra::{Gcra, Op};
-use super::redis_target::RedisTarget;
+use super::redis_target::{RedisConn, RedisTarget};
 use super::{Decision, LimiterError, PolicyId, Quota};
 
 /// GCRA limiter whose state lives in Redis, shared by every gateway instance.
@@ -51,6 +51,16 @@ pub struct RedisLimiter {
     timeout: Duration,
     /// A Redis Cluster: one call holds the keys of one slot only.
     cluster: bool,
+    /// For `CLUSTER SLOTS` (decisions go through the batcher's clone).
+    conn: RedisConn,
+}
+
+/// A failed decision, with the slot of the key it failed on (on a cluster):
+/// the node that did not answer is the one serving that slot.
+#[derive(Debug, Clone)]
+pub(crate) struct Failed {
+    pub(crate) slot: Option<u16>,
+    pub(crate) error: LimiterError,
 }
 
 impl RedisLimiter {
@@ -72,7 +82,8 @@ impl RedisLimiter {
         .map_err(|_| LimiterError::Timeout)??;
         let cluster = conn.is_cluster();
         Ok(Self {
-            batcher: Batcher::spawn(conn, script.get_hash().to_owned(), cluster, timeout),
+            batcher: Batcher::spawn(conn.clone(), script.get_hash().to_owned(), cluster, timeout),
+            conn,
             prefix: prefix.into(),
             key_prefixes: (0..policies.len())
                 .map(|i| format!("{prefix}rl:{i}:").into())
@@ -86,6 +97,33 @@ impl RedisLimiter {
     /// Takes one token for `key` under `policy` if there is one; a refusal costs nothing.
     pub async fn check(&self, policy: PolicyId, key: &str) -> Result<Decision, LimiterError> {
         self.run(policy, key, Op::Check).await
+    }
+
+    /// The cluster slot of `key`'s bucket under `policy` (0 on a single server).
+    pub(crate) fn slot(&self, policy: PolicyId, key: &str) -> u16 {
+        if !self.cluster {
+            return 0;
+        }
+        get_slot(self.redis_key(policy, key).as_bytes())
+    }
+
+    /// Whether this is a cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Which primary serves each slot, from `CLUSTER SLOTS`, within the timeout.
+    pub(crate) async fn slot_map(&self) -> Result<super::nodes::SlotMap, LimiterError> {
+        let mut conn = self.conn.clone();
+        let reply = tokio::time::timeout(
+            self.timeout,
+            ::redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<::redis::Value>(&mut conn),
+        )
+        .await
+        .map_err(|_| LimiterError::Timeout)??;
+        super::nodes::SlotMap::parse(&reply).ok_or_else(unexpected_reply)
     }
 
     /// Whether `key` would be allowed now, without taking anything.
@@ -115,7 +153,9 @@ impl RedisLimiter {
             .policies
             .get(policy.0)
             .ok_or(LimiterError::UnknownPolicy(policy.0))?;
-        self.decide(policy, key, *gcra, op).await
+        self.decide(policy, key, *gcra, op)
+            .await
+            .map_err(|f| f.error)
     }
 
     /// Applies `op` to `key`'s bucket under `policy` with the parameters `gcra` (the
@@ -126,7 +166,7 @@ impl RedisLimiter {
         key: &str,
         gcra: Gcra,
         op: Op,
-    ) -> Result<Decision, LimiterError> {
+    ) -> Result<Decision, Failed> {
         let answer = self
             .send(self.redis_key(policy, key), gcra, op, None)
             .await?;
@@ -140,7 +180,7 @@ impl RedisLimiter {
         &self,
         first: (PolicyId, &str, Gcra, Op),
         then: (PolicyId, &str, Gcra, Op),
-    ) -> Result<(Decision, Option<Decision>), LimiterError> {
+    ) -> Result<(Decision, Option<Decision>), Failed> {
         let (policy, key, gcra, op) = first;
         let (then_policy, then_key, then_gcra, then_op) = then;
         let first_key = self.redis_key(policy, key);
@@ -168,7 +208,12 @@ impl RedisLimiter {
             }
             (false, None) => None,
             // The script makes the second decision exactly when the first is allowed.
-            _ => return Err(unexpected_reply()),
+            _ => {
+                return Err(Failed {
+                    slot: None,
+                    error: unexpected_reply(),
+                })
+            }
         };
         Ok((decision, then))
     }
@@ -180,7 +225,9 @@ impl RedisLimiter {
         gcra: Gcra,
         op: Op,
         then: Option<Step>,
-    ) -> Result<Answer, LimiterError> {
+    ) -> Result<Answer, Failed> {
+        let slot = self.cluster.then(|| get_slot(key.as_bytes()));
+        let failed = |error| Failed { slot, error };
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             key,
@@ -190,10 +237,13 @@ impl RedisLimiter {
             reply,
         };
         if !self.batcher.send(pending) {
-            return Err(LimiterError::Stopped);
+            return Err(failed(LimiterError::Stopped));
         }
         // The batching task answers within the timeout (or fails the call) by itself.
-        answer.await.map_err(|_| LimiterError::Stopped)?
+        match answer.await {
+            Ok(answer) => answer.map_err(failed),
+            Err(_) => Err(failed(LimiterError::Stopped)),
+        }
     }
 
     /// Script calls made so far (one per batch on a single server).

@@ -203,9 +203,10 @@ impl TlsRedis {
 
 // === Redis Cluster ===
 
-/// A Redis Cluster of `n` primaries (no replicas) on loopback, its slots
-/// spread over all of them; with TLS, clients and the cluster bus speak only
-/// TLS, with `pki`'s server certificate.
+/// A Redis Cluster of `n` primaries on loopback (and, with
+/// [`RedisCluster::start_with_replicas`], replicas), its slots spread over
+/// the primaries; with TLS, clients and the cluster bus speak only TLS, with
+/// `pki`'s server certificate.
 pub struct RedisCluster {
     pub ports: Vec<u16>,
     /// Before `dir`: fields drop in order, the servers before their directory.
@@ -216,14 +217,21 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
-        Self::start_with(n, None)
+        Self::start_with(n, 0, None)
     }
 
     pub fn start_tls(n: usize) -> RedisCluster {
-        Self::start_with(n, Some(Pki::new()))
+        Self::start_with(n, 0, Some(Pki::new()))
     }
 
-    fn start_with(n: usize, pki: Option<Pki>) -> RedisCluster {
+    /// `primaries` primaries with `replicas` replicas each; a primary that stops
+    /// answering for 5 s is marked failed.
+    pub fn start_with_replicas(primaries: usize, replicas: usize) -> RedisCluster {
+        Self::start_with(primaries, replicas, None)
+    }
+
+    fn start_with(primaries: usize, replicas: usize, pki: Option<Pki>) -> RedisCluster {
+        let n = primaries * (1 + replicas);
         let dir = tempfile::tempdir().unwrap();
         let mut cluster = RedisCluster {
             ports: Vec::new(),
@@ -250,6 +258,8 @@ impl RedisCluster {
             let child = cmd
                 .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes"])
+                // With replicas, a dead primary is noticed in 5 s (not 15).
+                .args(["--cluster-node-timeout", if replicas > 0 { "5000" } else { "15000" }])
                 .args(["--cluster-port", &bus.to_string()])
                 .arg("--cluster-config-file")
                 .arg(d.join(format!("nodes-{port}.conf")))
@@ -282,7 +292,7 @@ impl RedisCluster {
                 .redis_cli()
                 .args(["--cluster", "create"])
                 .args(&nodes)
-                .args(["--cluster-replicas", "0", "--cluster-yes"]),
+                .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]),
             Duration::from_secs(60),
         );
         assert!(
@@ -328,6 +338,43 @@ impl RedisCluster {
             cmd.args(["--tls", "--cacert"]).arg(&pki.ca);
         }
         cmd
+    }
+
+    /// The ports of the primaries serving slots now (as the node at `asked` sees it).
+    pub fn primaries(&self, asked: u16) -> Vec<u16> {
+        self.cli(asked, &["CLUSTER", "NODES"])
+            .lines()
+            .filter_map(|l| {
+                // id addr@bus flags master ping pong epoch link-state slot…
+                let fields: Vec<&str> = l.split_whitespace().collect();
+                let flags = fields.get(2)?;
+                let serving =
+                    flags.contains("master") && !flags.contains("fail") && fields.len() > 8;
+                serving.then_some(())?;
+                fields[1].split(['@', ':']).nth(1)?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// The port of a replica of the primary at `primary` (as the node at `asked` sees it).
+    pub fn replica_of(&self, asked: u16, primary: u16) -> Option<u16> {
+        let nodes = self.cli(asked, &["CLUSTER", "NODES"]);
+        let port_of = |addr: &str| addr.split(['@', ':']).nth(1)?.parse::<u16>().ok();
+        let id = nodes.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (port_of(f.get(1)?)? == primary).then(|| f[0].to_string())
+        })?;
+        nodes.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(3)? == &id.as_str()).then(|| port_of(f[1]))?
+        })
+    }
+
+    /// Kills the node at `port` (SIGKILL: no goodbye to the others).
+    pub fn kill(&mut self, port: u16) {
+        let i = self.ports.iter().position(|&p| p == port).unwrap();
+        let _ = self.children.0[i].kill();
+        let _ = self.children.0[i].wait();
     }
 
     /// Runs one command on the node at `port` (no redirects followed).

@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use ::redis::{cluster_routing::get_slot, ErrorKind, Value};
+use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 
@@ -44,6 +45,10 @@ const MAX_BATCH: usize = 256;
 /// Script calls on their way at once on a single server. Decisions stay exact whatever the
 /// order the calls run in: each call is atomic, and a request's decisions share one.
 pub(super) const MAX_CALLS: usize = 4;
+/// The same on a cluster, where a batch splits into a call per slot: a call to a node
+/// that does not answer holds its place until the timeout, and must not hold up the
+/// calls to the nodes that do.
+const MAX_CLUSTER_CALLS: usize = 256;
 
 /// The queue into the batching task; the task ends when the last clone is dropped.
 #[derive(Clone)]
@@ -110,8 +115,13 @@ impl Task {
         // Calls on their way (single server): the next batch goes out while the last
         // one's answer is still coming, so the gateway does not idle for a round trip.
         let mut in_flight = FuturesUnordered::new();
+        let max_calls = if self.cluster {
+            MAX_CLUSTER_CALLS
+        } else {
+            MAX_CALLS
+        };
         loop {
-            while in_flight.len() >= MAX_CALLS {
+            while in_flight.len() >= max_calls {
                 in_flight.next().await;
             }
             let waited = rx.is_empty();
@@ -159,44 +169,48 @@ impl Task {
             self.calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
-                self.send_by_slot(&mut batch, deadline).await;
-                batch.clear();
+                // Each slot's call on its own: the next batch goes out while they run.
+                for mut group in by_slot(&mut batch) {
+                    let mut conn = self.conn.clone();
+                    let hash = self.hash.clone();
+                    // Boxed: a cluster's calls are many and short-lived; a single
+                    // server's, below, keep their own (unboxed) type.
+                    in_flight.push(Either::Right(Box::pin(async move {
+                        let result = call(&mut conn, &hash, deadline, &group).await;
+                        answer(&mut group, result);
+                    })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>));
+                }
             } else {
                 let mut sent = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
                 let mut conn = self.conn.clone();
                 let hash = &self.hash;
-                in_flight.push(async move {
+                in_flight.push(Either::Left(async move {
                     let result = call(&mut conn, hash, deadline, &sent).await;
                     answer(&mut sent, result);
-                });
+                }));
             }
         }
     }
+}
 
-    /// One call per slot, all at once; a key's decisions keep their order (the sort is stable).
-    async fn send_by_slot(&self, batch: &mut Vec<Pending>, deadline: Instant) {
-        batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
-        let mut groups = Vec::new();
-        let mut rest = std::mem::take(batch);
-        while !rest.is_empty() {
-            let slot = get_slot(rest[0].key.as_bytes());
-            let n = rest
-                .iter()
-                .take_while(|p| get_slot(p.key.as_bytes()) == slot)
-                .count();
-            let tail = rest.split_off(n);
-            groups.push(rest);
-            rest = tail;
-        }
-        let calls = groups.into_iter().map(|mut group| {
-            let mut conn = self.conn.clone();
-            async move {
-                let result = call(&mut conn, &self.hash, deadline, &group).await;
-                answer(&mut group, result);
-            }
-        });
-        futures_util::future::join_all(calls).await;
+/// `batch` split by slot, emptying it; a key's decisions keep their order (the sort is
+/// stable).
+fn by_slot(batch: &mut Vec<Pending>) -> Vec<Vec<Pending>> {
+    batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
+    let mut groups = Vec::new();
+    let mut rest = std::mem::take(batch);
+    while !rest.is_empty() {
+        let slot = get_slot(rest[0].key.as_bytes());
+        let n = rest
+            .iter()
+            .take_while(|p| get_slot(p.key.as_bytes()) == slot)
+            .count();
+        let tail = rest.split_off(n);
+        groups.push(rest);
+        rest = tail;
     }
+    groups
 }
 
 /// Hands each decision of `batch` its answer, or the call's failure.
