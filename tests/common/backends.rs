@@ -259,7 +259,10 @@ impl RedisCluster {
                 .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes"])
                 // With replicas, a dead primary is noticed in 5 s (not 15).
-                .args(["--cluster-node-timeout", if replicas > 0 { "5000" } else { "15000" }])
+                .args([
+                    "--cluster-node-timeout",
+                    if replicas > 0 { "5000" } else { "15000" },
+                ])
                 .args(["--cluster-port", &bus.to_string()])
                 .arg("--cluster-config-file")
                 .arg(d.join(format!("nodes-{port}.conf")))
