@@ -49,7 +49,9 @@ PATH="$WORK/bin:$PATH" bash -e steps.sh >"$WORK/out.txt" 2>"$WORK/err.txt" || {
 
 # What the page says each step answers.
 expect() {
-  cat "$WORK/out.txt" "$WORK/err.txt" | grep -qF -- "$1" || {
+  # Both files as grep's own arguments: `cat | grep -q` would fail under pipefail
+  # whenever grep stops reading early.
+  grep -qF -- "$1" "$WORK/out.txt" "$WORK/err.txt" || {
     echo "walkthrough.sh: $2: expected $1 in:" >&2; cat "$WORK/out.txt" >&2; exit 1
   }
 }

@@ -273,6 +273,25 @@ pub fn generate_id(prefix: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A key whose checksum was computed outside the project, with Python's zlib:
+    /// `python3 -c 'import zlib; A="0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    /// b="Vectors0Computed1Outside2The3Gw4"; v=zlib.crc32(b.encode()); s=""
+    /// exec("for _ in range(6): s=A[v%62]+s; v//=62"); print("mpg_"+b+s)'`
+    const OUTSIDE_KEY: &str = "mpg_Vectors0Computed1Outside2The3Gw40DhY2I";
+
+    #[test]
+    fn a_key_checksummed_outside_the_project_passes_and_a_changed_one_fails() {
+        assert_eq!(check_api_key_format(OUTSIDE_KEY), Ok(()));
+        let last = OUTSIDE_KEY.len() - 1;
+        let changed = format!("{}J", &OUTSIDE_KEY[..last]);
+        assert_eq!(check_api_key_format(&changed), Err(FormatError::Checksum));
+        // Its SHA-256, by coreutils: `printf '%s' KEY | sha256sum`.
+        assert_eq!(
+            hash_secret(OUTSIDE_KEY).to_hex(),
+            "547f603265c94ede778f630c3dad81ba70b1bb6c7478aa29f3ea57078ff6d909"
+        );
+    }
+
     #[test]
     fn hex_round_trips_and_nothing_else_parses() {
         let h = hash_secret("a");

@@ -301,6 +301,35 @@ mod tests {
         );
     }
 
+    /// The session signature of the test above, its tags computed outside the
+    /// project by OpenSSL:
+    /// `printf '7\nGET\n/\nacme\nbob\nviewer\nsession\n\n\nr\n' | openssl dgst -sha256 -hmac k`
+    /// for `v1`, and for `v2` the same with the nonce line after the time and
+    /// an empty digest line at the end.
+    #[test]
+    fn a_signature_matches_tags_computed_by_openssl() {
+        let scopes = Vec::new();
+        let session = Added {
+            identity: Some(Identity {
+                organization_id: "acme",
+                user_id: "bob",
+                role: "viewer",
+                auth: "session",
+                key_id: None,
+                scopes: Scopes::listed(&scopes),
+            }),
+            forwarded: forwarded(),
+            request_id: b"r",
+            signature: None,
+        };
+        let signer = IdentitySigner::new(b"k").unwrap();
+        let sig = signer.sign(&session, (&Method::GET, "/"), 7, &N, None);
+        let want = "t=7,n=00112233445566778899aabbccddeeff,\
+                    v1=460bb671e82b3cbbd6cad7b11cad95d57a2338eddb3142432d73bc7521297f03,\
+                    v2=8fe1a7601fa9b8bb242188f3536f0adf14278cfb716f0010266efce92914cdf2";
+        assert_eq!(std::str::from_utf8(sig.as_bytes()).unwrap(), want);
+    }
+
     #[test]
     fn a_value_left_out_as_invalid_is_signed_as_empty() {
         let scopes = Vec::new();
