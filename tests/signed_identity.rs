@@ -302,10 +302,9 @@ print(json.dumps(results))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn();
-    let Ok(mut child) = child else {
-        eprintln!("python3 not found: the Python verifier was not run");
-        return;
-    };
+    // The independent verifier always runs: a machine without python3 fails
+    // this test rather than passing it unchecked (.ci/run needs python3 anyway).
+    let mut child = child.expect("python3 runs the independent verifier");
     use std::io::Write;
     let input = serde_json::to_vec(requests).unwrap();
     child.stdin.take().unwrap().write_all(&input).unwrap();

@@ -210,6 +210,23 @@ mod tests {
         )
     }
 
+    /// Bob's session in acme (no key id), request id `r`.
+    fn bob_session(scopes: &[String]) -> Added<'_> {
+        Added {
+            identity: Some(Identity {
+                organization_id: "acme",
+                user_id: "bob",
+                role: "viewer",
+                auth: "session",
+                key_id: None,
+                scopes: Scopes::listed(scopes),
+            }),
+            forwarded: forwarded(),
+            request_id: b"r",
+            signature: None,
+        }
+    }
+
     fn forwarded() -> ForwardedFor<'static> {
         ForwardedFor {
             chain: "10.0.0.1",
@@ -253,19 +270,7 @@ mod tests {
     fn absent_fields_are_empty_lines_and_the_signature_is_sent_last() {
         let scopes = Vec::new();
         // A session: no key id.
-        let session = Added {
-            identity: Some(Identity {
-                organization_id: "acme",
-                user_id: "bob",
-                role: "viewer",
-                auth: "session",
-                key_id: None,
-                scopes: Scopes::listed(&scopes),
-            }),
-            forwarded: forwarded(),
-            request_id: b"r",
-            signature: None,
-        };
+        let session = bob_session(&scopes);
         let signer = IdentitySigner::new(b"k").unwrap();
         let sig = signer.sign(&session, (&Method::GET, "/"), 7, &N, None);
         let n = std::str::from_utf8(&N).unwrap();
@@ -309,19 +314,7 @@ mod tests {
     #[test]
     fn a_signature_matches_tags_computed_by_openssl() {
         let scopes = Vec::new();
-        let session = Added {
-            identity: Some(Identity {
-                organization_id: "acme",
-                user_id: "bob",
-                role: "viewer",
-                auth: "session",
-                key_id: None,
-                scopes: Scopes::listed(&scopes),
-            }),
-            forwarded: forwarded(),
-            request_id: b"r",
-            signature: None,
-        };
+        let session = bob_session(&scopes);
         let signer = IdentitySigner::new(b"k").unwrap();
         let sig = signer.sign(&session, (&Method::GET, "/"), 7, &N, None);
         let want = "t=7,n=00112233445566778899aabbccddeeff,\
