@@ -148,6 +148,10 @@ impl RateLimiter {
             ),
             nodes: NodeHealth::new(),
         };
+        // Exported from the start, at 0: a rate over it works before the first
+        // failure, and "no failures" reads as 0, not as a missing series.
+        metrics::counter!(crate::metrics::names::RATE_LIMIT_BACKEND_ERRORS, "backend" => "redis")
+            .increment(0);
         let now = clock.now_nanos();
         match remote.connect().await {
             Ok(limiter) => remote.limiter.store(Some(limiter)),

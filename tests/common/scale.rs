@@ -299,7 +299,15 @@ pub async fn metrics(admin: SocketAddr) -> String {
 }
 
 /// Sum of every sample of `name` whose labels contain all of `labels` (`k="v"` strings).
+///
+/// The metric itself must be exported (a sample of any labels): a renamed or
+/// unregistered metric fails the test instead of reading as zero. Only a
+/// label combination that never occurred reads as zero.
 pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    let exported = text.lines().filter(|l| !l.starts_with('#')).any(|l| {
+        l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+    });
+    assert!(exported, "metric {name} is not exported:\n{text}");
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
