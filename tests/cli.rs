@@ -547,7 +547,9 @@ fn keys_rotate_prints_the_new_key_and_marks_the_old_one() {
         let (cfg, _db) = config_on(pg);
         let path = cfg.write();
         let s = seed(&path, "acme", "alice", "owner", "clusters:read");
+        let before = std::time::SystemTime::now();
         let new = cli_ok(&path, &["keys", "rotate", &s.key_id, "--grace", "1h"]);
+        let after = std::time::SystemTime::now();
         let new_id = new["id"].as_str().unwrap();
         assert_ne!(new_id, s.key_id);
         assert!(new["key"].as_str().unwrap().starts_with("mpg_"), "{new}");
@@ -557,7 +559,22 @@ fn keys_rotate_prints_the_new_key_and_marks_the_old_one() {
         let old = cli_ok(&path, &["keys", "get", &s.key_id]);
         assert_eq!(old["replaced_by"], new_id);
         assert_eq!(old["status"], "active", "within the grace period");
-        assert!(old["expires_at"].is_string(), "{old}");
+        // The old key ends one hour after the rotation, to the second.
+        let expires = time::OffsetDateTime::parse(
+            old["expires_at"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        let hour = time::Duration::hours(1);
+        let second = time::Duration::seconds(1);
+        let (from, to) = (
+            time::OffsetDateTime::from(before),
+            time::OffsetDateTime::from(after),
+        );
+        assert!(
+            expires >= from + hour - second && expires <= to + hour + second,
+            "{old}: expires_at is not the rotation plus 1 h"
+        );
         // A key is rotated once; the refusal says why.
         let (code, _, err) = cli(&path, &["keys", "rotate", &s.key_id]);
         assert_eq!(code, 2);
