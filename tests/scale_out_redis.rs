@@ -183,6 +183,9 @@ async fn redis_headers_equal_the_local_backend_s_including_the_ietf_fields() {
     cfg.set("rate_limit.ietf_headers", true);
     let local_path = cfg.write_as("local.toml");
     cfg.redis(&redis_url(), &prefix.0);
+    // A Redis that fails refuses (429 at once) rather than falling back to
+    // the very local backend this test compares with.
+    cfg.set("rate_limit.on_backend_error", "deny");
     let redis_path = cfg.write();
     let seed = seed(&redis_path, "acme", "alice", "owner", "clusters:read");
     let local = Gateway::start(&local_path);
@@ -232,6 +235,13 @@ async fn redis_headers_equal_the_local_backend_s_including_the_ietf_fields() {
     // One token every 20 s: the next is due in (0, 20] s.
     let retry: u64 = refused.retry_after.unwrap().parse().unwrap();
     assert!((1..=20).contains(&retry), "retry-after {retry}");
+    // The decisions were Redis's: its bucket is there, and nothing fell back.
+    assert!(!prefix.keys().is_empty(), "no bucket in Redis");
+    assert!(
+        !redis.log_text().contains("rate-limit backend redis"),
+        "{}",
+        redis.log_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

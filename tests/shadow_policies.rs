@@ -49,7 +49,8 @@ async fn access_line(gw: &Gateway, id: &str) -> Value {
 /// [`LIMIT`] + [`OVER`] requests through the shadow policy, then through the
 /// enforcing one; checks what the client, the upstream, `/metrics` and the
 /// access log see.
-async fn shadow_lets_through_what_it_counts(cfg: TestConfig, up: &MockUpstream) {
+/// Returns the gateway's log.
+async fn shadow_lets_through_what_it_counts(cfg: TestConfig, up: &MockUpstream) -> String {
     let path = cfg.write();
     let (key, _) = seed_key(&path);
     let gw = Gateway::start(&path);
@@ -143,6 +144,7 @@ async fn shadow_lets_through_what_it_counts(cfg: TestConfig, up: &MockUpstream) 
         1.0,
         "{text}"
     );
+    gw.log_text()
 }
 
 /// An API key of alice in acme with `clusters:read` (and the seeded org).
@@ -155,7 +157,7 @@ fn seed_key(path: &std::path::Path) -> (String, String) {
 async fn a_shadow_policy_never_refuses_on_the_local_backend() {
     let up = MockUpstream::start().await;
     let cfg = config(&up);
-    shadow_lets_through_what_it_counts(cfg, &up).await;
+    let _ = shadow_lets_through_what_it_counts(cfg, &up).await;
 }
 
 #[tokio::test]
@@ -164,7 +166,11 @@ async fn a_shadow_policy_never_refuses_on_the_redis_backend() {
     let prefix = RedisPrefix::new();
     let mut cfg = config(&up);
     cfg.redis(&redis_url(), &prefix.0);
-    shadow_lets_through_what_it_counts(cfg, &up).await;
+    // A failing Redis must not pass for one: no fallback to the local backend.
+    cfg.set("rate_limit.on_backend_error", "deny");
+    let log = shadow_lets_through_what_it_counts(cfg, &up).await;
+    assert!(!prefix.keys().is_empty(), "no bucket in Redis");
+    assert!(!log.contains("rate-limit backend redis"), "{log}");
 }
 
 #[tokio::test]

@@ -112,6 +112,17 @@ impl RedisPrefix {
     pub fn new() -> RedisPrefix {
         RedisPrefix(format!("mpgtest:{:016x}:", rand::random::<u64>()))
     }
+
+    /// The keys Redis holds under this prefix now: proof that a limiter's
+    /// decisions were Redis's, not a fallback's.
+    pub fn keys(&self) -> Vec<String> {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        redis::cmd("KEYS")
+            .arg(format!("{}*", self.0))
+            .query(&mut conn)
+            .unwrap()
+    }
 }
 
 impl Drop for RedisPrefix {
