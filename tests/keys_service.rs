@@ -872,3 +872,36 @@ async fn audit_ids_and_cursors_tell_nothing_of_other_organizations(pg: bool) {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["details"]["field"], "cursor", "{body}");
 }
+
+/// The audit trail is refused to what may not read keys: a member whose role
+/// lacks `api-keys:read` (403 naming it), a non-member (404), and an API key,
+/// which is not a session (401).
+#[tokio::test]
+async fn the_audit_trail_is_refused_without_api_keys_read_to_strangers_and_to_api_keys() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("roles.reader", vec!["clusters:read".to_string()]);
+    let path = cfg.write();
+    let alice = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let rita = seed(&path, "acme", "rita", "reader", "clusters:read");
+    let mallory = seed(&path, "evil", "mallory", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    let audit = |token: &str| {
+        client()
+            .get(gw.url(AUDIT))
+            .bearer_auth(token.to_string())
+            .send()
+    };
+    let res = audit(&alice.session).await.unwrap();
+    assert_eq!(res.status(), 200, "the owner reads it");
+    let res = audit(&rita.session).await.unwrap();
+    assert_eq!(res.status(), 403);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["details"]["required_scope"], "api-keys:read", "{body}");
+    let res = audit(&mallory.session).await.unwrap();
+    assert_eq!(res.status(), 404, "another organization's member");
+    let res = audit(&alice.key).await.unwrap();
+    assert_eq!(res.status(), 401);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["details"]["reason"], "wrong_credential_type", "{body}");
+}
