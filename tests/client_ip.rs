@@ -451,3 +451,36 @@ async fn a_proxy_header_that_names_no_client_leaves_the_forwarded_for_untrusted(
         assert_eq!(forwarded_for(&w), "127.0.0.1", "{what}");
     }
 }
+
+/// Malformed and truncated PROXY v2 headers end to end: each connection is
+/// closed without an answer within a bound, and nothing reaches the upstream.
+#[tokio::test]
+async fn a_malformed_or_truncated_proxy_v2_header_is_closed_without_an_answer() {
+    let w = behind_a_local_proxy().await;
+    let good = v2(Some("198.51.100.9".parse().unwrap()));
+    // Version 3 in the version/command byte.
+    let mut bad_version = good.clone();
+    bad_version[12] = 0x31;
+    // TCP over IPv4 whose address block is shorter than two addresses and ports.
+    let mut short_block = good[..14].to_vec();
+    short_block.extend(4u16.to_be_bytes());
+    short_block.extend([198, 51, 100, 9]);
+    // The fixed part only: the declared 12 address bytes never come.
+    let truncated = good[..16].to_vec();
+    let limit = Duration::from_secs(4);
+    for (what, bytes) in [
+        ("a bad version", [bad_version.as_slice(), PING].concat()),
+        (
+            "a short address block",
+            [short_block.as_slice(), PING].concat(),
+        ),
+        ("a truncated header", truncated),
+    ] {
+        let got = closed_within(TcpStream::connect(w.gw.addr).await.unwrap(), &bytes, limit).await;
+        assert!(got.is_empty(), "{what}: {}", String::from_utf8_lossy(&got));
+    }
+    assert_eq!(w.up.count(), 0, "a request reached the upstream");
+    // A good header on the same listener still works.
+    let res = proxied(w.gw.addr, &good, PING).await;
+    assert_eq!(res.status, 200);
+}
