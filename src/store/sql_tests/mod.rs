@@ -14,6 +14,22 @@ mod keys;
 use changes::*;
 use keys::*;
 
+/// Runs each suite function, in module `$module`, against a fresh
+/// PostgreSQL database.
+macro_rules! on_postgres {
+    ($module:ident: $($name:ident),* $(,)?) => {
+        mod $module {
+            $(#[tokio::test]
+            async fn $name() {
+                let db = super::TestDb::postgres().await;
+                let store = db.store().await;
+                super::$name(&store).await;
+                store.pool.close().await;
+            })*
+        }
+    };
+}
+
 /// Runs each suite function against a fresh SQLite file and a fresh
 /// PostgreSQL database.
 macro_rules! both_backends {
@@ -25,15 +41,7 @@ macro_rules! both_backends {
                 super::$name(&db.store().await).await;
             })*
         }
-        mod postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                let db = super::TestDb::postgres().await;
-                let store = db.store().await;
-                super::$name(&store).await;
-                store.pool.close().await;
-            })*
-        }
+        on_postgres!(postgres: $($name),*);
     };
 }
 
@@ -58,24 +66,10 @@ both_backends!(
     batch_session_lookup_answers_each_as_its_own_lookup,
 );
 
-/// Runs each suite function against a fresh PostgreSQL database only (what
-/// it checks exists there only): no SQLite run that would pass by returning.
-macro_rules! postgres_only {
-    ($($name:ident),* $(,)?) => {
-        mod postgres_only {
-            $(#[tokio::test]
-            async fn $name() {
-                let db = super::TestDb::postgres().await;
-                let store = db.store().await;
-                super::$name(&store).await;
-                store.pool.close().await;
-            })*
-        }
-    };
-}
-
-postgres_only!(
-    postgres_plans_each_statement_once,
+// What exists on PostgreSQL only is checked there only: no SQLite run that
+// would pass by returning.
+on_postgres!(
+    postgres_only: postgres_plans_each_statement_once,
     postgres_compares_secret_hashes_bytewise,
 );
 
