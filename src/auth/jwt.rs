@@ -6,7 +6,9 @@
 //! `iss`, `aud`, `exp`, `nbf` and `iat` with the leeway.
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyOperations, PublicKeyUse};
+use jsonwebtoken::jwk::{
+    AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyOperations, PublicKeyUse,
+};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -61,7 +63,8 @@ pub struct KeySet {
 }
 
 struct VerifyingKey {
-    kid: Option<String>,
+    /// The key as the set published it (its `kid` included).
+    jwk: Jwk,
     key: DecodingKey,
     /// The algorithms this key verifies: those its type (and its own `alg`,
     /// if it names one) fits, that the configuration allows.
@@ -154,7 +157,7 @@ impl KeySet {
             }
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("{name}: {e}"))?;
             keys.push(VerifyingKey {
-                kid: jwk.common.key_id.clone(),
+                jwk: jwk.clone(),
                 key,
                 algorithms,
             });
@@ -170,13 +173,13 @@ impl KeySet {
         self.keys.len()
     }
 
-    /// True when a key of `old` is not in this set (by `kid` and key).
+    /// True when a key of `old` is not in this set (the same JWK, for the same algorithms).
     pub fn drops_a_key_of(&self, old: &KeySet) -> bool {
         old.keys.iter().any(|o| {
             !self
                 .keys
                 .iter()
-                .any(|n| n.kid == o.kid && n.algorithms == o.algorithms && same_key(&n.key, &o.key))
+                .any(|n| n.jwk == o.jwk && n.algorithms == o.algorithms)
         })
     }
 
@@ -202,7 +205,7 @@ impl KeySet {
             Some(kid) => self
                 .keys
                 .iter()
-                .find(|k| k.kid.as_deref() == Some(kid))
+                .find(|k| k.jwk.common.key_id.as_deref() == Some(kid))
                 .ok_or(JwtError::UnknownKid)?,
             None => match self.keys.as_slice() {
                 [only] => only,
@@ -228,10 +231,6 @@ impl KeySet {
         };
         check_claims(&claims, cfg, now)
     }
-}
-
-fn same_key(a: &DecodingKey, b: &DecodingKey) -> bool {
-    a.family() == b.family() && format!("{:?}", a.kind()) == format!("{:?}", b.kind())
 }
 
 /// Algorithms a key of these parameters can verify.

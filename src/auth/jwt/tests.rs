@@ -216,3 +216,16 @@ fn a_cache_key_hashes_one_block_of_the_signature_and_the_shape_is_checked_apart(
         "a".repeat(MAX_TOKEN_BYTES)
     )));
 }
+
+#[test]
+fn a_set_drops_a_key_only_when_one_is_withdrawn() {
+    let v = vectors();
+    let all = key_set(&settings().algorithms);
+    let again = key_set(&settings().algorithms);
+    assert!(!again.drops_a_key_of(&all), "the same set, fetched again");
+    let mut fewer = v["jwks"].clone();
+    fewer["keys"].as_array_mut().unwrap().remove(0);
+    let fewer = KeySet::parse(fewer.to_string().as_bytes(), &settings().algorithms).unwrap();
+    assert!(fewer.drops_a_key_of(&all), "the RSA key withdrawn");
+    assert!(!all.drops_a_key_of(&fewer), "a key added");
+}
