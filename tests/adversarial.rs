@@ -5,6 +5,7 @@
 //! when nothing should.
 mod common;
 
+use common::scale::{metric_sum, metrics};
 use common::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1459,4 +1460,79 @@ async fn a_good_key_looked_up_gives_its_failure_token_back() {
         assert_eq!(clusters_with(&w, guess).await, 401);
     }
     assert_eq!(clusters_with(&w, &guesses[5]).await, 429);
+}
+
+/// The status of `GET /api/v1/clusters` with `key`.
+async fn status_with(w: &World, key: &str) -> u16 {
+    let header = format!("Authorization: Bearer {key}\r\n");
+    raw_get(w.gw.addr, CLUSTERS, &header).await.status
+}
+
+/// The key cache's lookups by `result` (`hit`, `miss`).
+async fn lookups(w: &World, result: &str) -> f64 {
+    let text = metrics(w.gw.admin.expect("admin listener")).await;
+    metric_sum(
+        &text,
+        "mpg_key_cache_lookups_total",
+        &[&format!("result=\"{result}\"")],
+    )
+}
+
+#[tokio::test]
+async fn a_flood_of_unknown_keys_stays_within_the_negative_cache_bound_and_evicts_no_valid_key() {
+    const CAPACITY: usize = 50;
+    const FLOOD: usize = 300;
+    let w = world_with(|c| {
+        c.set("store.negative_cache_capacity", CAPACITY as i64);
+        c.set("store.negative_cache_ttl", "1h");
+        c.set("store.cache_ttl", "1h");
+        c.admin_on();
+    })
+    .await;
+    // The valid key is cached; an unknown one is remembered as unknown.
+    assert_eq!(status_with(&w, &w.seed.key).await, 200);
+    let (unknown, _) = mpg_gateway::secret::generate_api_key();
+    assert_eq!(status_with(&w, &unknown).await, 401);
+    let hits = lookups(&w, "hit").await;
+    assert_eq!(status_with(&w, &unknown).await, 401);
+    assert_eq!(
+        lookups(&w, "hit").await,
+        hits + 1.0,
+        "an unknown key not remembered"
+    );
+
+    // Well-formed keys (right length, alphabet and checksum) never issued.
+    let flood: Vec<String> = (0..FLOOD)
+        .map(|_| mpg_gateway::secret::generate_api_key().0)
+        .collect();
+    for key in &flood {
+        assert_eq!(status_with(&w, key).await, 401);
+    }
+    let text = metrics(w.gw.admin.expect("admin listener")).await;
+    let negative = metric_sum(&text, "mpg_key_cache_negative_entries", &[]);
+    assert!(
+        (1.0..=CAPACITY as f64).contains(&negative),
+        "{negative} negative entries; the bound is {CAPACITY}"
+    );
+    // The valid key was not evicted: still a hit.
+    let hits = lookups(&w, "hit").await;
+    assert_eq!(status_with(&w, &w.seed.key).await, 200);
+    assert_eq!(
+        lookups(&w, "hit").await,
+        hits + 1.0,
+        "the valid key was evicted"
+    );
+    // The flood again: at most the bound's worth is answered from the cache,
+    // the rest goes to the store once more.
+    let misses = lookups(&w, "miss").await;
+    for key in &flood {
+        assert_eq!(status_with(&w, key).await, 401);
+    }
+    let again = lookups(&w, "miss").await - misses;
+    assert!(
+        again >= (FLOOD - CAPACITY) as f64,
+        "only {again} of {FLOOD} unknown keys went to the store again; at most {CAPACITY} fit"
+    );
+    // Only the valid key's two requests were forwarded.
+    assert_eq!(w.up.count(), 2, "an unknown key reached the upstream");
 }

@@ -14,8 +14,20 @@ const PING: &str = "method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\n
 /// Reads one response (its head, and a body of `Content-Length` bytes)
 /// off `s`: the head's text.
 async fn read_one(s: &mut TcpStream) -> String {
+    read_rest(s, Vec::new()).await
+}
+
+/// Reads off `s` until a whole response head has come: every byte read.
+async fn read_head(s: &mut TcpStream) -> Vec<u8> {
     let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        read_more(s, &mut got).await;
+    }
+    got
+}
+
+/// Reads the rest of the response whose first bytes are `got`: its head's text.
+async fn read_rest(s: &mut TcpStream, mut got: Vec<u8>) -> String {
     loop {
         if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&got[..end]).into_owned();
@@ -31,13 +43,19 @@ async fn read_one(s: &mut TcpStream) -> String {
                 return head;
             }
         }
-        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
-            .await
-            .expect("no response")
-            .expect("read failed");
-        assert!(n > 0, "closed before a whole response: {got:?}");
-        got.extend_from_slice(&buf[..n]);
+        read_more(s, &mut got).await;
     }
+}
+
+/// Appends what `s` has next to `got`; panics on its end or after 10 s.
+async fn read_more(s: &mut TcpStream, got: &mut Vec<u8>) {
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("no response")
+        .expect("read failed");
+    assert!(n > 0, "closed before a whole response: {got:?}");
+    got.extend_from_slice(&buf[..n]);
 }
 
 /// Whether the server closes `s` within `limit` (end of stream or reset,
@@ -99,7 +117,18 @@ async fn a_drain_ends_keep_alive_connections_with_connection_close_and_sends_goa
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The streams' heads went out before the drain: read them first, so
+    // that none could have announced the close.
+    let mut streamed = Vec::new();
+    for (i, s) in bodies_later.iter_mut().enumerate() {
+        let got = read_head(s).await;
+        let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(
+            head.starts_with("http/1.1 200") && !head.contains("\r\nconnection: close"),
+            "connection {i}: {head}"
+        );
+        streamed.push(got);
+    }
 
     signal(gw.child.id(), "TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -123,14 +152,11 @@ async fn a_drain_ends_keep_alive_connections_with_connection_close_and_sends_goa
     // (with the close), not reset.
     let clients: Vec<_> = bodies_later
         .into_iter()
+        .zip(streamed)
         .enumerate()
-        .map(|(i, mut s)| {
+        .map(|(i, (mut s, got))| {
             tokio::spawn(async move {
-                let head = read_one(&mut s).await;
-                assert!(head.starts_with("HTTP/1.1 200"), "connection {i}: {head}");
-                if head.to_ascii_lowercase().contains("\r\nconnection: close") {
-                    return;
-                }
+                read_rest(&mut s, got).await;
                 s.write_all(GET_STREAM).await.unwrap();
                 let next = read_one(&mut s).await.to_ascii_lowercase();
                 assert!(

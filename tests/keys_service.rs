@@ -441,14 +441,16 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
     assert_eq!(use_key(&w, &old_secret).await.0, 200);
 
     let rotate = format!("/api/v1/api-keys/{old_id}/rotate");
+    let before = unix_now();
     let (status, new) = call(
         &w,
         reqwest::Method::POST,
         &rotate,
         s,
-        Some(json!({"grace_period_seconds": 2})),
+        Some(json!({"grace_period_seconds": GRACE})),
     )
     .await;
+    let after = unix_now();
     assert_eq!(status, 201, "{new}");
     let new_id = new["id"].as_str().unwrap().to_string();
     let new_secret = new["key"].as_str().unwrap().to_string();
@@ -476,8 +478,17 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
     .await;
     assert_eq!(status, 200);
     assert_eq!(got["replaced_by"], new_id.as_str());
-    assert_ne!(got["expires_at"], old["expires_at"]);
-    assert!(got["expires_at"].is_string(), "{got}");
+    // It ends `GRACE` seconds after the rotation.
+    let ends = time::OffsetDateTime::parse(
+        got["expires_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap()
+    .unix_timestamp();
+    assert!(
+        (before + GRACE..=after + GRACE).contains(&ends),
+        "expires_at {ends}, rotated within [{before}, {after}]"
+    );
     let (_, list) = call(&w, reqwest::Method::GET, KEYS, s, None).await;
     let listed = list["data"]
         .as_array()
@@ -497,22 +508,29 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
         "{body}"
     );
 
-    // After the grace period the old key is expired; the new one still works.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(6);
-    loop {
-        let (status, reason) = use_key(&w, &old_secret).await;
-        if status == 401 {
-            assert_eq!(reason, "expired");
-            break;
-        }
-        assert_eq!(status, 200);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the old key outlived its grace period"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    // Just before the grace period ends the old key works; just after, it
+    // is expired. The new one works throughout.
+    let ends = std::time::UNIX_EPOCH + std::time::Duration::from_secs(ends as u64);
+    sleep_until_wall(ends - std::time::Duration::from_millis(1200)).await;
+    assert_eq!(use_key(&w, &old_secret).await.0, 200, "ended early");
+    sleep_until_wall(ends + std::time::Duration::from_millis(200)).await;
+    let (status, reason) = use_key(&w, &old_secret).await;
+    assert_eq!(
+        (status, reason),
+        (401, json!("expired")),
+        "outlived its grace period"
+    );
     assert_eq!(use_key(&w, &new_secret).await.0, 200);
+}
+
+/// The old key's grace period in the rotation test, in seconds.
+const GRACE: i64 = 3;
+
+/// Sleeps until the wall clock reads `at` (at once if it has passed).
+async fn sleep_until_wall(at: std::time::SystemTime) {
+    if let Ok(left) = at.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
 }
 
 async fn rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key(pg: bool) {

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 /// The identity provider: `/.well-known/openid-configuration` and `/jwks`
@@ -117,13 +117,6 @@ impl Drop for Idp {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
 }
 
 /// Runs the minting script on `spec`: (public JWKs by kid, tokens by name).

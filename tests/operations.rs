@@ -244,7 +244,8 @@ async fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
             .await
             .map(|r| r.status().as_u16())
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // In flight: the upstream has it (and answers 3 s later).
+    up.until_count(1).await;
     let addr = gw.addr;
     let status = tokio::task::spawn_blocking(move || gw.terminate())
         .await

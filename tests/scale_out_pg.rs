@@ -292,8 +292,9 @@ async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_a
         .unwrap();
     let took = started.elapsed();
     assert_eq!(res.status(), 503, "an unseen key during the outage");
+    // Far under the 2 s a lookup that waited on the store would take.
     assert!(
-        took < Duration::from_millis(200),
+        took < Duration::from_secs(1),
         "the unseen key's 503 took {took:?}"
     );
     let retry: u64 = res.headers()["retry-after"]
@@ -309,12 +310,12 @@ async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_a
     let back = began.elapsed();
     let took = until_status(&gw, &unseen, 200, Duration::from_secs(5)).await;
     assert!(
-        took.is_some_and(|t| t < Duration::from_millis(500)),
+        took.is_some_and(|t| t < Duration::from_secs(2)),
         "a key unseen during the outage was served {took:?} after the store came back"
     );
     let took = until_status(&gw, &revoked, 401, Duration::from_secs(5)).await;
     assert!(
-        took.is_some_and(|t| t < Duration::from_millis(500)),
+        took.is_some_and(|t| t < Duration::from_secs(2)),
         "a revocation made during the outage applied {took:?} after the store came back"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -339,8 +340,9 @@ async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_a
         samples.len(),
         during.len()
     );
+    // A cached key never waits on the store (2 s query timeout).
     assert!(
-        slowest < Duration::from_millis(200),
+        slowest < Duration::from_secs(1),
         "a cached key waited {slowest:?} during the outage"
     );
     let failed: Vec<&Sample> = samples
@@ -361,13 +363,6 @@ async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_a
     assert_eq!(log.matches("key store circuit open").count(), 1, "{log}");
     assert_eq!(log.matches("circuit closed").count(), 1);
     assert!(!log.contains(&unseen) && !keys.iter().any(|k| log.contains(k.as_str())));
-}
-
-/// Unix seconds now.
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// One number from the test database.
@@ -515,8 +510,11 @@ async fn a_gateway_whose_unread_change_records_were_pruned_drops_its_cache() {
         1.0,
         "{text}"
     );
-    if cut < Duration::from_secs(4) {
-        // Too short for the outage rule (5 s unread): the horizon alone did it.
-        assert!(!log.contains("change log unread for a while"), "{cut:?}");
-    }
+    // The cut was too short for the outage rule (5 s unread): the horizon
+    // alone cleared the cache.
+    assert!(
+        cut < Duration::from_secs(4),
+        "the cut lasted {cut:?}: too long to tell the horizon rule from the outage rule"
+    );
+    assert!(!log.contains("change log unread for a while"), "{cut:?}");
 }

@@ -72,6 +72,20 @@ impl MockUpstream {
         self.seen.lock().unwrap().len()
     }
 
+    /// Waits until the upstream has seen `n` requests (it records one as
+    /// soon as its body is read, before answering); panics after 10 s.
+    pub async fn until_count(&self, n: usize) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while self.count() < n {
+            assert!(
+                std::time::Instant::now() < until,
+                "the upstream saw {} requests, not {n}",
+                self.count()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn last(&self) -> Seen {
         self.seen
             .lock()
@@ -86,6 +100,14 @@ impl Drop for MockUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Seconds since the epoch, by this machine's clock (the gateway's too).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_secs() as i64
 }
 
 /// The length of the mock upstream's `/api/v1/large` answer.
