@@ -400,6 +400,13 @@ async fn bad_input_is_a_400_naming_the_field(pg: bool) {
             json!({"id": "u", "admin": true}),
             "admin",
         ),
+        // A credential pasted into an id would be forwarded and logged with it.
+        (
+            Method::POST,
+            "/admin/v1/organizations",
+            json!({"id": format!("org-{}", w.token)}),
+            "id",
+        ),
         (Method::POST, "/admin/v1/users", json!(["u"]), "body"),
         (
             Method::PUT,
@@ -432,6 +439,7 @@ async fn bad_input_is_a_400_naming_the_field(pg: bool) {
         assert_eq!(status, 400, "{method} {path}: {res}");
         assert_eq!(res["details"]["field"], field, "{method} {path}: {res}");
         assert!(res["message"].as_str().unwrap().contains(field), "{res}");
+        assert!(!res.to_string().contains("mpga_"), "{res}");
     }
     let res = client()
         .post(format!("http://{}/admin/v1/users", w.admin))

@@ -37,7 +37,10 @@ impl Proxies {
 /// The most bytes a header may take: a v1 header is at most 107; a v2
 /// header is 16 bytes, then addresses (at most 216) and TLVs, which
 /// balancers keep short (an AWS endpoint id, a TLS summary).
-const MAX_HEADER: usize = 4096;
+pub(crate) const MAX_HEADER: usize = 4096;
+
+/// The longest v1 header, its line end included (the specification's 107).
+const V1_MAX: usize = 107;
 
 /// A v2 header's fixed part: the signature, version and command, family
 /// and protocol, and the length of the rest.
@@ -45,7 +48,7 @@ const V2_FIXED: usize = 16;
 
 /// Why a connection's PROXY header was refused.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum HeaderError {
+pub(crate) enum HeaderError {
     #[error("connection closed before a complete PROXY header")]
     Closed,
     #[error("no PROXY header by header_read_timeout")]
@@ -98,19 +101,7 @@ async fn read_header(stream: &mut TcpStream) -> Result<Option<IpAddr>, HeaderErr
             return Err(HeaderError::Closed);
         }
         let seen = have + n;
-        // `None`: all that arrived is header, and more is to come.
-        let done = match HeaderResult::parse(&buf[..seen]) {
-            HeaderResult::V2(Err(ppp::v2::ParseError::Partial(_, length)))
-                if V2_FIXED + length > MAX_HEADER =>
-            {
-                return Err(HeaderError::TooLong)
-            }
-            incomplete if incomplete.is_incomplete() => None,
-            HeaderResult::V1(Ok(h)) => Some((h.header.len(), v1_source(&h.addresses))),
-            HeaderResult::V2(Ok(h)) => Some((h.len(), v2_source(&h))),
-            HeaderResult::V1(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
-            HeaderResult::V2(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
-        };
+        let done = classify(&buf[..seen])?;
         match done {
             None if seen == MAX_HEADER => return Err(HeaderError::TooLong),
             None => {
@@ -123,6 +114,35 @@ async fn read_header(stream: &mut TcpStream) -> Result<Option<IpAddr>, HeaderErr
             }
         }
     }
+}
+
+/// What the bytes at the front of a connection say, once they are all
+/// that has arrived: `None` when all of them are header and more is to
+/// come, else the header's length and the source address it carries.
+pub(crate) fn classify(buf: &[u8]) -> Result<Option<(usize, Option<IpAddr>)>, HeaderError> {
+    // A v1 header is one line: until its end has come it is incomplete,
+    // whatever the parser makes of the part (it reads a port cut short, as
+    // in `… 56324 4`, as an invalid port).
+    if buf.starts_with(b"PROXY ") && !buf.contains(&b'\n') {
+        if buf.len() < V1_MAX {
+            return Ok(None);
+        }
+        return Err(HeaderError::Invalid(format!(
+            "a v1 header without a line end in {V1_MAX} bytes"
+        )));
+    }
+    Ok(match HeaderResult::parse(buf) {
+        HeaderResult::V2(Err(ppp::v2::ParseError::Partial(_, length)))
+            if V2_FIXED + length > MAX_HEADER =>
+        {
+            return Err(HeaderError::TooLong)
+        }
+        incomplete if incomplete.is_incomplete() => None,
+        HeaderResult::V1(Ok(h)) => Some((h.header.len(), v1_source(&h.addresses))),
+        HeaderResult::V2(Ok(h)) => Some((h.len(), v2_source(&h))),
+        HeaderResult::V1(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
+        HeaderResult::V2(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
+    })
 }
 
 fn v1_source(addresses: &ppp::v1::Addresses) -> Option<IpAddr> {
@@ -221,6 +241,13 @@ mod tests {
             exchange(&[b"PROXY TCP4 198.5", b"1.100.7 10.0.0.1 1 2\r", b"\nabc"]).await;
         assert_eq!(got, Ok(Some("198.51.100.7".parse().unwrap())));
         assert_eq!(rest, b"abc");
+        // Cut inside a port: the part is no header yet, not a bad one.
+        let (got, _) = exchange(&[b"PROXY TCP6 2001:db8::1 2001:db8::2 56324 44", b"3\r\n"]).await;
+        assert_eq!(got, Ok(Some("2001:db8::1".parse().unwrap())));
+        // A line that never ends is refused once it is longer than any header.
+        let long = [b"PROXY TCP4 ".as_slice(), &[b'1'; 100]].concat();
+        let (got, _) = exchange(&[&long]).await;
+        assert!(got.is_err_and(|e| e.contains("without a line end")));
         let h = v2(1, 0x11, &V4_ADDRESSES, &[]);
         let (got, rest) = exchange(&[
             &h[..5],

@@ -84,20 +84,26 @@ pub(super) fn split_page<T>(
     (rows, next)
 }
 
-/// Ids become headers and change-log subjects: keep them short and plain.
+/// Ids become headers, log fields and change-log subjects: keep them short
+/// and plain, and never shaped like a credential (an `mpg_`/`mps_`/`mpga_`
+/// secret pasted into one would be forwarded and logged with it).
 pub(super) fn check_id(what: &str, id: &str) -> Result<(), StoreError> {
-    let ok = !id.is_empty()
+    let plain = !id.is_empty()
         && id.len() <= 128
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'@'));
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
+    if !plain {
+        return Err(StoreError::Invalid(format!(
             "{what} id (1-128 characters of A-Z a-z 0-9 _ - . : @)"
-        )))
+        )));
     }
+    if crate::secret::looks_like_secret(id.bytes()) {
+        return Err(StoreError::Invalid(format!(
+            "{what} id (it holds what looks like a credential)"
+        )));
+    }
+    Ok(())
 }
 
 impl SqlStore {

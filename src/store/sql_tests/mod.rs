@@ -115,6 +115,12 @@ async fn orgs_users_and_members(store: &SqlStore) {
         store.create_organization("bad id", None).await,
         Err(StoreError::Invalid(_))
     ));
+    // Plain characters, but a credential's shape: refused, and not echoed.
+    let pasted = format!("x{}", crate::secret::generate_session_token());
+    assert!(matches!(
+        store.create_user(&pasted, None).await,
+        Err(StoreError::Invalid(m)) if !m.contains("mps_")
+    ));
     assert!(store.create_user("alice", None).await.is_ok());
     assert!(matches!(
         store.create_user("alice", None).await,
