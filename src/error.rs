@@ -133,8 +133,14 @@ impl GatewayError {
     /// 400 naming `field` in `message` and `details.field`.
     pub fn bad_field(field: impl Into<String>, what: &str) -> Self {
         let field = field.into();
+        // What is wrong often quotes the value: never one that holds a secret.
+        let message = if crate::secret::looks_like_secret(what.bytes()) {
+            format!("{field}: invalid (the value is not repeated: it holds what looks like a credential)")
+        } else {
+            format!("{field}: {what}")
+        };
         GatewayError::BadRequest {
-            message: format!("{field}: {what}").into(),
+            message: message.into(),
             field: Some(field),
         }
     }
@@ -324,6 +330,20 @@ mod tests {
         assert_eq!(h[CONTENT_TYPE], "application/json");
         assert_eq!(v["error"], "Unauthorized");
         assert_eq!(v["details"]["reason"], "expired");
+    }
+
+    #[tokio::test]
+    async fn a_bad_value_that_holds_a_secret_is_not_repeated() {
+        let secret = crate::secret::generate_session_token();
+        let quoted = format!("invalid duration \"3{secret}\"");
+        let (status, _, v) = parts(GatewayError::bad_field("per", &quoted)).await;
+        assert_eq!(status, 400);
+        assert_eq!(v["details"]["field"], "per");
+        let text = v.to_string();
+        assert!(
+            !text.contains(&secret[4..]) && text.contains("per: invalid"),
+            "{text}"
+        );
     }
 
     #[tokio::test]
