@@ -120,10 +120,11 @@ async fn read_header(stream: &mut TcpStream) -> Result<Option<IpAddr>, HeaderErr
 /// that has arrived: `None` when all of them are header and more is to
 /// come, else the header's length and the source address it carries.
 pub(crate) fn classify(buf: &[u8]) -> Result<Option<(usize, Option<IpAddr>)>, HeaderError> {
-    // A v1 header is one line: until its end has come it is incomplete,
-    // whatever the parser makes of the part (it reads a port cut short, as
-    // in `… 56324 4`, as an invalid port).
-    if buf.starts_with(b"PROXY ") && !buf.contains(&b'\n') {
+    // A v1 header is one line, ended by CRLF: until that has come it is
+    // incomplete, whatever the parser makes of the part (it reads a port cut
+    // short, as in `… 56324 4`, as an invalid port, and an `UNKNOWN` line cut
+    // inside a UTF-8 character as invalid text).
+    if buf.starts_with(b"PROXY ") && !buf.windows(2).any(|w| w == b"\r\n") {
         if buf.len() < V1_MAX {
             return Ok(None);
         }
@@ -244,6 +245,9 @@ mod tests {
         // Cut inside a port: the part is no header yet, not a bad one.
         let (got, _) = exchange(&[b"PROXY TCP6 2001:db8::1 2001:db8::2 56324 44", b"3\r\n"]).await;
         assert_eq!(got, Ok(Some("2001:db8::1".parse().unwrap())));
+        // `UNKNOWN` takes any bytes up to CRLF, a bare LF too.
+        let (got, rest) = exchange(&[b"PROXY UNKNOWN a\nb\xc2", b"\x9b\r\nx"]).await;
+        assert_eq!((got, rest), (Ok(None), b"x".to_vec()));
         // A line that never ends is refused once it is longer than any header.
         let long = [b"PROXY TCP4 ".as_slice(), &[b'1'; 100]].concat();
         let (got, _) = exchange(&[&long]).await;
