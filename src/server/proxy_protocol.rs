@@ -120,17 +120,8 @@ async fn read_header(stream: &mut TcpStream) -> Result<Option<IpAddr>, HeaderErr
 /// that has arrived: `None` when all of them are header and more is to
 /// come, else the header's length and the source address it carries.
 pub(crate) fn classify(buf: &[u8]) -> Result<Option<(usize, Option<IpAddr>)>, HeaderError> {
-    // A v1 header is one line, ended by CRLF: until that has come it is
-    // incomplete, whatever the parser makes of the part (it reads a port cut
-    // short, as in `… 56324 4`, as an invalid port, and an `UNKNOWN` line cut
-    // inside a UTF-8 character as invalid text).
-    if buf.starts_with(b"PROXY ") && !buf.windows(2).any(|w| w == b"\r\n") {
-        if buf.len() < V1_MAX {
-            return Ok(None);
-        }
-        return Err(HeaderError::Invalid(format!(
-            "a v1 header without a line end in {V1_MAX} bytes"
-        )));
+    if buf.starts_with(b"PROXY ") {
+        return classify_v1(buf);
     }
     Ok(match HeaderResult::parse(buf) {
         HeaderResult::V2(Err(ppp::v2::ParseError::Partial(_, length)))
@@ -144,6 +135,42 @@ pub(crate) fn classify(buf: &[u8]) -> Result<Option<(usize, Option<IpAddr>)>, He
         HeaderResult::V1(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
         HeaderResult::V2(Err(e)) => return Err(HeaderError::Invalid(e.to_string())),
     })
+}
+
+/// [`classify`] for a v1 header: one line, ended by its first CRLF within
+/// [`V1_MAX`] bytes. Until that has come it is incomplete, whatever the
+/// parser makes of the part (it reads a port cut short, `… 56324 4`, as an
+/// invalid port); then the parser reads that line alone, and the header
+/// ends at the line's end, never at the parser's guess within it.
+fn classify_v1(buf: &[u8]) -> Result<Option<(usize, Option<IpAddr>)>, HeaderError> {
+    let Some(end) = buf.windows(2).position(|w| w == b"\r\n").map(|at| at + 2) else {
+        if buf.len() < V1_MAX {
+            return Ok(None);
+        }
+        return Err(HeaderError::Invalid(format!(
+            "a v1 header without a line end in {V1_MAX} bytes"
+        )));
+    };
+    if end > V1_MAX {
+        return Err(HeaderError::Invalid(format!(
+            "a v1 header longer than {V1_MAX} bytes"
+        )));
+    }
+    // `UNKNOWN`: whatever else the line holds is to be ignored (the
+    // specification's words); it names no client.
+    let line = &buf[..end];
+    if line.starts_with(b"PROXY UNKNOWN") && matches!(line[13], b' ' | b'\r') {
+        return Ok(Some((end, None)));
+    }
+    match HeaderResult::parse(line) {
+        HeaderResult::V1(Ok(h)) if h.header.len() == end => {
+            Ok(Some((end, v1_source(&h.addresses))))
+        }
+        HeaderResult::V1(Err(e)) => Err(HeaderError::Invalid(e.to_string())),
+        _ => Err(HeaderError::Invalid(
+            "a v1 header not ended by its CRLF".into(),
+        )),
+    }
 }
 
 fn v1_source(addresses: &ppp::v1::Addresses) -> Option<IpAddr> {
@@ -247,6 +274,9 @@ mod tests {
         assert_eq!(got, Ok(Some("2001:db8::1".parse().unwrap())));
         // `UNKNOWN` takes any bytes up to CRLF, a bare LF too.
         let (got, rest) = exchange(&[b"PROXY UNKNOWN a\nb\xc2", b"\x9b\r\nx"]).await;
+        assert_eq!((got, rest), (Ok(None), b"x".to_vec()));
+        // Ended by its first CRLF, whatever comes before it.
+        let (got, rest) = exchange(&[b"PROXY UNKNOWN Y \n\r!P\r\nx"]).await;
         assert_eq!((got, rest), (Ok(None), b"x".to_vec()));
         // A line that never ends is refused once it is longer than any header.
         let long = [b"PROXY TCP4 ".as_slice(), &[b'1'; 100]].concat();
