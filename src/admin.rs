@@ -4,7 +4,7 @@
 //! under `/admin/v1` (`api`, behind an admin token). Never exposes a
 //! secret; answers only requests that name it, and reloads only for a
 //! client that is not a browser page (`guard`).
-mod api;
+pub(crate) mod api;
 mod guard;
 
 pub use guard::AllowedHosts;

@@ -197,3 +197,29 @@ fn with_fields(
     let (parts, _) = crate::http::service::into_header_map(res).into_parts();
     Response::from_parts(parts, ())
 }
+
+/// The PROXY protocol header at the front of `buf`, as a listener reads
+/// one: `Ok(None)` while all of `buf` is header and more is to come, else
+/// the header's length and the client address it names (`None` for a
+/// balancer's own connection); `Err` says why it is refused.
+pub fn parse_proxy_header(buf: &[u8]) -> Result<Option<(usize, Option<std::net::IpAddr>)>, String> {
+    crate::server::proxy_protocol::classify(buf).map_err(|e| e.to_string())
+}
+
+/// The most bytes a PROXY header may take before it is refused.
+pub const MAX_PROXY_HEADER: usize = crate::server::proxy_protocol::MAX_HEADER;
+
+/// Serves one `/admin/v1` request with `store` and `settings`, as the
+/// admin listener does (the token in its `Authorization` field is looked
+/// up in `store`): the status and the body.
+pub async fn admin_api(
+    store: &crate::store::sql::SqlStore,
+    settings: &crate::config::Settings,
+    request: Request<Bytes>,
+) -> (http::StatusCode, Bytes) {
+    let req = request.map(crate::http::body::RequestBody::full);
+    let res = crate::admin::api::serve(store, settings, req, "127.0.0.1").await;
+    let status = res.status();
+    let body = res.into_body().collect().await.map(|c| c.to_bytes());
+    (status, body.unwrap_or_default())
+}

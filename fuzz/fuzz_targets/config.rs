@@ -1,16 +1,4 @@
-//! The config loader: any text, valid TOML or not, gives settings or a list
-//! of problems, never a panic; every problem says something.
+//! libFuzzer's driver of the `config` target (`src/config.rs` says what it checks).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use mpg_gateway::config::Settings;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Err(problems) = Settings::parse(text) {
-        assert!(!problems.is_empty());
-        assert!(problems.iter().all(|p| !p.message.is_empty()));
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| mpg_gateway_fuzz::config::run(data));

@@ -29,7 +29,7 @@ const MAX_TTL_SECONDS: u64 = 30 * 24 * 3600;
 /// Serves one `/admin/v1` request with `store` and `settings`.
 /// Serves one `/admin/v1` request from `client` (an IP address, for the
 /// audit trail) with `store` and `settings`.
-pub(super) async fn serve(
+pub(crate) async fn serve(
     store: &SqlStore,
     settings: &Settings,
     req: Request<RequestBody>,

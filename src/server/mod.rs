@@ -7,7 +7,7 @@ mod connection;
 mod h2;
 mod handshake;
 mod limits;
-mod proxy_protocol;
+pub(crate) mod proxy_protocol;
 
 use std::future::Future;
 use std::sync::Arc;
