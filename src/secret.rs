@@ -1,6 +1,6 @@
 //! Secret formats: API keys, session tokens, ids, and the
 //! SHA-256 hash that is the only form a secret is ever stored or cached in.
-use rand::Rng;
+use rand::RngExt;
 use sha2::{Digest, Sha256};
 use std::fmt;
 

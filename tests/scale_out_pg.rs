@@ -371,7 +371,7 @@ fn unix_now() -> i64 {
 }
 
 /// One number from the test database.
-async fn scalar(url: &str, sql: &str) -> i64 {
+async fn scalar(url: &str, sql: &'static str) -> i64 {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
     let n: i64 = sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap();

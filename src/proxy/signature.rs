@@ -13,7 +13,7 @@
 //! `\n`; a field not sent counts as empty. The `v1` message, kept for
 //! verifiers written before `v2`, is the same without `n` and the digest.
 //! docs/signed-identity.md says how to verify it.
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use http::Method;
 use sha2::{Digest, Sha256};
 use std::fmt;

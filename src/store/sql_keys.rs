@@ -10,6 +10,7 @@ use crate::clock::unix_now;
 use crate::secret::hex;
 use crate::secret::{generate_api_key, generate_key_id, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
+use sqlx::AssertSqlSafe;
 use sqlx::Row;
 
 /// What a caller supplies to create an API key.
@@ -63,9 +64,9 @@ pub(super) async fn key_by_id(
     conn: &mut sqlx::AnyConnection,
     id: &str,
 ) -> Result<Option<ApiKeyRecord>, sqlx::Error> {
-    sqlx::query(&format!(
+    sqlx::query(AssertSqlSafe(format!(
         "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
-    ))
+    )))
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -208,11 +209,11 @@ impl SqlStore {
         let mut conn = self.conn().await?;
         let page = self
             .timed(async {
-                sqlx::query(&format!(
+                sqlx::query(AssertSqlSafe(format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.organization_id = $1 \
                      AND (k.created_at > $2 OR (k.created_at = $2 AND k.id > $3)) \
                      ORDER BY k.created_at, k.id LIMIT $4"
-                ))
+                )))
                 .bind(org)
                 .bind(after_at)
                 .bind(after_id)
@@ -328,15 +329,16 @@ impl SqlStore {
         for (id, at) in used {
             by_second.entry(*at).or_default().push(id);
         }
-        let sql = format!(
+        let sql: std::sync::Arc<str> = format!(
             "UPDATE api_keys SET last_used_at = $2 WHERE id {} \
              AND (last_used_at IS NULL OR last_used_at < $2)",
             in_list(self.dialect)
-        );
+        )
+        .into();
         let mut tx = self.begin().await?;
         self.timed(async {
             for (at, ids) in &by_second {
-                sqlx::query(&sql)
+                sqlx::query(AssertSqlSafe(sql.clone()))
                     .bind(text_list(self.dialect, ids.iter().copied()))
                     .bind(*at)
                     .execute(&mut *tx)
@@ -357,11 +359,11 @@ impl SqlStore {
     ) -> Result<Option<ApiKeyAuth>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            let row = sqlx::query(&format!(
+            let row = sqlx::query(AssertSqlSafe(format!(
                 "SELECT {KEY_COLUMNS}, m.role FROM api_keys k LEFT JOIN memberships m \
                  ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
                  WHERE k.key_hash = $1"
-            ))
+            )))
             .bind(hash.to_hex())
             .fetch_optional(&mut *conn)
             .await
