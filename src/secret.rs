@@ -1,6 +1,6 @@
 //! Secret formats: API keys, session tokens, ids, and the
 //! SHA-256 hash that is the only form a secret is ever stored or cached in.
-use rand::Rng;
+use rand::RngExt;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -72,38 +72,21 @@ impl std::hash::Hash for SecretHash {
 impl SecretHash {
     /// Lower-case hex of the whole hash (how the store keeps it).
     pub fn to_hex(&self) -> String {
-        hex(&self.0)
+        hex::encode(self.0)
     }
 
-    /// The hash `to_hex` wrote (64 hex digits), if `text` is one.
+    /// The hash `to_hex` wrote (64 hex digits, either case), if `text` is one.
     pub fn from_hex(text: &str) -> Option<Self> {
         let mut out = [0u8; 32];
-        if text.len() != 64 {
-            return None;
-        }
-        let nibble = |b: u8| char::from(b).to_digit(16);
-        for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-            *byte = u8::try_from(nibble(pair[0])? << 4 | nibble(pair[1])?).ok()?;
-        }
+        hex::decode_to_slice(text, &mut out).ok()?;
         Some(SecretHash(out))
     }
 }
 
 impl fmt::Debug for SecretHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretHash({}…)", hex(&self.0[..4]))
+        write!(f, "SecretHash({}…)", hex::encode(&self.0[..4]))
     }
-}
-
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
 }
 
 /// SHA-256 of `secret`.

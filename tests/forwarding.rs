@@ -888,16 +888,15 @@ struct Pki {
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, all
 /// written as PEM; the server config requires a client certificate from the CA.
 fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let leaf = |name: &str| {
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec![name.to_string()])
             .unwrap()
-            .signed_by(&key, &ca, &ca_key)
+            .signed_by(&key, &ca)
             .unwrap();
         (cert, key)
     };

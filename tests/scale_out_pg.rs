@@ -366,7 +366,7 @@ async fn a_store_that_refuses_connects_stalls_no_cached_key_and_is_found_again_a
 }
 
 /// One number from the test database.
-async fn scalar(url: &str, sql: &str) -> i64 {
+async fn scalar(url: &str, sql: &'static str) -> i64 {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
     let n: i64 = sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap();

@@ -18,7 +18,7 @@ const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme&q=a%20b&r=%2F";
 
 // --- the verifier of docs/signed-identity.md ---
 use base64::Engine as _;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 /// The fields the signature covers after `t`, `n`, the method and the path.

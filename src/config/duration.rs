@@ -1,28 +1,60 @@
-//! Human durations as the config writes them: `"500ms"`, `"30s"`, `"5m"`, `"12h"`, `"30d"`.
+//! Human durations as the config writes them: `"500ms"`, `"30s"`, `"5m"`, `"12h"`, `"30d"`,
+//! or several parts written together: `"1h30m"`.
+//!
+//! Written here rather than with `humantime`, which would also read `"1M"` as a month
+//! (beside `"1m"`, a minute), fractions, spaces and units the store's whole milliseconds
+//! cannot keep: the five units below are the whole grammar (what humantime reads instead is
+//! in docs/architecture.md).
 use std::time::Duration;
 
-/// Parses `<whole number><unit>` with unit `ms`, `s`, `m`, `h` or `d`.
+/// The units, each with its length in milliseconds.
+const UNITS: [(&str, u64); 5] = [
+    ("ms", 1),
+    ("s", 1_000),
+    ("m", 60_000),
+    ("h", 3_600_000),
+    ("d", 86_400_000),
+];
+
+/// Parses one or more `<whole number><unit>` parts written together (`"30s"`, `"1h30m"`),
+/// unit `ms`, `s`, `m`, `h` or `d`; the parts add up.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
     let bad = || {
-        format!("invalid duration {text:?}: expected a whole number followed by ms, s, m, h or d (e.g. \"30s\")")
+        format!("invalid duration {text:?}: expected a whole number followed by ms, s, m, h or d (e.g. \"30s\", \"1h30m\")")
     };
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let millis_per_unit: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(millis_per_unit)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("duration {text:?} is too large"))
+    let too_large = || format!("duration {text:?} is too large");
+    if text.is_empty() {
+        return Err(bad());
+    }
+    let mut rest = text;
+    let mut millis: u64 = 0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let letters = tail
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(letters);
+        let per = UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .map(|(_, per)| *per)
+            .ok_or_else(bad)?;
+        if number.is_empty() {
+            return Err(bad());
+        }
+        // Only digits: a number that fails to parse is too large for u64.
+        let n: u64 = number.parse().map_err(|_| too_large())?;
+        millis = n
+            .checked_mul(per)
+            .and_then(|part| millis.checked_add(part))
+            .ok_or_else(too_large)?;
+        rest = tail;
+    }
+    Ok(Duration::from_millis(millis))
 }
 
 /// Formats a duration back the way the config writes it (largest exact unit).
@@ -69,6 +101,22 @@ mod tests {
     }
 
     #[test]
+    fn parts_written_together_add_up() {
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5_400));
+        assert_eq!(
+            parse_duration("2d12h").unwrap(),
+            Duration::from_secs(216_000)
+        );
+        assert_eq!(
+            parse_duration("1m30s250ms").unwrap(),
+            Duration::from_millis(90_250)
+        );
+        // The same unit twice adds up too, as humantime's reading does.
+        assert_eq!(parse_duration("1m1m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration(" 1h ").unwrap(), Duration::from_secs(3_600));
+    }
+
+    #[test]
     fn refuses_garbage_with_a_message() {
         for bad in [
             "",
@@ -79,6 +127,21 @@ mod tests {
             "10 sec",
             "5x",
             "99999999999999999999d",
+            "1h 30m",
+            "1h30",
+            "h30m",
+            "1h+30m",
+            // humantime's units the config does not take: a month ("1M", not
+            // "1m"), a year, a week, micro- and nanoseconds, spelled-out units.
+            "1M",
+            "1y",
+            "1w",
+            "100us",
+            "100ns",
+            "5min",
+            "2days",
+            "213503982334601d",
+            "213503982334d1d",
         ] {
             let err = parse_duration(bad).unwrap_err();
             assert!(err.contains("duration"), "{bad}: {err}");

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@
 //! `\n`; a field not sent counts as empty. The `v1` message, kept for
 //! verifiers written before `v2`, is the same without `n` and the digest.
 //! docs/signed-identity.md says how to verify it.
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use http::Method;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -70,7 +70,8 @@ impl Signature {
 /// A fresh nonce: 128 bits from the thread's CSPRNG, as lower-case hex.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut out = [0u8; NONCE_LEN];
-    hex_into(&rand::random::<[u8; NONCE_LEN / 2]>(), &mut out);
+    hex::encode_to_slice(rand::random::<[u8; NONCE_LEN / 2]>(), &mut out)
+        .expect("two digits a byte");
     out
 }
 
@@ -80,14 +81,6 @@ pub fn content_digest(body: &[u8]) -> String {
     let hash = Sha256::digest(body);
     let b64 = base64::engine::general_purpose::STANDARD.encode(hash);
     format!("sha-256=:{b64}:")
-}
-
-fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    let hex = b"0123456789abcdef";
-    for (i, byte) in bytes.iter().enumerate() {
-        out[2 * i] = hex[usize::from(byte >> 4)];
-        out[2 * i + 1] = hex[usize::from(byte & 0xf)];
-    }
 }
 
 impl IdentitySigner {
@@ -175,7 +168,7 @@ impl IdentitySigner {
         push(nonce);
         for (label, mac) in [(b",v1=", v1), (b",v2=", v2)] {
             let mut hex = [0u8; 64];
-            hex_into(&mac.finalize().into_bytes(), &mut hex);
+            hex::encode_to_slice(mac.finalize().into_bytes(), &mut hex).expect("two digits a byte");
             push(label);
             push(&hex);
         }

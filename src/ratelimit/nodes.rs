@@ -13,6 +13,25 @@ use arc_swap::ArcSwap;
 
 /// The slots of a Redis Cluster.
 const SLOTS: usize = 16_384;
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the text between
+/// its first `{` and the next `}`, if not empty) or else of the whole key,
+/// modulo 16384, as Redis Cluster computes it. The redis crate routes each
+/// command by the same function, but keeps its slot number private.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let tag = &key[open + 1..];
+            tag.iter()
+                .position(|b| *b == b'}')
+                .map(|close| &tag[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
+}
 /// The slot map is read again at most this often (after failures).
 const REFRESH_EVERY_NANOS: u64 = 1_000_000_000;
 
@@ -189,6 +208,28 @@ mod tests {
                 Value::BulkString(b"id".to_vec()),
             ]),
         ])
+    }
+
+    #[test]
+    fn slots_are_redis_clusters_and_the_redis_crates() {
+        // `CLUSTER KEYSLOT`'s examples in the Redis documentation.
+        assert_eq!(slot(b"somekey"), 11058);
+        assert_eq!(slot(b"foo{hash_tag}"), 2515);
+        // A hash tag picks the slot; an empty one does not.
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_ne!(slot(b"{}x"), slot(b"x"));
+        // The crate routes by the same slots (its number shows only in Debug).
+        for key in [
+            &b"mpg:rl:0:key_1"[..],
+            b"{a}b",
+            b"{}x",
+            b"x{y}{z}",
+            b"",
+            b"}{",
+        ] {
+            let theirs = format!("{:?}", ::redis::cluster_routing::Slot::for_key(key));
+            assert_eq!(theirs, format!("Slot({})", slot(key)), "{key:?}");
+        }
     }
 
     #[test]

@@ -30,13 +30,13 @@ mod script;
 
 use std::time::Duration;
 
-use ::redis::cluster_routing::get_slot;
 use ::redis::Script;
 use tokio::sync::oneshot;
 
 use self::batch::Batcher;
 use self::script::{Answer, Pending, Step};
 use super::gcra::{Gcra, Op};
+use super::nodes::slot as key_slot;
 use super::redis_target::{RedisConn, RedisTarget};
 use super::{Decision, LimiterError, PolicyId, Quota};
 
@@ -104,7 +104,7 @@ impl RedisLimiter {
         if !self.cluster {
             return 0;
         }
-        get_slot(self.redis_key(policy, key).as_bytes())
+        key_slot(self.redis_key(policy, key).as_bytes())
     }
 
     /// Whether this is a cluster.
@@ -185,7 +185,7 @@ impl RedisLimiter {
         let (then_policy, then_key, then_gcra, then_op) = then;
         let first_key = self.redis_key(policy, key);
         let then_key = self.redis_key(then_policy, then_key);
-        if self.cluster && get_slot(first_key.as_bytes()) != get_slot(then_key.as_bytes()) {
+        if self.cluster && key_slot(first_key.as_bytes()) != key_slot(then_key.as_bytes()) {
             let answer = self.send(first_key, gcra, op, None).await?;
             let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
             if !decision.allowed {
@@ -226,7 +226,7 @@ impl RedisLimiter {
         op: Op,
         then: Option<Step>,
     ) -> Result<Answer, Failed> {
-        let slot = self.cluster.then(|| get_slot(key.as_bytes()));
+        let slot = self.cluster.then(|| key_slot(key.as_bytes()));
         let failed = |error| Failed { slot, error };
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
@@ -262,7 +262,7 @@ impl RedisLimiter {
 /// A script reply that contradicts itself.
 fn unexpected_reply() -> LimiterError {
     LimiterError::Unavailable(std::sync::Arc::new(::redis::RedisError::from((
-        ::redis::ErrorKind::TypeError,
+        ::redis::ErrorKind::UnexpectedReturnType,
         "unexpected rate-limit script reply",
     ))))
 }

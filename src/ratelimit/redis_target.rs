@@ -14,6 +14,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::io::tcp::TcpSettings;
 use ::redis::{
     Client, Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
     RedisResult, TlsCertificates, Value,
@@ -71,8 +72,8 @@ impl RedisTarget {
                 tls,
             });
         }
-        let info = url.into_connection_info()?;
-        let tls = matches!(info.addr, ConnectionAddr::TcpTls { .. });
+        let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
         let client = match ca_pem {
             None => Client::open(info)?,
             Some(_) if !tls => return Err(no_tls_for_ca()),
@@ -95,8 +96,8 @@ impl RedisTarget {
         match &self.kind {
             Kind::Single(client) => {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(timeout)
-                    .set_response_timeout(timeout)
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
                     .set_number_of_retries(0);
                 let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
                 Ok(RedisConn::Single(conn))
@@ -166,11 +167,18 @@ fn cluster_client(
         .response_timeout(timeout)
         .retries(3)
         .min_retry_wait(10)
-        .max_retry_wait(100);
+        .max_retry_wait(100)
+        .tcp_settings(tcp_settings());
     if let Some(pem) = ca_pem {
         builder = builder.certs(certificates(pem.to_vec()));
     }
     builder.build()
+}
+
+/// The limiter keeps several script calls on their way at once; with Nagle's
+/// algorithm on, each would wait for the one before it to be acknowledged.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
 }
 
 fn certificates(root_pem: Vec<u8>) -> TlsCertificates {

@@ -250,6 +250,29 @@ mod tests {
     }
 
     #[test]
+    fn a_parameter_is_one_whole_nonempty_segment_and_braces_in_a_path_are_bytes() {
+        let r = router();
+        for path in [
+            "/api/v1/api-keys/",
+            "/api/v1/api-keys//revoke",
+            "/api/v1/api-keys/a/b",
+            "/api/v1/api-keys/a/revoke/",
+        ] {
+            assert!(
+                matches!(r.at(&Method::GET, path), RouteMatch::NotFound),
+                "{path}"
+            );
+        }
+        // matchit 0.9 reads `{{` in a template as an escaped brace; in a
+        // request path braces are plain bytes (templates never hold them:
+        // config/routes.rs refuses any but a whole `{name}` segment).
+        match r.at(&Method::GET, "/api/v1/api-keys/{id}") {
+            RouteMatch::Found { params, .. } => assert_eq!(params.get("id"), Some("{id}")),
+            _ => panic!("no match"),
+        }
+    }
+
+    #[test]
     fn duplicates_and_conflicts_are_refused() {
         let mut b = Router::builder();
         b.insert(Method::GET, "/a/{id}", 1).unwrap();

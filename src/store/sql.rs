@@ -5,6 +5,12 @@
 //! and memberships in `sql_accounts.rs`, sessions in `sql_sessions.rs`,
 //! deleting an organization or a user in `sql_removal.rs`, API keys in
 //! `sql_keys.rs`, and what a sqlx error means for the caller in `sql_error.rs`.
+//!
+//! A statement put together with `format!` holds only the store's own text
+//! (column lists, a table name from an enum, `$n` placeholders, a dialect's
+//! fragment), never a value: values always go as binds. Such a statement is
+//! passed as `AssertSqlSafe(…)`, which sqlx requires for any SQL that is not a
+//! literal, so that each one can be found and checked.
 use super::schema::{Dialect, LEDGER, MIGRATIONS};
 use super::sql_connect::ConnectCheck;
 use super::sql_error::Db;
@@ -13,6 +19,7 @@ use crate::clock::unix_now;
 use crate::secret::SecretHash;
 use sqlx::any::AnyPoolOptions;
 use sqlx::pool::PoolConnection;
+use sqlx::AssertSqlSafe;
 use sqlx::{Any, AnyPool, Connection, Executor, Row, Transaction};
 use std::fmt;
 use std::future::Future;
@@ -161,9 +168,9 @@ impl SqlStore {
                 Box::pin(async move {
                     if dialect == Dialect::Sqlite {
                         conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute(
-                            format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}").as_str(),
-                        )
+                        conn.execute(AssertSqlSafe(format!(
+                            "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"
+                        )))
                         .await?;
                         conn.execute("PRAGMA foreign_keys = ON").await?;
                     } else {

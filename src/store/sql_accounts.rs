@@ -153,14 +153,18 @@ impl SqlStore {
             .pop())
     }
 
-    async fn list_accounts(&self, sql: &str, column: &str) -> Result<Vec<Value>, StoreError> {
+    async fn list_accounts(
+        &self,
+        sql: &'static str,
+        column: &str,
+    ) -> Result<Vec<Value>, StoreError> {
         self.list_accounts_where(sql, column, Bind::None).await
     }
 
     /// The rows of `sql`, with `bind`'s values bound as `$1`, `$2`.
     async fn list_accounts_where(
         &self,
-        sql: &str,
+        sql: &'static str,
         column: &str,
         bind: Bind<'_>,
     ) -> Result<Vec<Value>, StoreError> {

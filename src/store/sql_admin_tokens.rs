@@ -4,6 +4,7 @@
 //! cached, so a revocation holds on every instance at once.
 use serde_json::{json, Value};
 use sqlx::any::AnyRow;
+use sqlx::AssertSqlSafe;
 use sqlx::Row;
 
 use super::sql::SqlStore;
@@ -94,9 +95,9 @@ impl SqlStore {
     pub async fn list_admin_tokens(&self) -> Result<Vec<AdminToken>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            sqlx::query(&format!(
+            sqlx::query(AssertSqlSafe(format!(
                 "SELECT {TOKEN_COLUMNS} FROM admin_tokens ORDER BY created_at, id"
-            ))
+            )))
             .fetch_all(&mut *conn)
             .await
             .db()?
@@ -121,7 +122,7 @@ impl SqlStore {
             .await
             .db()?;
             let query = format!("SELECT {TOKEN_COLUMNS} FROM admin_tokens WHERE id = $1");
-            let row = sqlx::query(&query)
+            let row = sqlx::query(AssertSqlSafe(query))
                 .bind(id)
                 .fetch_optional(&mut *conn)
                 .await;
@@ -140,7 +141,7 @@ impl SqlStore {
             let query = format!(
                 "SELECT {TOKEN_COLUMNS} FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL"
             );
-            let row = sqlx::query(&query).bind(hash.to_hex()).fetch_optional(&mut *conn).await;
+            let row = sqlx::query(AssertSqlSafe(query)).bind(hash.to_hex()).fetch_optional(&mut *conn).await;
             one(row.db()?)
         })
         .await

@@ -294,7 +294,7 @@ mod upgrade_tests {
 
     /// Migration 9 on a trail written before it: every event keeps its id,
     /// order and fields, with no subject, and new events get one.
-    async fn version_9_keeps_the_trail(db: TestDb, v8_table: &str) {
+    async fn version_9_keeps_the_trail(db: TestDb, v8_table: &'static str) {
         let store = db.store().await;
         for stmt in [
             "DROP TABLE audit_events",

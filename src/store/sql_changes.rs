@@ -10,6 +10,7 @@ use super::sql::SqlStore;
 use super::sql_error::Db;
 use super::{Change, StoreError};
 use crate::clock::unix_now;
+use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Executor, Row};
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ impl SqlStore {
             .await
             .db()?;
         if self.dialect == Dialect::Postgres {
-            conn.execute(format!("NOTIFY {NOTIFY_CHANNEL}").as_str())
+            conn.execute(AssertSqlSafe(format!("NOTIFY {NOTIFY_CHANNEL}")))
                 .await
                 .db()?;
         }

@@ -8,6 +8,7 @@ use super::sql_keys::{record_from_row, KEY_COLUMNS};
 use super::sql_list::{hash_list, in_list};
 use super::{ApiKeyAuth, LimitSpec, OrgLimit, StoreError};
 use crate::secret::SecretHash;
+use sqlx::AssertSqlSafe;
 use sqlx::Row;
 use std::collections::HashMap;
 
@@ -28,14 +29,14 @@ impl SqlStore {
         self.timed(async {
             // Each key comes with its organization's overrides (usually none):
             // one row per override, or one with nulls.
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(AssertSqlSafe(format!(
                 "SELECT {KEY_COLUMNS}, k.key_hash, m.role, l.policy AS limit_policy, \
                  l.requests AS limit_requests, l.per_ms AS limit_per_ms FROM api_keys k \
                  LEFT JOIN memberships m \
                  ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
                  LEFT JOIN org_rate_limits l ON l.organization_id = k.organization_id \
                  WHERE k.key_hash {matching}"
-            ))
+            )))
             .bind(list)
             .fetch_all(&mut *conn)
             .await

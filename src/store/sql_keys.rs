@@ -7,9 +7,9 @@ use super::sql_limits::org_limits_of;
 use super::sql_list::{in_list, text_list};
 use super::{ApiKeyAuth, ApiKeyRecord, Change, LimitSpec, StoreError};
 use crate::clock::unix_now;
-use crate::secret::hex;
 use crate::secret::{generate_api_key, generate_key_id, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
+use sqlx::AssertSqlSafe;
 use sqlx::Row;
 
 /// What a caller supplies to create an API key.
@@ -63,9 +63,9 @@ pub(super) async fn key_by_id(
     conn: &mut sqlx::AnyConnection,
     id: &str,
 ) -> Result<Option<ApiKeyRecord>, sqlx::Error> {
-    sqlx::query(&format!(
+    sqlx::query(AssertSqlSafe(format!(
         "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.id = $1"
-    ))
+    )))
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -76,24 +76,16 @@ pub(super) async fn key_by_id(
 
 /// The opaque cursor for "after this record": hex of `created_at.id`.
 fn encode_cursor(record: &ApiKeyRecord) -> String {
-    hex(format!("{}.{}", record.created_at, record.id).as_bytes())
+    hex::encode(format!("{}.{}", record.created_at, record.id))
 }
 
 /// Decodes [`encode_cursor`]; anything else is `Invalid("cursor")`.
 fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
     let invalid = || StoreError::Invalid("cursor".into());
-    if !cursor.len().is_multiple_of(2) || cursor.len() > 512 {
+    if cursor.len() > 512 {
         return Err(invalid());
     }
-    let bytes = (0..cursor.len())
-        .step_by(2)
-        .map(|i| {
-            cursor
-                .get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(invalid)?;
+    let bytes = hex::decode(cursor).map_err(|_| invalid())?;
     let text = String::from_utf8(bytes).map_err(|_| invalid())?;
     let (at, id) = text.split_once('.').ok_or_else(invalid)?;
     let at = at.parse::<i64>().map_err(|_| invalid())?;
@@ -208,11 +200,11 @@ impl SqlStore {
         let mut conn = self.conn().await?;
         let page = self
             .timed(async {
-                sqlx::query(&format!(
+                sqlx::query(AssertSqlSafe(format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.organization_id = $1 \
                      AND (k.created_at > $2 OR (k.created_at = $2 AND k.id > $3)) \
                      ORDER BY k.created_at, k.id LIMIT $4"
-                ))
+                )))
                 .bind(org)
                 .bind(after_at)
                 .bind(after_id)
@@ -328,15 +320,16 @@ impl SqlStore {
         for (id, at) in used {
             by_second.entry(*at).or_default().push(id);
         }
-        let sql = format!(
+        let sql: std::sync::Arc<str> = format!(
             "UPDATE api_keys SET last_used_at = $2 WHERE id {} \
              AND (last_used_at IS NULL OR last_used_at < $2)",
             in_list(self.dialect)
-        );
+        )
+        .into();
         let mut tx = self.begin().await?;
         self.timed(async {
             for (at, ids) in &by_second {
-                sqlx::query(&sql)
+                sqlx::query(AssertSqlSafe(sql.clone()))
                     .bind(text_list(self.dialect, ids.iter().copied()))
                     .bind(*at)
                     .execute(&mut *tx)
@@ -357,11 +350,11 @@ impl SqlStore {
     ) -> Result<Option<ApiKeyAuth>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
-            let row = sqlx::query(&format!(
+            let row = sqlx::query(AssertSqlSafe(format!(
                 "SELECT {KEY_COLUMNS}, m.role FROM api_keys k LEFT JOIN memberships m \
                  ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
                  WHERE k.key_hash = $1"
-            ))
+            )))
             .bind(hash.to_hex())
             .fetch_optional(&mut *conn)
             .await
@@ -403,7 +396,7 @@ mod tests {
         };
         let c = encode_cursor(&record);
         assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));
-        for bad in ["", "zz", "abc", "6162", "é0"] {
+        for bad in ["", "zz", "abc", "6162", "é0", "352e+f"] {
             assert!(
                 matches!(decode_cursor(bad), Err(StoreError::Invalid(_))),
                 "{bad}"

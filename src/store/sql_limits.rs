@@ -7,6 +7,7 @@ use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::{Change, LimitSpec, OrgLimit, StoreError};
 use sqlx::any::AnyRow;
+use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Row};
 
 fn org_limit_from_row(row: &AnyRow) -> Result<Option<OrgLimit>, sqlx::Error> {
@@ -35,7 +36,7 @@ pub(super) async fn org_limits_of(
         "SELECT organization_id, policy, requests, per_ms FROM org_rate_limits \
          WHERE organization_id IN ({list}) ORDER BY organization_id, policy"
     );
-    let mut query = sqlx::query(&sql);
+    let mut query = sqlx::query(AssertSqlSafe(sql));
     for org in orgs {
         query = query.bind(org);
     }

@@ -10,6 +10,7 @@ use super::sql::SqlStore;
 use super::sql_audit::{record_event, Actor, Subject};
 use super::sql_error::Db;
 use super::{Change, StoreError};
+use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Row};
 
 /// More changes than this in one deletion are logged as one [`Change::All`]:
@@ -55,7 +56,7 @@ impl Removed {
 /// to `$1`; returns that column of every row deleted.
 async fn delete_returning(
     conn: &mut AnyConnection,
-    sql: &str,
+    sql: &'static str,
     id: &str,
 ) -> Result<Vec<String>, StoreError> {
     sqlx::query(sql)
@@ -190,11 +191,13 @@ impl SqlStore {
         let mut tx = self.begin().await?;
         let removed = self
             .timed(async {
-                let found = sqlx::query(&format!("SELECT id FROM {table} WHERE id = $1{lock}"))
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .db()?;
+                let found = sqlx::query(AssertSqlSafe(format!(
+                    "SELECT id FROM {table} WHERE id = $1{lock}"
+                )))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?;
                 if found.is_none() {
                     return Ok(None);
                 }
@@ -214,7 +217,7 @@ impl SqlStore {
                         }
                     }
                 }
-                sqlx::query(&format!("DELETE FROM {table} WHERE id = $1"))
+                sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE id = $1")))
                     .bind(id)
                     .execute(&mut *tx)
                     .await

@@ -11,6 +11,7 @@ use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
 use sqlx::any::AnyRow;
 use sqlx::AnyConnection;
+use sqlx::AssertSqlSafe;
 use sqlx::Row;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -103,10 +104,10 @@ impl SqlStore {
         let mut conn = self.conn().await?;
         self.timed(async {
             self.require_user(&mut conn, user).await?;
-            sqlx::query(&format!(
+            sqlx::query(AssertSqlSafe(format!(
                 "SELECT {SESSION_COLUMNS} FROM sessions WHERE user_id = $1 \
                  ORDER BY created_at, id"
-            ))
+            )))
             .bind(user)
             .fetch_all(&mut *conn)
             .await
@@ -135,9 +136,9 @@ impl SqlStore {
         let mut tx = self.begin().await?;
         let record = self
             .timed(async {
-                let row = sqlx::query(&format!(
+                let row = sqlx::query(AssertSqlSafe(format!(
                     "DELETE FROM sessions WHERE id = $1 RETURNING {SESSION_COLUMNS}"
-                ))
+                )))
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await
@@ -224,9 +225,9 @@ impl SqlStore {
         let list = hash_list(self.dialect, hashes);
         let mut conn = self.conn().await?;
         self.timed(async {
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(AssertSqlSafe(format!(
                 "SELECT {SESSION_COLUMNS}, token_hash FROM sessions WHERE token_hash {matching}"
-            ))
+            )))
             .bind(list)
             .fetch_all(&mut *conn)
             .await
@@ -242,10 +243,10 @@ impl SqlStore {
                 return Ok(Vec::new());
             }
             let users: BTreeSet<&str> = sessions.iter().map(|(_, s)| s.user_id.as_str()).collect();
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(AssertSqlSafe(format!(
                 "SELECT user_id, organization_id, role FROM memberships WHERE user_id {matching} \
                  ORDER BY user_id, organization_id"
-            ))
+            )))
             .bind(text_list(self.dialect, users.into_iter()))
             .fetch_all(&mut *conn)
             .await

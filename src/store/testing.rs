@@ -1,5 +1,6 @@
 //! Test helpers: a throw-away SQLite file or PostgreSQL database per test.
 use super::{SqlStore, StoreConfig};
+use sqlx::AssertSqlSafe;
 use sqlx::{Connection, Executor, PgConnection};
 use std::time::Duration;
 
@@ -51,7 +52,7 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("connect to MPG_TEST_PG_URL: {e}"));
         admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
+            .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
             .unwrap_or_else(|e| panic!("create database: {e}"));
         let _ = admin.close().await;
@@ -102,7 +103,7 @@ impl Drop for TestDb {
             rt.block_on(async {
                 if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
                     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = admin.execute(sql.as_str()).await;
+                    let _ = admin.execute(AssertSqlSafe(sql)).await;
                     let _ = admin.close().await;
                 }
             });

@@ -135,7 +135,7 @@ pub fn self_signed() -> Result<CertifiedKey, TlsError> {
     let generated = rcgen::generate_simple_self_signed(names)
         .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
     let cert = generated.cert.der().clone();
-    let key = PrivateKeyDer::try_from(generated.key_pair.serialize_der())
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
         .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
     certified(vec![cert], key)
 }
@@ -145,7 +145,7 @@ pub fn self_signed_pem() -> Result<(String, String), TlsError> {
     let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     let generated = rcgen::generate_simple_self_signed(names)
         .map_err(|e| TlsError::KeyMismatch(e.to_string()))?;
-    Ok((generated.cert.pem(), generated.key_pair.serialize_pem()))
+    Ok((generated.cert.pem(), generated.signing_key.serialize_pem()))
 }
 
 #[cfg(test)]

@@ -82,20 +82,19 @@ pub struct Pki {
 
 impl Pki {
     pub fn new() -> Pki {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
         let ca = |name: &str| {
-            let key = KeyPair::generate().unwrap();
             let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
             params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
             params.distinguished_name.push(DnType::CommonName, name);
-            (params.self_signed(&key).unwrap(), key)
+            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
         };
-        let (ca_cert, ca_key) = ca("mpg test CA");
-        let (other_cert, _) = ca("mpg unrelated CA");
+        let ca_cert = ca("mpg test CA");
+        let other_cert = ca("mpg unrelated CA");
         let server_key = KeyPair::generate().unwrap();
         let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
             .unwrap()
-            .signed_by(&server_key, &ca_cert, &ca_key)
+            .signed_by(&server_key, &ca_cert)
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let write = |name: &str, text: String| {

@@ -3,7 +3,7 @@
 //! reader for the admin listener's Prometheus metrics.
 
 use super::TestConfig;
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,7 +73,7 @@ impl PgDb {
             .await
             .unwrap_or_else(|e| panic!("connect to MPG_TEST_PG_URL: {e}"));
         admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
+            .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
             .unwrap();
         let _ = admin.close().await;
@@ -96,7 +96,7 @@ impl Drop for PgDb {
             rt.block_on(async {
                 if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
                     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = admin.execute(sql.as_str()).await;
+                    let _ = admin.execute(AssertSqlSafe(sql)).await;
                     let _ = admin.close().await;
                 }
             });

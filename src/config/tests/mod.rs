@@ -489,6 +489,23 @@ fn a_policy_is_enforced_unless_its_mode_is_shadow() {
 }
 
 #[test]
+fn durations_of_several_parts_are_read_and_bad_ones_name_their_path() {
+    let text = format!(
+        "{MINIMAL}\n[store]\ncache_ttl = \"1h30m\"\n[rate_limit.policies.a]\nrequests = 1\nper = \"1m30s\"\n"
+    );
+    let s = Settings::parse(&text).unwrap();
+    assert_eq!(s.store.cache_ttl, Duration::from_secs(5_400));
+    assert_eq!(s.rate_limit.policies[0].quota.per, Duration::from_secs(90));
+    let text = format!("{MINIMAL}\n[store]\ncache_ttl = \"1h 30m\"\n");
+    let errs = problems(&text);
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("store.cache_ttl: invalid duration \"1h 30m\"")),
+        "{errs:#?}"
+    );
+}
+
+#[test]
 fn every_bad_key_of_one_section_is_reported_in_one_run() {
     let text = format!(
         "{MINIMAL}\n[server.limits]\nidle_timeout = \"forever\"\nheader_read_timeout = \"soon\"\n\

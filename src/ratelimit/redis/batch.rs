@@ -28,11 +28,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use ::redis::{cluster_routing::get_slot, ErrorKind, Value};
+use ::redis::{ErrorKind, ServerErrorKind, Value};
 use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 
+use super::super::nodes::slot as key_slot;
 use super::super::redis_target::RedisConn;
 use super::super::LimiterError;
 use super::script::{parse, runs, script_cmd, Answer, Pending, SCRIPT};
@@ -197,14 +198,14 @@ impl Task {
 /// `batch` split by slot, emptying it; a key's decisions keep their order (the sort is
 /// stable).
 fn by_slot(batch: &mut Vec<Pending>) -> Vec<Vec<Pending>> {
-    batch.sort_by_cached_key(|p| get_slot(p.key.as_bytes()));
+    batch.sort_by_cached_key(|p| key_slot(p.key.as_bytes()));
     let mut groups = Vec::new();
     let mut rest = std::mem::take(batch);
     while !rest.is_empty() {
-        let slot = get_slot(rest[0].key.as_bytes());
+        let slot = key_slot(rest[0].key.as_bytes());
         let n = rest
             .iter()
-            .take_while(|p| get_slot(p.key.as_bytes()) == slot)
+            .take_while(|p| key_slot(p.key.as_bytes()) == slot)
             .count();
         let tail = rest.split_off(n);
         groups.push(rest);
@@ -249,7 +250,7 @@ async fn call(
             .query_async::<Value>(conn)
             .await
         {
-            Err(err) if err.kind() == ErrorKind::NoScriptError => {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 script_cmd("EVAL", SCRIPT, batch, &runs)
                     .query_async::<Value>(conn)
                     .await

@@ -300,7 +300,12 @@ impl<T: Copy + Eq + std::hash::Hash> Distinct<T> {
 /// Each later decision of a run saw what the one before it left, as [`Gcra::apply`] gives
 /// it: the rule the script applies.
 pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
-    let bad = || RedisError::from((ErrorKind::TypeError, "unexpected rate-limit script reply"));
+    let bad = || {
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "unexpected rate-limit script reply",
+        ))
+    };
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
@@ -459,7 +464,7 @@ mod tests {
         cmd.args_iter()
             .map(|arg| match arg {
                 ::redis::Arg::Simple(bytes) => bytes.to_vec(),
-                ::redis::Arg::Cursor => Vec::new(),
+                _ => Vec::new(),
             })
             .collect()
     }

@@ -581,7 +581,7 @@ async fn runs_of_alike_decisions_decide_as_in_sequence() {
 
 #[tokio::test]
 async fn random_runs_decide_as_in_sequence() {
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
     let keys = ["k1", "k2", "k3"];
     let ips = ["ip-a", "ip-b"];
     let ops = [Op::Check, Op::Peek, Op::Consume, Op::Refund];
