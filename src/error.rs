@@ -129,18 +129,27 @@ pub enum GatewayError {
     GatewayTimeout,
 }
 
+/// `message`, or `instead` when it holds what looks like a secret: the
+/// texts of a 400 and a 409 often quote the client's value, and a body never
+/// carries a credential back.
+fn unquoted_secret(message: &str, instead: impl FnOnce() -> String) -> Cow<'static, str> {
+    if crate::secret::looks_like_secret(message.bytes()) {
+        format!(
+            "{} (the value is not repeated: it holds what looks like a credential)",
+            instead()
+        )
+        .into()
+    } else {
+        message.to_owned().into()
+    }
+}
+
 impl GatewayError {
     /// 400 naming `field` in `message` and `details.field`.
     pub fn bad_field(field: impl Into<String>, what: &str) -> Self {
         let field = field.into();
-        // What is wrong often quotes the value: never one that holds a secret.
-        let message = if crate::secret::looks_like_secret(what.bytes()) {
-            format!("{field}: invalid (the value is not repeated: it holds what looks like a credential)")
-        } else {
-            format!("{field}: {what}")
-        };
         GatewayError::BadRequest {
-            message: message.into(),
+            message: format!("{field}: {what}").into(),
             field: Some(field),
         }
     }
@@ -193,7 +202,9 @@ impl GatewayError {
     fn message_and_details(&self) -> (Cow<'static, str>, Option<Value>) {
         match self {
             GatewayError::BadRequest { message, field } => (
-                message.clone(),
+                unquoted_secret(message, || {
+                    format!("{}: invalid", field.as_deref().unwrap_or("request"))
+                }),
                 field.as_ref().map(|f| json!({ "field": f })),
             ),
             GatewayError::Unauthorized(reason) => {
@@ -240,7 +251,12 @@ impl GatewayError {
                 format!("request headers exceed {limit} bytes").into(),
                 Some(json!({ "limit": limit })),
             ),
-            GatewayError::Conflict(message) => (message.clone().into(), None),
+            GatewayError::Conflict(message) => (
+                unquoted_secret(message, || {
+                    "the change conflicts with what is stored".into()
+                }),
+                None,
+            ),
             GatewayError::TooManyRequests { retry_after } => (
                 "rate limit exceeded".into(),
                 Some(json!({ "retry_after": retry_after })),
@@ -344,6 +360,21 @@ mod tests {
             !text.contains(&secret[4..]) && text.contains("per: invalid"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn no_400_or_409_quotes_a_secret_however_it_was_made() {
+        let secret = crate::secret::generate_api_key().0;
+        for e in [
+            GatewayError::BadRequest {
+                message: format!("invalid request: {secret}").into(),
+                field: None,
+            },
+            GatewayError::Conflict(format!("organization x{secret} already exists")),
+        ] {
+            let (_, _, v) = parts(e).await;
+            assert!(!v.to_string().contains(&secret[4..]), "{v}");
+        }
     }
 
     #[tokio::test]

@@ -75,15 +75,12 @@ impl MockUpstream {
     /// Waits until the upstream has seen `n` requests (it records one as
     /// soon as its body is read, before answering); panics after 10 s.
     pub async fn until_count(&self, n: usize) {
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while self.count() < n {
-            assert!(
-                std::time::Instant::now() < until,
-                "the upstream saw {} requests, not {n}",
-                self.count()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let seen = scale::within(Duration::from_secs(10), || async { self.count() >= n }).await;
+        assert!(
+            seen.is_some(),
+            "the upstream saw {} requests, not {n}",
+            self.count()
+        );
     }
 
     pub fn last(&self) -> Seen {
