@@ -5,6 +5,7 @@
 //! own, so one typo does not hide the next: `check-config` lists them all.
 mod builtin;
 mod duration;
+mod log_filter;
 mod oidc;
 mod problems;
 mod rate_limit;
@@ -22,6 +23,7 @@ mod validate;
 pub use crate::ip::TrustedProxies;
 pub use builtin::{BuiltinService, Operation};
 pub use duration::{format_duration, parse_duration};
+pub use log_filter::log_filter;
 pub use oidc::fetch_url_problem;
 pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey, PolicyMode};
 pub use settings::*;

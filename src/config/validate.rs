@@ -3,6 +3,7 @@
 //! crosses sections (upstreams and policies named by routes, scopes named by roles).
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use super::log_filter::log_filter;
 use super::oidc::oidc_settings;
 use super::problems::Problems;
 use super::rate_limit::rate_limit_settings;
@@ -84,7 +85,7 @@ pub(super) fn validate_with_env(
 
     let server = server_settings(&mut p, server, tls_files);
     let admin = admin_settings(&mut p, admin, tls_files);
-    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
+    if let Err(e) = log_filter(&log.level) {
         p.add(
             "log.level",
             format!("invalid level or filter {:?}: {e}", log.level),

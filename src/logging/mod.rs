@@ -26,7 +26,7 @@ const POSTGRES_NOTICES: &str = "sqlx::postgres::notice=warn";
 /// Text is coloured only on a terminal: a file or a log collector would get
 /// the escape codes as text.
 pub fn init(level: &str, format: LogFormat) {
-    let filter = EnvFilter::try_new(level)
+    let filter = crate::config::log_filter(level)
         .unwrap_or_else(|_| EnvFilter::new("info"))
         .add_directive(QUIET_DEPENDENCY_TARGETS.parse().expect("a valid directive"))
         .add_directive(POSTGRES_NOTICES.parse().expect("a valid directive"));

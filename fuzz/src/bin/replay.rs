@@ -3,8 +3,9 @@
 //! made by mutating that corpus with a seeded generator (byte flips,
 //! insertions, deletions, repeats, splices and tokens the parsers care
 //! about). Not coverage-guided, as libFuzzer is, but it needs no nightly
-//! toolchain and the same seed makes the same inputs. An input that panics
-//! is written to `fuzz/artifacts/<target>/` and the run fails.
+//! toolchain and the same seed makes the same inputs. An input that panics,
+//! or takes longer than 10 s, is written to `fuzz/artifacts/<target>/` and
+//! the run fails.
 //!
 //!   replay [--seconds N] [--seed S] [TARGET ...]     (no TARGET: all of them)
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -105,19 +106,33 @@ fn read_corpus(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .collect()
 }
 
-/// Runs `input`; on a panic, writes it under `artifacts` and says where.
+/// The longest one input may take, in this unoptimised build; libFuzzer's
+/// `-timeout` in scripts/fuzz.sh is the same bound for its release build.
+const SLOW: Duration = Duration::from_secs(10);
+
+/// Runs `input`; on a panic, or when it takes longer than [`SLOW`], writes it
+/// under `artifacts` and says where.
 fn run_one(name: &str, target: fn(&[u8]), input: &[u8], artifacts: &Path) -> bool {
-    if catch_unwind(AssertUnwindSafe(|| target(input))).is_ok() {
-        return true;
-    }
+    let start = Instant::now();
+    let panicked = catch_unwind(AssertUnwindSafe(|| target(input))).is_err();
+    let took = start.elapsed();
+    let what = match (panicked, took > SLOW) {
+        (false, false) => return true,
+        (true, _) => "crash",
+        (false, true) => "slow",
+    };
     let dir = artifacts.join(name);
     let _ = std::fs::create_dir_all(&dir);
     let digest = input
         .iter()
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    let path = dir.join(format!("crash-{digest:016x}"));
+    let path = dir.join(format!("{what}-{digest:016x}"));
     let _ = std::fs::write(&path, input);
-    eprintln!("{name}: an input panicked; written to {}", path.display());
+    if panicked {
+        eprintln!("{name}: an input panicked; written to {}", path.display());
+    } else {
+        eprintln!("{name}: an input took {took:?}; written to {}", path.display());
+    }
     false
 }
 
@@ -158,7 +173,7 @@ fn main() {
         let mut ok = true;
         for (path, input) in &corpus {
             if !run_one(name, target, input, &artifacts) {
-                eprintln!("{name}: corpus input {} panics", path.display());
+                eprintln!("{name}: corpus input {} fails", path.display());
                 ok = false;
             }
         }
