@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::config::Settings;
 use crate::error::GatewayError;
 use crate::http::body::{self, Body, RequestBody};
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::http::service::{ConnInfo, Handler, Refusal, Reply};
 use crate::metrics::{metrics_handle, names};
 use crate::store::sql::SqlStore;
 
@@ -145,8 +145,14 @@ impl<C: Control> Admin<C> {
 }
 
 impl<C: Control> Handler for Admin<C> {
+    type Stamp = ();
+
     async fn handle(&self, req: Request<RequestBody>, conn: Arc<ConnInfo>) -> Reply {
         self.answer(req, &conn).await.into()
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Response<Body> {
+        GatewayError::from(refusal).into_response()
     }
 }
 

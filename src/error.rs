@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use crate::http::body::{self, Body};
+use crate::http::service::Refusal;
 
 /// Why a credential was refused (`details.reason` of a 401).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +142,19 @@ fn unquoted_secret(message: &str, instead: impl FnOnce() -> String) -> Cow<'stat
         .into()
     } else {
         message.to_owned().into()
+    }
+}
+
+/// A head the HTTP/1.1 server refused, as the gateway's JSON error.
+impl From<Refusal> for GatewayError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::BadRequest(what) => GatewayError::BadRequest {
+                message: format!("invalid request: {what}").into(),
+                field: None,
+            },
+            Refusal::HeaderFieldsTooLarge { limit } => GatewayError::HeaderFieldsTooLarge { limit },
+        }
     }
 }
 

@@ -108,6 +108,8 @@ impl Recorder {
 }
 
 impl Handler for Recorder {
+    type Stamp = ();
+
     fn handle(
         &self,
         req: Request<RequestBody>,

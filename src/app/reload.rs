@@ -11,7 +11,7 @@
 //! What cannot change without a restart (listeners, TLS mode, store, log,
 //! connection limits, `max_header_bytes`) keeps its running value and is reported.
 use arc_swap::ArcSwap;
-use http::Request;
+use http::{Request, Response};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,10 +19,11 @@ use super::build::build_limiter;
 use super::StartError;
 use crate::admin::{Control, Reloaded, Status};
 use crate::config::{ConfigError, Settings, TlsSettings};
-use crate::http::body::RequestBody;
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::error::GatewayError;
+use crate::http::body::{Body, RequestBody};
+use crate::http::service::{ConnInfo, Handler, Refusal, Reply};
 use crate::metrics::names::RELOADS;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, ReplyStamp};
 use crate::proxy::upstream::Upstream;
 use crate::tls::{CertResolver, TlsError};
 
@@ -215,13 +216,19 @@ impl Control for Live {
 }
 
 impl Handler for Live {
+    type Stamp = ReplyStamp;
+
     fn handle(
         &self,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl std::future::Future<Output = Reply> + Send {
+    ) -> impl std::future::Future<Output = Reply<ReplyStamp>> + Send {
         // One atomic load per request; the request finishes on this gateway.
         self.current.load_full().handle(req, conn)
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Response<Body> {
+        GatewayError::from(refusal).into_response()
     }
 }
 

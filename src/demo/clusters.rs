@@ -107,6 +107,8 @@ impl Refusal {
 }
 
 impl Handler for DemoClusters {
+    type Stamp = ();
+
     async fn handle(&self, req: Request<RequestBody>, _conn: Arc<ConnInfo>) -> Reply {
         let (head, body) = req.into_parts();
         let res = match Limited::new(body, MAX_BODY_BYTES).collect().await {

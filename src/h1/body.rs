@@ -15,7 +15,7 @@ use super::decoder::Decoder;
 use super::response::send;
 use super::socket::read_more;
 use crate::http::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
-use crate::http::service::Reply;
+use crate::http::service::{Reply, Stamp};
 
 /// The request body's side of the connection while the handler runs.
 pub(super) struct Feed {
@@ -77,15 +77,16 @@ impl Rest {
 /// wait for the client: to take the `100 Continue`, and to send more of a
 /// body the handler is waiting for (nginx's `client_body_timeout`; nothing
 /// else ends a stalled upload to the built-in key service).
-pub(super) async fn drive<S>(
+pub(super) async fn drive<S, T>(
     io: &mut S,
     rbuf: &mut BytesMut,
-    mut handler: Pin<Box<impl Future<Output = Reply>>>,
+    mut handler: Pin<Box<impl Future<Output = Reply<T>>>>,
     mut feed: Feed,
     idle_timeout: Duration,
-) -> io::Result<(Reply, Rest)>
+) -> io::Result<(Reply<T>, Rest)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
+    T: Stamp,
 {
     let mut wanted = false;
     loop {

@@ -34,9 +34,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::clock;
-use crate::error::GatewayError;
 use crate::http::body::RequestBody;
-use crate::http::service::{ConnInfo, Handler};
+use crate::http::service::{ConnInfo, Handler, Refusal, Reply};
 use body::{discard, drive, Feed, Rest};
 pub(crate) use decoder::Decoder;
 pub(crate) use head::{ends_in_chunked, has_token, parse_head, parse_length, Framing};
@@ -129,10 +128,10 @@ where
                     match parse_head(&mut rbuf) {
                         Ok(Some(head)) => break head,
                         Ok(None) if rbuf.len() > limits.max_head_bytes => {
-                            return refuse(io, HeadError::TooLarge, limits).await;
+                            return refuse(io, &**handler, HeadError::TooLarge, limits).await;
                         }
                         Ok(None) => {}
-                        Err(e) => return refuse(io, e, limits).await,
+                        Err(e) => return refuse(io, &**handler, e, limits).await,
                     }
                 }
             }
@@ -284,25 +283,24 @@ where
     }
 }
 
-/// Answers a head that cannot be served, then closes.
-async fn refuse<S: AsyncWrite + Unpin>(
+/// Answers a head that cannot be served with the handler's response to
+/// its [`Refusal`], then closes.
+async fn refuse<S: AsyncWrite + Unpin, H: Handler>(
     io: &mut S,
+    handler: &H,
     e: HeadError,
     limits: ConnectionLimits,
 ) -> io::Result<Ended> {
     tracing::debug!(error = ?e, "refusing an HTTP/1 request head");
-    let err = match e {
-        HeadError::Bad(what) => GatewayError::BadRequest {
-            message: format!("invalid request: {what}").into(),
-            field: None,
-        },
-        HeadError::TooLarge => GatewayError::HeaderFieldsTooLarge {
+    let refusal = match e {
+        HeadError::Bad(what) => Refusal::BadRequest(what),
+        HeadError::TooLarge => Refusal::HeaderFieldsTooLarge {
             limit: limits.max_header_bytes,
         },
     };
     write_response(
         io,
-        err.into_response().into(),
+        Reply::<()>::from(handler.refuse(refusal)),
         false,
         false,
         false,

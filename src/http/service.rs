@@ -1,15 +1,14 @@
 //! The service types the listeners and the pipeline share: what a handler is
-//! given about the connection ([`ConnInfo`]), the [`Handler`] itself, and
-//! what it answers ([`Reply`], with its request id and rate-limit stamp).
+//! given about the connection ([`ConnInfo`]), the [`Handler`] itself, what it
+//! answers ([`Reply`], with the fields it stamps: [`Stamp`]), and what a
+//! listener refused before a handler saw it ([`Refusal`]).
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::http::body::{Body, RequestBody};
-use crate::http::fields::{F_REQUEST_ID, X_REQUEST_ID};
-use crate::http::rate_limit::Decision;
 use crate::ip::ClientAddr;
 
 /// What the pipeline knows about the connection a request came on.
@@ -63,34 +62,126 @@ impl ConnInfo {
 
 /// Turns a request into a response; never fails (errors are responses).
 pub trait Handler: Send + Sync + 'static {
+    /// The fields this handler stamps on its responses (`()`: none).
+    type Stamp: Stamp;
+
     /// Called once per request.
     fn handle(
         &self,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Reply> + Send;
+    ) -> impl Future<Output = Reply<Self::Stamp>> + Send;
+
+    /// The response to a request the listener refused before it reached
+    /// [`Handler::handle`] (the connection closes after it). By default a
+    /// short plain-text body saying why.
+    fn refuse(&self, refusal: Refusal) -> Response<Body> {
+        refusal.plain_response()
+    }
+}
+
+/// A request the HTTP/1.1 server refused as it read the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400: the head is not valid HTTP/1.1; says what is wrong.
+    BadRequest(&'static str),
+    /// 431: more header lines, or bytes, than the listener takes.
+    HeaderFieldsTooLarge {
+        /// The listener's limit on a head's header bytes.
+        limit: usize,
+    },
+}
+
+impl Refusal {
+    /// The status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Refusal::HeaderFieldsTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        }
+    }
+
+    /// The status with a line of plain text saying why.
+    fn plain_response(&self) -> Response<Body> {
+        let text = match self {
+            Refusal::BadRequest(what) => format!("invalid request: {what}\n"),
+            Refusal::HeaderFieldsTooLarge { limit } => {
+                format!("request header fields exceed {limit} bytes\n")
+            }
+        };
+        let mut res = Response::new(crate::http::body::full(text));
+        *res.status_mut() = self.status();
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        res
+    }
+}
+
+/// Fields a handler stamps on its response as it is written: they go on
+/// last, and replace any field of the same name the response has (in its
+/// map, or among a target's relayed fields). The HTTP/1.1 writer writes
+/// them as lines beside the header map ([`Stamp::write_lines`]) instead of
+/// inserting them into it, which would hash each name; hyper's HTTP/2
+/// server gets them in the map ([`Stamp::add_to`]).
+pub trait Stamp: Send + 'static {
+    /// The names of the fields stamped.
+    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_;
+
+    /// Appends the fields as `name: value` lines.
+    fn write_lines(&self, out: &mut Vec<u8>);
+
+    /// Sets the fields in `headers`, replacing any of the same name.
+    fn add_to(self, headers: &mut HeaderMap);
+}
+
+/// No fields.
+impl Stamp for () {
+    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
+        std::iter::empty()
+    }
+
+    fn write_lines(&self, _: &mut Vec<u8>) {}
+
+    fn add_to(self, _: &mut HeaderMap) {}
+}
+
+/// Whether a field named `name` (any case) is stamped by `stamp`, and so
+/// not written from elsewhere: a test made once per response, which tells
+/// most names apart by their length alone.
+pub(crate) fn stamped_by<S: Stamp>(stamp: &S) -> impl Fn(&[u8]) -> bool + '_ {
+    let lengths = stamp
+        .names()
+        .fold(0u64, |bits, n| bits | 1 << n.as_str().len().min(63));
+    move |name: &[u8]| {
+        lengths & 1 << name.len().min(63) != 0
+            && stamp
+                .names()
+                .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
 }
 
 /// A handler's answer: the response, and the fields stamped on it as it is
 /// written.
 #[derive(Debug)]
-pub struct Reply {
+pub struct Reply<S = ()> {
     /// The response.
     pub res: Response<Body>,
     /// Fields that go on it last, over any of the same name.
-    pub stamp: Stamp,
+    pub stamp: S,
 }
 
-impl From<Response<Body>> for Reply {
+impl<S: Stamp + Default> From<Response<Body>> for Reply<S> {
     fn from(res: Response<Body>) -> Self {
         Reply {
             res,
-            stamp: Stamp::default(),
+            stamp: S::default(),
         }
     }
 }
 
-impl Reply {
+impl<S: Stamp> Reply<S> {
     /// The response with the stamped fields in its header map (what
     /// reads a response's headers rather than writing it: hyper's HTTP/2
     /// server, tests). The target's relayed fields go in after them and
@@ -110,112 +201,6 @@ impl Reply {
     }
 }
 
-/// A request's id (`X-Request-Id`): the client's when it is sane, else 32
-/// hex digits the gateway made, held inline (no allocation per request).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestId {
-    /// Made by the gateway: lowercase hex digits.
-    Made([u8; 32]),
-    /// The client's (checked: `[A-Za-z0-9._:-]`, 1–128 bytes).
-    Client(HeaderValue),
-}
-
-impl RequestId {
-    /// The id's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        match self {
-            RequestId::Made(hex) => hex,
-            RequestId::Client(v) => v.as_bytes(),
-        }
-    }
-
-    /// The id as text (for logs; `-` if it were not ASCII, which neither
-    /// kind can be).
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(self.as_bytes()).unwrap_or("-")
-    }
-
-    /// The id as a header value (the client's is moved, not copied).
-    pub fn into_header_value(self) -> HeaderValue {
-        match self {
-            RequestId::Made(hex) => {
-                HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0"))
-            }
-            RequestId::Client(v) => v,
-        }
-    }
-}
-
-/// The fields the gateway stamps on a response as it is written:
-/// `X-Request-Id`, and a rate-limited route's fields. They replace any
-/// field of the same name the response has (the target's, the key
-/// service's). The HTTP/1.1 writer writes them as lines beside the header
-/// map ([`Stamp::write_to`]) instead of inserting them into it, which hashed
-/// each name; hyper's HTTP/2 server gets them in the map ([`Stamp::add_to`]).
-#[derive(Debug, Default)]
-pub struct Stamp {
-    /// `X-Request-Id`.
-    pub request_id: Option<RequestId>,
-    /// The route's rate-limit decision.
-    pub decision: Option<Decision>,
-    /// With the IETF draft fields (`rate_limit.ietf_headers`).
-    pub ietf: bool,
-}
-
-impl Stamp {
-    /// The names of the fields stamped.
-    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
-        let rate = self.decision.iter().flat_map(|d| d.names(self.ietf));
-        let id = self.request_id.is_some().then_some(&F_REQUEST_ID.name);
-        rate.chain(id)
-    }
-
-    /// Whether a field named `name` (any case) is stamped, and so not
-    /// written from elsewhere: a test made once per response, which tells
-    /// most names apart by their length alone.
-    pub(crate) fn sets(&self) -> impl Fn(&[u8]) -> bool + '_ {
-        let lengths = self
-            .names()
-            .fold(0u64, |bits, n| bits | 1 << n.as_str().len().min(63));
-        move |name: &[u8]| {
-            lengths & 1 << name.len().min(63) != 0
-                && self
-                    .names()
-                    .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
-        }
-    }
-
-    /// Appends the fields as `name: value` lines.
-    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
-        if let Some(d) = &self.decision {
-            d.write_lines(out, self.ietf);
-        }
-        if let Some(id) = &self.request_id {
-            out.extend_from_slice(F_REQUEST_ID.line);
-            out.extend_from_slice(id.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-    }
-
-    /// Sets the fields in `headers`, replacing any of the same name.
-    ///
-    /// The request id differs on every response: it is marked never to be
-    /// indexed, so that HTTP/2's header compression sends it as a literal
-    /// instead of adding it to the connection's table, where each new id
-    /// would evict the fields that repeat (the content type, the limit) and
-    /// cost a search of the ids before it.
-    pub fn add_to(self, headers: &mut HeaderMap) {
-        if let Some(d) = &self.decision {
-            d.write_headers(headers, self.ietf);
-        }
-        if let Some(id) = self.request_id {
-            let mut id = id.into_header_value();
-            id.set_sensitive(true);
-            headers.insert(X_REQUEST_ID, id);
-        }
-    }
-}
-
 /// `res` with its relayed fields (if any) moved into its header map, after
 /// the map's own and never over them.
 pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
@@ -229,4 +214,47 @@ pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
 /// listener and its connections learn that the gateway is draining.
 pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// A stamp of fixed fields, for the transport's tests.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct FixedStamp(Vec<(&'static HeaderName, HeaderValue)>);
+
+#[cfg(test)]
+impl FixedStamp {
+    /// Stamps each `(name, value)`; names are lowercase.
+    pub(crate) fn new(fields: &[(&'static str, &'static str)]) -> Self {
+        FixedStamp(
+            fields
+                .iter()
+                .map(|&(n, v)| {
+                    let name: &'static HeaderName = Box::leak(Box::new(HeaderName::from_static(n)));
+                    (name, HeaderValue::from_static(v))
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+impl Stamp for FixedStamp {
+    fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
+        self.0.iter().map(|(n, _)| *n)
+    }
+
+    fn write_lines(&self, out: &mut Vec<u8>) {
+        for (n, v) in &self.0 {
+            out.extend_from_slice(n.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    fn add_to(self, headers: &mut HeaderMap) {
+        for (n, v) in self.0 {
+            headers.insert(n.clone(), v);
+        }
+    }
 }

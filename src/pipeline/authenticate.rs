@@ -19,8 +19,8 @@ use crate::auth::oidc::{OidcError, JWT_SESSION_ID};
 use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
-use crate::http::rate_limit::Decision;
 use crate::ip::Client;
+use crate::ratelimit::Decision;
 use crate::secret::{hash_secret, SecretHash};
 use crate::store::{CachedApiKey, KeyStatus, SessionAuth, SessionRecord, StoreError};
 

@@ -7,12 +7,13 @@ use http::{request, Request, Response};
 use std::future::Future;
 
 use super::authorize::Grant;
+use super::stamp::RequestId;
 use super::table::{Destination, Pipeline, RouteEntry};
 use super::validate::Validated;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{Body, RequestBody};
 use crate::http::fields::CONTENT_DIGEST;
-use crate::http::service::{ConnInfo, RequestId};
+use crate::http::service::ConnInfo;
 use crate::ip::Client;
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;

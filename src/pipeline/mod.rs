@@ -4,16 +4,18 @@
 //! returns `Result<_, GatewayError>`; the first refusal answers.
 //! [`Pipeline::handle`] wraps them: it turns errors into responses, writes
 //! the access-log line, and stamps the rate-limit headers and `X-Request-Id`
-//! on the reply (written as the head is: [`crate::http::service::Stamp`]).
+//! on the reply ([`ReplyStamp`], written as the head is).
 mod authenticate;
 mod authorize;
 mod forward;
 mod rate_limit;
 mod record;
 mod route;
+mod stamp;
 mod table;
 mod validate;
 
+pub use stamp::{ReplyStamp, RequestId};
 pub use table::{Pipeline, TableError};
 
 use record::{method_label, request_id, status_label};
@@ -28,9 +30,9 @@ use std::sync::Arc;
 use crate::auth::Principal;
 use crate::error::GatewayError;
 use crate::http::body::Body;
-use crate::http::rate_limit::Decision;
-use crate::http::service::{ConnInfo, Reply, RequestId, Stamp};
+use crate::http::service::{ConnInfo, Reply};
 use crate::ip::Client;
+use crate::ratelimit::Decision;
 
 /// What the wrapper needs to know about a request after the stages ran.
 struct Outcome {
@@ -53,7 +55,7 @@ impl Pipeline {
         self: Arc<Self>,
         req: Request<RequestBody>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Reply> + Send + 'static {
+    ) -> impl Future<Output = Reply<ReplyStamp>> + Send + 'static {
         // Split here, so the block captures the head and the body, and the
         // stages borrow the head: the request's future holds it once.
         let (mut head, body) = req.into_parts();
@@ -130,7 +132,7 @@ impl Pipeline {
             );
             // The request id moved into the stamp, not cloned: a clone of a
             // client's id allocates.
-            let stamp = Stamp {
+            let stamp = ReplyStamp {
                 request_id: Some(request_id),
                 decision: out.decision,
                 ietf: this.settings.rate_limit.ietf_headers,

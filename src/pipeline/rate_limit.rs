@@ -13,8 +13,8 @@ use super::validate::requested_org_hint;
 use crate::auth::Principal;
 use crate::config::PolicyKey;
 use crate::error::GatewayError;
-use crate::http::rate_limit::Decision;
 use crate::ip::Client;
+use crate::ratelimit::Decision;
 use crate::ratelimit::{PolicyId, Quota};
 use crate::store::{org_limit, LimitSpec};
 

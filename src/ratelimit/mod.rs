@@ -10,6 +10,7 @@
 //! them by index ([`PolicyId`]) and never looks a name up.
 
 mod clock;
+mod decision;
 mod gcra;
 mod limiter;
 mod local;
@@ -18,11 +19,13 @@ mod redis;
 mod redis_target;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
+#[cfg(test)]
+pub(crate) use self::decision::tests::decision as decision_for_tests;
+pub use self::decision::Decision;
 pub use self::limiter::RateLimiter;
 pub use self::local::LocalLimiter;
 pub use self::redis::RedisLimiter;
 pub use self::redis_target::RedisTarget;
-pub use crate::http::rate_limit::Decision;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;

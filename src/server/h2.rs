@@ -141,7 +141,7 @@ async fn handle_with_body<H: Handler>(
     handler: &H,
     req: Request<Incoming>,
     conn: Arc<ConnInfo>,
-) -> (Reply, Option<Box<Unread>>) {
+) -> (Reply<H::Stamp>, Option<Box<Unread>>) {
     let (give_back, mut given_back) = tokio::sync::oneshot::channel();
     let req = req.map(|body| RequestBody::h2(body, Some(give_back)));
     let reply = handler.handle(req, conn).await;
@@ -270,6 +270,8 @@ mod tests {
     struct TwoReadings;
 
     impl Handler for TwoReadings {
+        type Stamp = ();
+
         async fn handle(&self, _: Request<RequestBody>, _: Arc<ConnInfo>) -> Reply {
             let first = crate::clock::now();
             std::thread::sleep(Duration::from_millis(2));
