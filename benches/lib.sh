@@ -93,7 +93,7 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 redis_round_trip() {
   local out
   out=$(timeout 60 taskset -c 0 redis-benchmark "$@" -c 1 -n 10000 -t ping_mbulk --csv 2>/dev/null |
-    python3 "$ROOT/benches/load/redis_rtt.py") || out=null
+    python3 "$ROOT/benches/load/lib/redis_rtt.py") || out=null
   echo "$out"
 }
 
@@ -135,13 +135,13 @@ seed_account() {
 
 # hold_open PORT N PATH KEY [COMMAND PREFIX...]: N idle keep-alive connections to the
 # gateway on 127.0.0.1:PORT, each idle after one request for PATH with `Bearer KEY`,
-# opened by benches/load/hold_conns.py and held until hold_close (120 s at most). Sets
+# opened by benches/load/lib/hold_conns.py and held until hold_close (120 s at most). Sets
 # HOLD_PID, and HELD: how many were answered 200 (waited for 60 s at most).
 hold_open() {
   local port="$1" n="$2" path="$3" key="$4" _
   shift 4
   rm -f "$WORK/hold.in"; mkfifo "$WORK/hold.in"
-  "$@" python3 "$ROOT/benches/load/hold_conns.py" 127.0.0.1 "$port" "$n" "$path" "$key" 120 \
+  "$@" python3 "$ROOT/benches/load/lib/hold_conns.py" 127.0.0.1 "$port" "$n" "$path" "$key" 120 \
     <"$WORK/hold.in" >"$WORK/hold.out" &
   HOLD_PID=$!; PIDS+=("$HOLD_PID")
   exec 7>"$WORK/hold.in"

@@ -9,8 +9,8 @@ use mpg_gateway::signals::Signals;
 use mpg_gateway::{app, demo, logging};
 
 // mimalloc rather than glibc's malloc: the per-request path allocates and frees
-// small objects across tasks, where glibc spent ~9% of the gateway's CPU
-// (`_int_malloc`, `_int_free`, `malloc_consolidate` in perf under load).
+// small objects across tasks, which glibc's allocator (`_int_malloc`,
+// `_int_free`, `malloc_consolidate`) makes one of the largest costs under load.
 // Its v2 line (Cargo feature `v2`): the `MiMalloc` wrapper asks for every
 // block through `mi_malloc_aligned`, and v3 serves any block over 1 KiB whose
 // size is not a power of two (a header map's entries, a boxed request future)

@@ -247,7 +247,7 @@ fn claims(sub: &str) -> Value {
     json!({"iss": "ISSUER", "aud": "mpg-api", "sub": sub, "iat": now, "exp": now + 600})
 }
 
-/// Every case of the issue, on one store.
+/// Every case of a provider's token acting as a session, on one store.
 async fn tokens_act_as_sessions(pg: bool) {
     let pki = Arc::new(Pki::new());
     let mut idp = Idp::new(pki);

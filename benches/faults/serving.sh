@@ -12,7 +12,7 @@
 #             (on a Connection: close response, or its next request meeting EOF/RST),
 #             the responses completed after the signal, and the drain's duration.
 #   memory    the gateway's RSS idle, holding CONNS (10 000) idle keep-alive
-#             connections (benches/load/hold_conns.py), and 1, 5 and 15 s after
+#             connections (benches/load/lib/hold_conns.py), and 1, 5 and 15 s after
 #             they close; twice. The environment's MIMALLOC_PURGE_DELAY reaches the
 #             gateway (the systemd unit sets it to 0).
 #
@@ -47,7 +47,7 @@ now_ms() { date +%s%3N; }
 
 UP_PORT=$(free_port) GW_PORT=$(free_port)
 start_target() { # -> UP_PID
-  python3 "$HERE/target.py" "$UP_PORT" 1 >/dev/null &
+  python3 "$HERE/lib/target.py" "$UP_PORT" 1 >/dev/null &
   UP_PID=$!; PIDS+=("$UP_PID")
   wait_port "$UP_PORT"
 }
@@ -112,7 +112,7 @@ phase_drain() {
   start_target
   start_gateway
   local out
-  out=$(python3 "$HERE/drain_clients.py" 127.0.0.1 "$GW_PORT" "$GW_PID" 25 25)
+  out=$(python3 "$HERE/lib/drain_clients.py" 127.0.0.1 "$GW_PORT" "$GW_PID" 25 25)
   wait "$GW_PID" 2>/dev/null || true
   log "  $out"
   RESULTS+=("{\"phase\":\"drain\",\"clients\":$out}")

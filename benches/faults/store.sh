@@ -36,7 +36,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=faults
 . "$HERE/../lib.sh"
-TOOLS="$HERE/store_tools.py"
+TOOLS="$HERE/lib/store_tools.py"
 BEFORE=8 AFTER=6 OUTAGE=10 FLOOD=60 CONNS=64 KEYS=4 FLOOD_CONNS=64
 DO_OUTAGE=1 DO_FLOOD=1 GW="" OUT="$HERE/results" KEEP_WORK=0 CONTROL=0
 while [ $# -gt 0 ]; do

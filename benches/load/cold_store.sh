@@ -20,7 +20,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
-. "$HERE/key_pass.sh"
+. "$HERE/lib/key_pass.sh"
 LOG_TAG=cold_store
 ROUNDS=3 KEYS=100000 CONNS=64
 while [ $# -gt 0 ]; do
@@ -55,7 +55,7 @@ bench_config "$WORK/gw.toml" "$GW_PORT" "$UP_PORT" \
 seed_account "$WORK/gw.toml"
 
 log "seeding $KEYS keys into PostgreSQL"
-python3 - "$HERE" "$KEYS" "$WORK/keys.txt" "$WORK/rows.csv" <<'EOF'
+python3 - "$HERE/lib" "$KEYS" "$WORK/keys.txt" "$WORK/rows.csv" <<'EOF'
 import hashlib, sys, time
 sys.path.insert(0, sys.argv[1])
 from seed import base62, new_key

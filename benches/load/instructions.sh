@@ -72,7 +72,7 @@ CFG="$WORK/gw.toml"
 STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
 bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" "$LIMITER"
 seed_account "$CFG"
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
 URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
 if [ "$CRED" != api_key ]; then

@@ -92,7 +92,7 @@ if [ "$OWN" = 1 ]; then
 fi
 GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
 AUTH="Authorization: Bearer $(cat "$WORK/key.txt")"
 
 # Redis's CPU seconds (user + sys) and its script calls so far.
@@ -146,7 +146,7 @@ paced() {
   # core (1 000 a second): the round trip the gateway's wait for Redis stands on.
   local probe=""
   if [ "$2" = redis ] && [ "$PROBE" = 1 ]; then
-    taskset -c 0 python3 "$HERE/rtt_probe.py" "$REDIS_PORT" 1000 "$DURATION" >"$WORK/probe.json" &
+    taskset -c 0 python3 "$HERE/lib/rtt_probe.py" "$REDIS_PORT" 1000 "$DURATION" >"$WORK/probe.json" &
     probe=$!
   fi
   if [ "$OHA" = 1 ]; then
@@ -168,8 +168,8 @@ paced() {
   if [ "$OWN" = 1 ]; then
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
     p99() { python3 -c 'import json, sys; print(json.load(sys.stdin)["own_p99_us"])'; }
-    own=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 | p99)
-    [ "$2" = local ] || wait=$(python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 \
+    own=$(python3 "$HERE/lib/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 | p99)
+    [ "$2" = local ] || wait=$(python3 "$HERE/lib/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" 1 \
       mpg_rate_limit_backend_duration_seconds 'backend="redis"' | p99)
   fi
   stop "$GW_PID"

@@ -30,7 +30,7 @@ count() {
     >/dev/null 2>&1 &
   local pid=$!
   for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  python3 "$HERE/redis_script_cost.py" "$port" "$WORK/script.lua" "$@"
+  python3 "$HERE/lib/redis_script_cost.py" "$port" "$WORK/script.lua" "$@"
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
   awk '/^(summary|totals):/ {print $2; exit}' "$out"

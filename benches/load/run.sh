@@ -46,7 +46,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
-. "$HERE/key_pass.sh"
+. "$HERE/lib/key_pass.sh"
 RUNS=3 DURATION=10 CONNS=50 INSTALL=1 OUT="$HERE/results" MODE=full PGO="" PGO_ONLY=0 HOLD_CORE0=1 GW_GIVEN=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -174,7 +174,7 @@ SUITE_T0=$(date +%s) BUILD_S=0
 # Give every task held off core 0 its CPU set back.
 # Then remove the suite's Redis keys and PostgreSQL database (its gateways are stopped by then).
 on_exit() {
-  [ ! -f "$WORK/core0.json" ] || python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null
+  [ ! -f "$WORK/core0.json" ] || python3 "$HERE/lib/core0.py" release "$WORK/core0.json" >/dev/null
   if [ "$HAVE_REDIS" = 1 ]; then
     redis-cli -u "$REDIS_URL" --scan --pattern "$REDIS_PREFIX*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" DEL >/dev/null
   fi
@@ -300,7 +300,7 @@ self_signed "$WORK"
 cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
 
 seed_account "$WORK/gw-plain.toml"
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt" "$WORK/ids100k.txt"
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 100000 "$WORK/keys100k.txt" "$WORK/invalid.txt" "$WORK/ids100k.txt"
 head -n 1000 "$WORK/keys100k.txt" >"$WORK/keys1k.txt"
 head -n 1000 "$WORK/ids100k.txt" >"$WORK/ids1k.txt" # "SECRET KEY_ID"
 head -n 1 "$WORK/keys100k.txt" >"$WORK/key1.txt"
@@ -668,7 +668,7 @@ tail_once() {
   taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D "$DURATION" -H "$AUTH" --log-file="$WORK/req.log" "$url" \
     >"$WORK/h2tail.out" 2>&1 || { cat "$WORK/h2tail.out" >&2; exit 1; }
   t1=$(ticks $pids)
-  out=$(python3 "$HERE/tail.py" "$WORK/req.log")
+  out=$(python3 "$HERE/lib/tail.py" "$WORK/req.log")
   record "$scenario" "$target" "$r" "\"tool\":\"h2load\",$(tick_fields "$t0" "$t1"),$out"
   log "  $scenario/$target run $r: $(python3 -c "import json,sys;d=json.loads('{'+sys.argv[1]+'}');print('p99.9', d['p999_us'], 'us once open,', d['p999_all_us'], 'us in all')" "$out")"
 }
@@ -825,7 +825,7 @@ fi
 # direct's, whose server is on core 1.
 CORE0_HELD=null
 if [ "$HOLD_CORE0" = 1 ]; then
-  CORE0_HELD=$(python3 "$HERE/core0.py" hold "$WORK/core0.json")
+  CORE0_HELD=$(python3 "$HERE/lib/core0.py" hold "$WORK/core0.json")
   log "core 0 kept for the server under test: $CORE0_HELD"
 fi
 log "layout: server under test on core 0; wrk/h2load/oha and the upstream on core 1"
@@ -874,9 +874,9 @@ fi
 # vCPU). Every server is listening and idle.
 GAP_S=5; [ "$MODE" = quick ] && GAP_S=2
 log "checking the cores for stalls (${GAP_S} s, a busy loop on each)"
-taskset -c 0 python3 "$HERE/host_gaps.py" 0 "$GAP_S" >"$WORK/gaps0.json" &
+taskset -c 0 python3 "$HERE/lib/host_gaps.py" 0 "$GAP_S" >"$WORK/gaps0.json" &
 GAPS_PID=$!
-taskset -c 1 python3 "$HERE/host_gaps.py" 1 "$GAP_S" >"$WORK/gaps1.json"
+taskset -c 1 python3 "$HERE/lib/host_gaps.py" 1 "$GAP_S" >"$WORK/gaps1.json"
 wait "$GAPS_PID"
 log "  $(cat "$WORK/gaps0.json") $(cat "$WORK/gaps1.json")"
 
@@ -972,7 +972,7 @@ if [ -n "$OHA" ]; then
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m0.txt"
     oha_once own_time_half gateway "http://127.0.0.1:$GW_PORT$PATH_Q" "$GW_PID" "$HALF" "$r"
     curl -sf "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/m1.txt"
-    python3 "$HERE/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" "$r" >>"$RAW"
+    python3 "$HERE/lib/own_time.py" "$WORK/m0.txt" "$WORK/m1.txt" "$r" >>"$RAW"
   done
   stop "$GW_PID"
 fi
@@ -1023,11 +1023,11 @@ STORE_RES=null
 if [ "$HAVE_PG" = 1 ]; then
   log "cold key store on PostgreSQL (database $PG_DB): 100 000 keys first seen, then again"
   if [ -f "$WORK/core0.json" ]; then
-    python3 "$HERE/core0.py" release "$WORK/core0.json" >/dev/null && rm -f "$WORK/core0.json"
+    python3 "$HERE/lib/core0.py" release "$WORK/core0.json" >/dev/null && rm -f "$WORK/core0.json"
   fi
   psql -q "$PG_URL" -c "CREATE DATABASE $PG_DB" >/dev/null
   seed_account "$WORK/gw-pg.toml"
-  python3 "$HERE/seed.py" "$PG_BENCH_URL" acme alice 100000 "$WORK/keys-pg.txt" "$WORK/invalid-pg.txt"
+  python3 "$HERE/lib/seed.py" "$PG_BENCH_URL" acme alice 100000 "$WORK/keys-pg.txt" "$WORK/invalid-pg.txt"
   psql -q "$PG_BENCH_URL" -c "VACUUM ANALYZE api_keys" >/dev/null
   PG_URL_Q="http://127.0.0.1:$GWP_PORT$PATH_Q"
   metrics() { curl -sf "http://127.0.0.1:$ADMP_PORT/metrics" >"$1"; }
@@ -1059,7 +1059,7 @@ if [ "$HAVE_PG" = 1 ]; then
     rss1=$(rss_kib "$GW_PID"); metrics "$WORK/pg2.txt"
     pg_pass pg_warm "$r"
     stop "$GW_PID"
-    python3 "$HERE/store_figures.py" "$WORK/pgi.txt" "$WORK/pg0.txt" "$WORK/pg1.txt" "$WORK/pg2.txt" \
+    python3 "$HERE/lib/store_figures.py" "$WORK/pgi.txt" "$WORK/pg0.txt" "$WORK/pg1.txt" "$WORK/pg2.txt" \
       "$ti" "$t0" "$t1" "$rss0" "$rss1" "$r" "$(grep '"scenario":"pg_cold"' "$RAW" | tail -n 1)" >>"$RAW"
     log "  $(tail -n 1 "$RAW")"
   done
@@ -1097,6 +1097,6 @@ PY=python3
 if ! python3 -c "import matplotlib" 2>/dev/null; then
   if venv_install matplotlib matplotlib; then PY="$VENV/bin/python"; else log "no matplotlib: report without chart"; fi
 fi
-"$PY" "$HERE/report.py" --raw "$RAW" --meta "$WORK/meta.json" --resources "$WORK/resources.json" --out "$OUT" \
+"$PY" "$HERE/lib/report.py" --raw "$RAW" --meta "$WORK/meta.json" --resources "$WORK/resources.json" --out "$OUT" \
   ${BENCH_NOTE:+--note "$BENCH_NOTE"}
 log "report: $OUT/report.md, $OUT/report.json, $OUT/chart.png"

@@ -43,7 +43,7 @@ STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
 bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local"' \
   "$(printf '[server.tls]\ncert = "%s"\nkey = "%s"' "$WORK/cert.pem" "$WORK/key.pem")"
 seed_account "$CFG"
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
 URL="https://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
 

@@ -42,7 +42,7 @@ bench_config "$WORK/plain.toml" "$GW_PORT" "$UP_PORT" "$STORE" 'backend = "local
 bench_config "$WORK/tls.toml" "$GWS_PORT" "$UP_PORT" "$STORE" 'backend = "local"' \
   "$(printf '[server.tls]\ncert = "%s"\nkey = "%s"' "$WORK/cert.pem" "$WORK/key.pem")"
 seed_account "$WORK/plain.toml"
-python3 "$HERE/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
 Q="/api/v1/clusters?organization_id=acme"
 run_gateway "$WORK/plain.toml" "$GW_PORT" "$WORK/gw.log" taskset -c 0
@@ -63,7 +63,7 @@ for r in $(seq "$ROUNDS"); do
     rm -f "$WORK/req.log" # h2load appends to it
     taskset -c 1 h2load --h1 -t1 -c "$CONNS" -D "$DURATION" -H "Authorization: Bearer $KEY" \
       --log-file="$WORK/req.log" "$url" >"$WORK/h2load.out" 2>&1
-    fields=$(python3 "$HERE/tail.py" "$WORK/req.log")
+    fields=$(python3 "$HERE/lib/tail.py" "$WORK/req.log")
     echo "{\"kind\":\"$kind\",$fields}" >>"$WORK/results.txt"
     python3 - "$WORK/results.txt" "$r" <<'EOT'
 import json, sys

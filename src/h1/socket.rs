@@ -43,8 +43,8 @@ pub(crate) fn poll_read_more<S: AsyncRead + Unpin>(
 /// Writes what it can of `buf` and returns how many bytes went: a `buf` in
 /// one piece with one plain write (`send` on a TCP socket), one in several
 /// with a `writev` of them. A one-buffer `send` skips what `writev` costs
-/// the kernel beside it (the I/O-vector copy and the VFS write path; the
-/// measurement is in `benches/load/FINDINGS.md`). The server's responses and
+/// the kernel beside it (the I/O-vector copy and the VFS write path), on
+/// every request. The server's responses and
 /// the upstream client's requests both write through this.
 pub(crate) fn poll_write_buf<S: AsyncWrite + Unpin, B: Buf>(
     io: &mut S,
@@ -65,8 +65,8 @@ pub(crate) fn poll_write_buf<S: AsyncWrite + Unpin, B: Buf>(
 /// requests both frame with it.
 ///
 /// By hand, not with the `hex` crate: this writes a number's significant
-/// digits, the crate two for every byte; through it a size line took twice the
-/// instructions (measured in docs/architecture.md).
+/// digits, the crate two for every byte, so going through it would about
+/// double the work of every chunk's size line.
 pub(crate) struct ChunkSize {
     buf: [u8; 18],
     start: usize,

@@ -145,8 +145,7 @@ const V5: [&str; 3] = [
 /// Version 6, PostgreSQL only: the secret hashes compare byte by byte (collation "C").
 /// They are lowercase hex, so no order or equality changes, but under a database's
 /// default collation every comparison of a batched lookup's index search goes through
-/// the locale, which made that search the larger part of the lookup (see the cold key
-/// store in benches/load/FINDINGS.md). Each column keeps its type, so the table is not
+/// the locale, a cost that buys nothing for hex. Each column keeps its type, so the table is not
 /// rewritten; its unique index is rebuilt. SQLite compares bytes already.
 const V6_POSTGRES: [&str; 2] = [
     "ALTER TABLE api_keys ALTER COLUMN key_hash TYPE TEXT COLLATE \"C\"",

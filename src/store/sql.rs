@@ -176,7 +176,7 @@ impl SqlStore {
                     } else {
                         // Plan each prepared statement once: left to choose, PostgreSQL
                         // plans the auth lookup anew for every batch of a few hashes,
-                        // which costs it twice the lookup itself.
+                        // which costs it more than the lookup itself.
                         conn.execute("SET plan_cache_mode = force_generic_plan")
                             .await?;
                     }

@@ -16,8 +16,8 @@ const FLUSH_PACE: Duration = Duration::from_millis(10);
 
 /// A stamp is written again only once it is this much newer than the one
 /// this process last wrote for the key: `last_used_at` is accurate to a
-/// minute (plus the flush interval). Stamping every 10 s, 100 000 busy keys
-/// kept the store writing about a quarter of the machine's only core.
+/// minute (plus the flush interval). Stamping every busy key at every flush
+/// would keep the store writing most of the time for no reader's gain.
 pub const STAMP_GRANULARITY_SECS: i64 = 60;
 
 /// Pending stamps: key id → latest use (unix seconds).
@@ -56,13 +56,13 @@ impl Pending {
     async fn flush(&self, pace: Option<Duration>) {
         let mut batch: Vec<(String, i64)> = std::mem::take(&mut *self.used()).into_iter().collect();
         self.coarsen(&mut batch);
-        // In transactions of FLUSH_CHUNK keys: one transaction of 100 000 updates
-        // outlived the store's query timeout, failed, and was retried whole at
-        // every flush, holding the runtime for seconds each time.
+        // In transactions of FLUSH_CHUNK keys: one transaction of every pending
+        // key can outlive the store's query timeout, fail, and be retried whole
+        // at every flush, holding the runtime each time.
         for (i, chunk) in batch.chunks(FLUSH_CHUNK).enumerate() {
-            // The store shares the machine with the requests: back to back, the
-            // 200 transactions of 100 000 keys took the core for a second and
-            // put 50-70 ms on the p99 of the requests meanwhile.
+            // The store shares the machine with the requests: back to back, a
+            // large flush takes the core from them and shows in their tail
+            // latency, so the transactions are paced.
             if let (Some(pace), true) = (pace, i > 0) {
                 tokio::time::sleep(pace).await;
             }
