@@ -1,7 +1,8 @@
-//! Entry points into the HTTP/1.1 code for `tests/differential.rs` (which
-//! runs the same bytes through it and through hyper) and the fuzz targets
-//! in `fuzz/`. Not an API: the gateway itself never calls these, and they
-//! may change with the code under them.
+//! Entry points into the HTTP/1.1 code, the PROXY header parser and the
+//! admin API for `tests/differential.rs` (which runs the same bytes through
+//! the HTTP/1.1 code and through hyper) and the fuzz targets in `fuzz/`.
+//! Built only with the `fuzzing` feature: the gateway never calls these,
+//! and they may change with the code under them.
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Request, Response};
@@ -14,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::h1;
-use crate::http::service::{ConnInfo, Handler};
+use crate::http::service::{ConnInfo, Handler, Reply};
 use crate::proxy::client::{self, BodyFraming, Conn, SendError};
 
 /// Serves HTTP/1.1 requests on `io` with `handler`, through the gateway's
@@ -194,7 +195,7 @@ fn with_fields(
     relayed: Option<crate::http::relayed::RelayedFields>,
 ) -> Response<()> {
     let res = Response::from_parts(parts, crate::http::body::empty().relaying(relayed));
-    let (parts, _) = crate::http::service::into_header_map(res).into_parts();
+    let (parts, _) = Reply::<()>::from(res).into_response().into_parts();
     Response::from_parts(parts, ())
 }
 

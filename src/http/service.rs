@@ -201,15 +201,6 @@ impl<S: Stamp> Reply<S> {
     }
 }
 
-/// `res` with its relayed fields (if any) moved into its header map, after
-/// the map's own and never over them.
-pub(crate) fn into_header_map(mut res: Response<Body>) -> Response<Body> {
-    if let Some(relayed) = res.body_mut().take_relayed() {
-        relayed.add_to(res.headers_mut());
-    }
-    res
-}
-
 /// Resolves once `stop` was requested (or its sender is gone): how a
 /// listener and its connections learn that the gateway is draining.
 pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {

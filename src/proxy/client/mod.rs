@@ -36,6 +36,9 @@ mod socket;
 
 pub(crate) use conn::Conn;
 pub(crate) use error::{ClientError, SendError};
-pub(crate) use incoming::{BodyFraming, Incoming};
+#[cfg(feature = "fuzzing")]
+pub(crate) use incoming::BodyFraming;
+pub(crate) use incoming::Incoming;
+#[cfg(feature = "fuzzing")]
 pub(crate) use response::take_response;
 pub(crate) use socket::io;

@@ -311,7 +311,7 @@ mod tests {
         let (parts, mut body) = res.into_parts();
         let relayed = body.take_relayed();
         let body = crate::http::body::empty().relaying(relayed);
-        crate::http::service::into_header_map(Response::from_parts(parts, body))
+        crate::http::service::Reply::<()>::from(Response::from_parts(parts, body)).into_response()
     }
 
     fn response(
