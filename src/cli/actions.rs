@@ -216,46 +216,15 @@ async fn keys(
             expires_in,
             rate_limit,
         } => {
-            non_empty("--name", &name)?;
-            if name.chars().count() > 100 {
-                return Err(Failure::input("--name: at most 100 characters"));
-            }
-            let scopes: Vec<String> = scopes
-                .into_iter()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
-            if scopes.is_empty() {
-                return Err(Failure::input(
-                    "--scopes: give at least one scope, e.g. --scopes clusters:read",
-                ));
-            }
-            if let Some(bad) = scopes.iter().find(|s| !settings.known_scopes.contains(*s)) {
-                let known: Vec<&str> = settings.known_scopes.iter().map(String::as_str).collect();
-                return Err(Failure::input(format!(
-                    "--scopes: unknown scope {bad:?}; known: {}",
-                    known.join(", ")
-                )));
-            }
+            key_name(&name)?;
+            let scopes = key_scopes(settings, scopes)?;
             if store.member_role(&org, &user).await?.is_none() {
                 return Err(Failure::input(format!(
                     "user {user:?} is not a member of organization {org:?} (add them with: members add --org {org} --user {user} --role ROLE)"
                 )));
             }
-            let expires_at = match expires_in {
-                Some(text) => Some(expiry_arg(
-                    "--expires-in",
-                    duration_arg("--expires-in", &text)?,
-                    now,
-                )?),
-                None => None,
-            };
-            let rate_limit = match rate_limit {
-                Some(text) => Some(LimitSpec::parse_slash(&text).map_err(|p| {
-                    Failure::input(format!("--rate-limit: {} {}", p.field, p.reason))
-                })?),
-                None => None,
-            };
+            let expires_at = key_expiry(expires_in, now)?;
+            let rate_limit = key_rate_limit(rate_limit)?;
             let new = NewApiKey {
                 organization_id: org,
                 user_id: user,
@@ -291,10 +260,7 @@ async fn keys(
             None => Err(Failure::input(format!("no API key with id {id:?}"))),
         },
         KeysCmd::Rotate { id, grace } => {
-            let grace = match grace {
-                Some(text) => grace_arg(&text)?,
-                None => 0,
-            };
+            let grace = grace.as_deref().map(grace_arg).transpose()?.unwrap_or(0);
             match store.rotate_api_key(&id, grace, now).await? {
                 Some(r) => {
                     let mut v = r.new.to_json(now);
@@ -311,6 +277,59 @@ async fn keys(
                 Err(Failure::input(format!("no API key with id {id:?}")))
             }
         }
+    }
+}
+
+/// `keys create --name`: not blank, at most 100 characters.
+fn key_name(name: &str) -> Result<(), Failure> {
+    non_empty("--name", name)?;
+    if name.chars().count() > 100 {
+        return Err(Failure::input("--name: at most 100 characters"));
+    }
+    Ok(())
+}
+
+/// `keys create --scopes`: at least one, each known to the settings.
+fn key_scopes(settings: &Settings, scopes: Vec<String>) -> Result<Vec<String>, Failure> {
+    let scopes: Vec<String> = scopes
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if scopes.is_empty() {
+        return Err(Failure::input(
+            "--scopes: give at least one scope, e.g. --scopes clusters:read",
+        ));
+    }
+    if let Some(bad) = scopes.iter().find(|s| !settings.known_scopes.contains(*s)) {
+        let known: Vec<&str> = settings.known_scopes.iter().map(String::as_str).collect();
+        return Err(Failure::input(format!(
+            "--scopes: unknown scope {bad:?}; known: {}",
+            known.join(", ")
+        )));
+    }
+    Ok(scopes)
+}
+
+/// `keys create --expires-in`: when the key expires, as unix seconds.
+fn key_expiry(expires_in: Option<String>, now: i64) -> Result<Option<i64>, Failure> {
+    match expires_in {
+        Some(text) => Ok(Some(expiry_arg(
+            "--expires-in",
+            duration_arg("--expires-in", &text)?,
+            now,
+        )?)),
+        None => Ok(None),
+    }
+}
+
+/// `keys create --rate-limit`: the key's own limit, as REQUESTS/PERIOD.
+fn key_rate_limit(rate_limit: Option<String>) -> Result<Option<LimitSpec>, Failure> {
+    match rate_limit {
+        Some(text) => Ok(Some(LimitSpec::parse_slash(&text).map_err(|p| {
+            Failure::input(format!("--rate-limit: {} {}", p.field, p.reason))
+        })?)),
+        None => Ok(None),
     }
 }
 

@@ -75,28 +75,35 @@ fn template_params(template: &str) -> Result<Vec<&str>, String> {
     Ok(params)
 }
 
+/// What a route may name that is defined elsewhere in the file.
+pub(super) struct RouteTargets<'a> {
+    /// The upstreams that are valid.
+    pub(super) upstreams: &'a BTreeMap<String, UpstreamSettings>,
+    /// The rate-limit policies that are valid.
+    pub(super) policies: &'a [PolicySettings],
+    /// Every scope some role grants.
+    pub(super) granted: &'a HashSet<&'a str>,
+}
+
+/// What a route's `upstream` or `rate_limit` names.
+enum Reference<T> {
+    /// Defined and valid.
+    Found(T),
+    /// Defined nowhere: the problem is listed.
+    Unknown,
+    /// Present but invalid: not a second problem, but the route is still refused.
+    Dangling,
+}
+
+/// Checks one `[[routes]]` entry field by field, each problem at `path.FIELD`.
 pub(super) fn route_settings(
     p: &mut Problems,
     path: &str,
     raw: RawRoute,
-    upstreams: &BTreeMap<String, UpstreamSettings>,
-    policies: &[PolicySettings],
-    granted: &HashSet<&str>,
+    named: &RouteTargets<'_>,
 ) -> Option<RouteSettings> {
     let before = p.len();
-    let method = match Method::from_bytes(raw.method.as_bytes()) {
-        Ok(m) if raw.method.bytes().all(|b| b.is_ascii_uppercase()) => Some(m),
-        _ => {
-            p.add(
-                format!("{path}.method"),
-                format!(
-                    "invalid method {:?}: use an upper-case HTTP method such as GET",
-                    raw.method
-                ),
-            );
-            None
-        }
-    };
+    let method = route_method(p, path, &raw.method);
     let params = match template_params(&raw.path) {
         Ok(params) => params,
         Err(e) => {
@@ -105,130 +112,28 @@ pub(super) fn route_settings(
         }
     };
     let before_organization = p.len();
-    let organization = match raw.organization.as_deref().unwrap_or("none") {
-        "none" => OrgSource::None,
-        other => match other.split_once(':') {
-            Some(("query", name)) if !name.is_empty() => OrgSource::Query(name.to_string()),
-            Some((kind @ ("path" | "key"), name)) if params.contains(&name) => {
-                if kind == "path" {
-                    OrgSource::Path(name.into())
-                } else {
-                    OrgSource::Key(name.into())
-                }
-            }
-            Some(("path" | "key", name)) => {
-                p.add(
-                    format!("{path}.organization"),
-                    format!("the path has no {{{name}}} parameter"),
-                );
-                OrgSource::None
-            }
-            _ => {
-                p.add(
-                    format!("{path}.organization"),
-                    format!("invalid value {other:?}: expected \"query:NAME\", \"path:NAME\", \"key:NAME\" or \"none\""),
-                );
-                OrgSource::None
-            }
-        },
-    };
-    match raw.auth {
-        AuthMode::None => {
-            if raw.scope.is_some() {
-                p.add(
-                    format!("{path}.scope"),
-                    "a scope needs auth = \"api_key\" or \"session\"",
-                );
-            }
-            if organization != OrgSource::None {
-                p.add(
-                    format!("{path}.organization"),
-                    "an organization check needs auth = \"api_key\" or \"session\"",
-                );
-            }
-        }
-        AuthMode::Session if raw.scope.is_some() && organization == OrgSource::None => {
-            p.add(
-                format!("{path}.organization"),
-                "a session route with a scope needs an organization (query:, path: or key:) to find the user's role",
-            );
-        }
-        _ => {}
-    }
+    let organization = organization(p, path, raw.organization.as_deref(), &params);
+    auth_requirements(p, path, &raw, &organization);
     if let Some(scope) = &raw.scope {
-        // Scopes travel space-separated (stored, and in `X-Mpg-Scopes`): one
-        // holding a space would read as two there, and no key could hold it.
-        if scope.is_empty() || !scope.bytes().all(|b| b.is_ascii_graphic()) || scope == "*" {
-            p.add(
-                format!("{path}.scope"),
-                format!("invalid scope {scope:?}: use printable ASCII without spaces, e.g. \"clusters:read\""),
-            );
-        } else if !BUILTIN_SCOPES.contains(&scope.as_str())
-            && !granted.contains(scope.as_str())
-            && !p.invalid("roles", "roles")
-        {
-            p.add(
-                format!("{path}.scope"),
-                format!(
-                    "scope {scope:?} is granted by no role and is not a built-in scope (typo?)"
-                ),
-            );
+        check_scope(p, path, scope, named.granted);
+    }
+    let upstream = upstream_reference(p, path, &raw.upstream, named.upstreams);
+    if let (Reference::Found(UpstreamSettings::Builtin(BuiltinService::ApiKeys)), Some(m)) =
+        (&upstream, &method)
+    {
+        if let Some(op) = key_service_operation(p, path, m, &raw.path) {
+            // Already named if the value itself is invalid.
+            if p.len() == before_organization {
+                key_service_organization(p, path, op, &organization);
+            }
         }
     }
-    // A reference to an entry that is present but invalid is not a second
-    // problem; the route is still refused.
-    let mut dangling = false;
-    match upstreams.get(&raw.upstream) {
-        None if p.invalid("upstreams", &format!("upstreams.{}", raw.upstream)) => dangling = true,
-        None => {
-            let names: Vec<&str> = upstreams.keys().map(String::as_str).collect();
-            p.add(
-                format!("{path}.upstream"),
-                format!(
-                    "unknown upstream {:?}; defined: {}",
-                    raw.upstream,
-                    names.join(", ")
-                ),
-            );
-        }
-        Some(UpstreamSettings::Builtin(BuiltinService::ApiKeys)) => {
-            if let Some(m) = &method {
-                match Operation::for_route(m, &raw.path) {
-                    None => p.add(
-                        path,
-                        format!(
-                            "{m} {} is not an endpoint of the built-in api-keys service",
-                            raw.path
-                        ),
-                    ),
-                    // Already named if the value itself is invalid.
-                    Some(_) if p.len() > before_organization => {}
-                    Some(op) => key_service_organization(p, path, op, &organization),
-                }
-            }
-        }
-        Some(UpstreamSettings::Http(_)) => {}
-    }
-    let rate_limit = match raw.rate_limit.as_deref() {
-        Some("none") => None,
-        Some(name) => match policies.iter().position(|x| x.name == name) {
-            Some(i) => Some(i),
-            None if p.invalid("rate_limit", &format!("rate_limit.policies.{name}")) => {
-                dangling = true;
-                None
-            }
-            None => {
-                p.add(
-                    format!("{path}.rate_limit"),
-                    format!("unknown policy {name:?} (use \"none\" for no limit)"),
-                );
-                None
-            }
-        },
-        None => policies.iter().position(|x| x.name == "default"),
-    };
+    let rate_limit = policy_reference(p, path, raw.rate_limit.as_deref(), named.policies);
     let keep_client_headers = keep_client_headers(p, path, &raw.keep_client_headers);
-    if p.len() > before || dangling {
+    let (Reference::Found(_), Reference::Found(rate_limit)) = (upstream, rate_limit) else {
+        return None;
+    };
+    if p.len() > before {
         return None;
     }
     Some(RouteSettings {
@@ -241,6 +146,169 @@ pub(super) fn route_settings(
         rate_limit,
         keep_client_headers,
     })
+}
+
+/// `method`: an upper-case HTTP method.
+fn route_method(p: &mut Problems, path: &str, method: &str) -> Option<Method> {
+    match Method::from_bytes(method.as_bytes()) {
+        Ok(m) if method.bytes().all(|b| b.is_ascii_uppercase()) => Some(m),
+        _ => {
+            p.add(
+                format!("{path}.method"),
+                format!("invalid method {method:?}: use an upper-case HTTP method such as GET"),
+            );
+            None
+        }
+    }
+}
+
+/// `organization`: `none` (the default), `query:NAME`, or `path:NAME` and
+/// `key:NAME` naming a parameter of the path template.
+fn organization(p: &mut Problems, path: &str, value: Option<&str>, params: &[&str]) -> OrgSource {
+    let other = match value.unwrap_or("none") {
+        "none" => return OrgSource::None,
+        other => other,
+    };
+    match other.split_once(':') {
+        Some(("query", name)) if !name.is_empty() => OrgSource::Query(name.to_string()),
+        Some((kind @ ("path" | "key"), name)) if params.contains(&name) => {
+            if kind == "path" {
+                OrgSource::Path(name.into())
+            } else {
+                OrgSource::Key(name.into())
+            }
+        }
+        Some(("path" | "key", name)) => {
+            p.add(
+                format!("{path}.organization"),
+                format!("the path has no {{{name}}} parameter"),
+            );
+            OrgSource::None
+        }
+        _ => {
+            p.add(
+                format!("{path}.organization"),
+                format!("invalid value {other:?}: expected \"query:NAME\", \"path:NAME\", \"key:NAME\" or \"none\""),
+            );
+            OrgSource::None
+        }
+    }
+}
+
+/// Checks that the scope and organization check fit the `auth` mode: both
+/// need a credential, and a session's role is found by its organization.
+fn auth_requirements(p: &mut Problems, path: &str, raw: &RawRoute, organization: &OrgSource) {
+    match raw.auth {
+        AuthMode::None => {
+            if raw.scope.is_some() {
+                p.add(
+                    format!("{path}.scope"),
+                    "a scope needs auth = \"api_key\" or \"session\"",
+                );
+            }
+            if *organization != OrgSource::None {
+                p.add(
+                    format!("{path}.organization"),
+                    "an organization check needs auth = \"api_key\" or \"session\"",
+                );
+            }
+        }
+        AuthMode::Session if raw.scope.is_some() && *organization == OrgSource::None => {
+            p.add(
+                format!("{path}.organization"),
+                "a session route with a scope needs an organization (query:, path: or key:) to find the user's role",
+            );
+        }
+        _ => {}
+    }
+}
+
+/// `scope`: printable ASCII without spaces, and built in or granted by some
+/// role (unless the roles failed to parse).
+fn check_scope(p: &mut Problems, path: &str, scope: &str, granted: &HashSet<&str>) {
+    // Scopes travel space-separated (stored, and in `X-Mpg-Scopes`): one
+    // holding a space would read as two there, and no key could hold it.
+    if scope.is_empty() || !scope.bytes().all(|b| b.is_ascii_graphic()) || scope == "*" {
+        p.add(
+            format!("{path}.scope"),
+            format!("invalid scope {scope:?}: use printable ASCII without spaces, e.g. \"clusters:read\""),
+        );
+    } else if !BUILTIN_SCOPES.contains(&scope)
+        && !granted.contains(scope)
+        && !p.invalid("roles", "roles")
+    {
+        p.add(
+            format!("{path}.scope"),
+            format!("scope {scope:?} is granted by no role and is not a built-in scope (typo?)"),
+        );
+    }
+}
+
+/// `upstream`: the name of a valid `[upstreams.NAME]`.
+fn upstream_reference<'u>(
+    p: &mut Problems,
+    path: &str,
+    name: &str,
+    upstreams: &'u BTreeMap<String, UpstreamSettings>,
+) -> Reference<&'u UpstreamSettings> {
+    match upstreams.get(name) {
+        Some(upstream) => Reference::Found(upstream),
+        None if p.invalid("upstreams", &format!("upstreams.{name}")) => Reference::Dangling,
+        None => {
+            let names: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+            p.add(
+                format!("{path}.upstream"),
+                format!("unknown upstream {name:?}; defined: {}", names.join(", ")),
+            );
+            Reference::Unknown
+        }
+    }
+}
+
+/// The operation of the built-in api-keys service a route serves, if its
+/// method and template are one of the service's endpoints.
+fn key_service_operation(
+    p: &mut Problems,
+    path: &str,
+    method: &Method,
+    template: &str,
+) -> Option<Operation> {
+    let op = Operation::for_route(method, template);
+    if op.is_none() {
+        p.add(
+            path,
+            format!("{method} {template} is not an endpoint of the built-in api-keys service"),
+        );
+    }
+    op
+}
+
+/// `rate_limit`: `"none"`, the name of a valid policy, or absent for the
+/// policy named `default` (if there is one). Found holds the policy's index.
+fn policy_reference(
+    p: &mut Problems,
+    path: &str,
+    name: Option<&str>,
+    policies: &[PolicySettings],
+) -> Reference<Option<usize>> {
+    let name = match name {
+        Some("none") => return Reference::Found(None),
+        Some(name) => name,
+        None => return Reference::Found(policies.iter().position(|x| x.name == "default")),
+    };
+    match policies.iter().position(|x| x.name == name) {
+        Some(i) => Reference::Found(Some(i)),
+        None if p.invalid("rate_limit", &format!("rate_limit.policies.{name}")) => {
+            Reference::Dangling
+        }
+        None => {
+            p.add(
+                format!("{path}.rate_limit"),
+                format!("unknown policy {name:?} (use \"none\" for no limit)"),
+            );
+            Reference::Unknown
+        }
+    }
 }
 
 /// `keep_client_headers`: names from the list of fields some stacks trust,

@@ -66,13 +66,55 @@ pub(super) fn upstream_settings(
     }
 }
 
+/// Checks an upstream of `targets`, one group of keys at a time.
 fn http_settings(
     p: &mut Problems,
     path: &str,
     raw: RawUpstream,
     env: Env<'_>,
 ) -> Option<HttpUpstreamSettings> {
-    let targets = raw.targets.unwrap_or_default();
+    let targets = targets(p, path, raw.targets.as_deref().unwrap_or_default());
+    let connections = connections(p, path, &raw);
+    let health = health(p, path, &raw);
+    let https = targets.iter().any(|u| u.scheme_str() == Some("https"));
+    let tls = tls_files(p, path, &raw, https);
+    if raw.sign_content_digest.is_some() && raw.sign_identity_key_env.is_none() {
+        p.add(
+            format!("{path}.sign_content_digest"),
+            "needs sign_identity_key_env",
+        );
+    }
+    let sign_identity = signing_keys(
+        p,
+        path,
+        raw.sign_identity_key_env,
+        raw.sign_identity_previous_key_env,
+        env,
+    );
+    Some(HttpUpstreamSettings {
+        targets,
+        balance: raw.balance.unwrap_or_default(),
+        connect_timeout: connections.connect_timeout,
+        request_timeout: connections.request_timeout,
+        timeout: raw.timeout,
+        retries: connections.retries,
+        max_connections_per_target: connections.max_connections_per_target,
+        idle_timeout: connections.idle_timeout,
+        max_fails: raw.max_fails.unwrap_or(MAX_FAILS),
+        fail_timeout: health.fail_timeout,
+        health_path: raw.health_path,
+        health_interval: health.health_interval,
+        ca_file: tls.ca_file,
+        client_identity: tls.client_identity,
+        http2: raw.http2.unwrap_or(false),
+        sign_identity,
+        sign_content_digest: raw.sign_content_digest.unwrap_or(true),
+    })
+}
+
+/// `targets`: at least one, each `http://` or `https://` with an authority
+/// and no path or query, none twice.
+fn targets(p: &mut Problems, path: &str, targets: &[String]) -> Vec<Uri> {
     if targets.is_empty() {
         p.add(format!("{path}.targets"), "needs at least one target");
     }
@@ -100,6 +142,21 @@ fn http_settings(
             ),
         }
     }
+    uris
+}
+
+/// How requests reach the targets, defaults filled in.
+struct Connections {
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retries: u32,
+    max_connections_per_target: usize,
+    idle_timeout: Duration,
+}
+
+/// Checks the timeouts (the whole-request one no shorter than
+/// `request_timeout`), the connection limit and the retries.
+fn connections(p: &mut Problems, path: &str, raw: &RawUpstream) -> Connections {
     let key = |k: &str| format!("{path}.{k}");
     let connect_timeout = raw.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
     let request_timeout = raw.request_timeout.unwrap_or(REQUEST_TIMEOUT);
@@ -131,6 +188,25 @@ fn http_settings(
     }
     let idle_timeout = raw.idle_timeout.unwrap_or(IDLE_TIMEOUT);
     p.positive(&key("idle_timeout"), idle_timeout);
+    Connections {
+        connect_timeout,
+        request_timeout,
+        retries,
+        max_connections_per_target,
+        idle_timeout,
+    }
+}
+
+/// When a failing target is ejected and probed, defaults filled in.
+struct Health {
+    fail_timeout: Duration,
+    health_interval: Duration,
+}
+
+/// Checks the ejection back-off and the active check: an interval needs a
+/// `health_path`, which must be an origin-form path.
+fn health(p: &mut Problems, path: &str, raw: &RawUpstream) -> Health {
+    let key = |k: &str| format!("{path}.{k}");
     let fail_timeout = raw.fail_timeout.unwrap_or(FAIL_TIMEOUT);
     p.positive(&key("fail_timeout"), fail_timeout);
     let health_interval = raw.health_interval.unwrap_or(HEALTH_INTERVAL);
@@ -153,7 +229,22 @@ fn http_settings(
             );
         }
     }
-    let https = uris.iter().any(|u| u.scheme_str() == Some("https"));
+    Health {
+        fail_timeout,
+        health_interval,
+    }
+}
+
+/// The TLS client's files.
+struct TlsFiles {
+    ca_file: Option<PathBuf>,
+    client_identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// Checks the TLS client's files: for `https://` targets only, each
+/// readable, a certificate and its key given together.
+fn tls_files(p: &mut Problems, path: &str, raw: &RawUpstream, https: bool) -> TlsFiles {
+    let key = |k: &str| format!("{path}.{k}");
     let mut tls_file = |name: &str, value: &Option<String>| -> Option<PathBuf> {
         let f = value.as_ref()?;
         if !https {
@@ -188,33 +279,8 @@ fn http_settings(
         }
         (None, None) => None,
     };
-    if raw.sign_content_digest.is_some() && raw.sign_identity_key_env.is_none() {
-        p.add(key("sign_content_digest"), "needs sign_identity_key_env");
-    }
-    let sign_identity = signing_keys(
-        p,
-        path,
-        raw.sign_identity_key_env,
-        raw.sign_identity_previous_key_env,
-        env,
-    );
-    Some(HttpUpstreamSettings {
-        targets: uris,
-        balance: raw.balance.unwrap_or_default(),
-        connect_timeout,
-        request_timeout,
-        timeout: raw.timeout,
-        retries,
-        max_connections_per_target,
-        idle_timeout,
-        max_fails: raw.max_fails.unwrap_or(MAX_FAILS),
-        fail_timeout,
-        health_path: raw.health_path,
-        health_interval,
+    TlsFiles {
         ca_file,
         client_identity,
-        http2: raw.http2.unwrap_or(false),
-        sign_identity,
-        sign_content_digest: raw.sign_content_digest.unwrap_or(true),
-    })
+    }
 }
