@@ -2,7 +2,7 @@
 //! rules as hyper's, which the adversarial tests pin).
 use crate::http::fields::field_name;
 use bytes::BytesMut;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
 use std::mem::MaybeUninit;
 
@@ -52,111 +52,186 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> 
 
 /// [`parse_head`] for heads of at most `N` header lines (more: `TooLarge`).
 fn parse_head_within<const N: usize>(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
-    // (name start, name end, value start, value end) per header line.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
-    let (len, method, path, version, count) = {
-        let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); N];
-        let mut req = httparse::Request::new(&mut []);
-        let base = buf.as_ptr() as usize;
-        let len = match req.parse_with_uninit_headers(buf, &mut slots) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-            Err(e) => return Err(HeadError::Bad(parse_error(e))),
-        };
-        let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
-        for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
-            let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
-            *span = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
-        }
-        let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
-            .map_err(|_| HeadError::Bad("invalid method"))?;
-        let path = req.path.unwrap_or_default();
-        let path = (
-            offset(path.as_bytes()),
-            offset(path.as_bytes()) + path.len() as u32,
-        );
-        let version = match req.version {
-            Some(1) => Version::HTTP_11,
-            _ => Version::HTTP_10,
-        };
-        (len, method, path, version, req.headers.len())
+    let Some(line) = scan(buf, &mut spans)? else {
+        return Ok(None);
     };
-    let slice = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(slice.slice(path.0 as usize..path.1 as usize))
+    let slice = buf.split_to(line.len).freeze();
+    let (start, end) = (line.path.0 as usize, line.path.1 as usize);
+    let uri = Uri::from_maybe_shared(slice.slice(start..end))
         .map_err(|_| HeadError::Bad("invalid request target"))?;
-    let http11 = version == Version::HTTP_11;
-    let mut keep_alive = http11;
-    let mut expect_continue = false;
-    let (mut length, mut saw_length, mut saw_te, mut te_chunked, mut saw_close) =
-        (None, false, false, false, false);
+    let mut rules = FramingRules::new(line.version == Version::HTTP_11);
     // Only the fields received: what the gateway adds going upstream over
-    // HTTP/1.1 is written beside the map (`proxy::headers::Added`), so the
-    // map never grows on that path.
-    let mut headers = HeaderMap::with_capacity(count);
-    for &(ns, ne, vs, ve) in &spans[..count] {
+    // HTTP/1.1 is written beside the map, so the map never grows on that
+    // path.
+    let mut headers = HeaderMap::with_capacity(line.count);
+    for &(ns, ne, vs, ve) in &spans[..line.count] {
         let name = field_name(&slice[ns as usize..ne as usize])
             .map_err(|_| HeadError::Bad("invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(slice.slice(vs as usize..ve as usize))
             .map_err(|_| HeadError::Bad("invalid header value"))?;
-        if name == header::TRANSFER_ENCODING {
-            if !http11 {
-                return Err(HeadError::Bad("Transfer-Encoding in an HTTP/1.0 request"));
-            }
-            saw_te = true;
-            if length.take().is_some() {
-                headers.remove(header::CONTENT_LENGTH);
-            }
-            te_chunked = ends_in_chunked(value.as_bytes());
-        } else if name == header::CONTENT_LENGTH {
-            saw_length = true;
-            if saw_te {
-                continue;
-            }
-            let n = parse_request_length(value.as_bytes())
-                .ok_or(HeadError::Bad("invalid Content-Length"))?;
-            match length {
-                Some(prev) if prev != n => {
-                    return Err(HeadError::Bad("differing Content-Length values"))
-                }
-                Some(_) => continue,
-                None => length = Some(n),
-            }
-        } else if name == header::CONNECTION {
-            if saw_close || has_token(value.as_bytes(), "close") {
-                saw_close = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = has_token(value.as_bytes(), "keep-alive");
-            }
-        } else if name == header::EXPECT {
-            // An HTTP/1.0 client's expectation is ignored (RFC 9110 §10.1.1).
-            expect_continue = http11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        if rules.keep(&name, &value, &mut headers)? {
+            headers.append(name, value);
         }
-        headers.append(name, value);
     }
-    if saw_te && !te_chunked {
-        return Err(HeadError::Bad("Transfer-Encoding other than chunked"));
-    }
-    if saw_te && saw_length {
-        keep_alive = false;
-    }
-    let framing = match (saw_te, length) {
-        (true, _) => Framing::Chunked,
-        (false, Some(0) | None) => Framing::Empty,
-        (false, Some(n)) => Framing::Length(n),
-    };
+    let (framing, keep_alive) = rules.framing()?;
     let mut req = Request::new(());
-    *req.method_mut() = method;
+    *req.method_mut() = line.method;
     *req.uri_mut() = uri;
-    *req.version_mut() = version;
+    *req.version_mut() = line.version;
     *req.headers_mut() = headers;
     Ok(Some(Head {
         req,
         framing,
         keep_alive,
-        expect_continue,
+        expect_continue: rules.expect_continue,
     }))
+}
+
+/// A request line and where its head ends, as [`scan`] found them.
+struct RequestLine {
+    /// The head's length, blank line included.
+    len: usize,
+    method: Method,
+    /// The request target's offsets in the head.
+    path: (u32, u32),
+    version: Version,
+    /// How many header lines `spans` holds.
+    count: usize,
+}
+
+/// Parses the head at the front of `buf` with `httparse`, without taking
+/// it: its request line, and each header line's (name start, name end,
+/// value start, value end) offsets into `spans`. `None` until complete.
+fn scan<const N: usize>(
+    buf: &[u8],
+    spans: &mut [(u32, u32, u32, u32); N],
+) -> Result<Option<RequestLine>, HeadError> {
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); N];
+    let mut req = httparse::Request::new(&mut []);
+    let base = buf.as_ptr() as usize;
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(e) => return Err(HeadError::Bad(parse_error(e))),
+    };
+    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+    for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
+        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+        *span = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
+    }
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| HeadError::Bad("invalid method"))?;
+    let path = req.path.unwrap_or_default();
+    let path = (
+        offset(path.as_bytes()),
+        offset(path.as_bytes()) + path.len() as u32,
+    );
+    let version = match req.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    Ok(Some(RequestLine {
+        len,
+        method,
+        path,
+        version,
+        count: req.headers.len(),
+    }))
+}
+
+/// What a request's framing and connection fields say, field by field
+/// ([`FramingRules::keep`]), then as a whole ([`FramingRules::framing`]).
+struct FramingRules {
+    http11: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+    /// The Content-Length, while no Transfer-Encoding has been seen.
+    length: Option<u64>,
+    saw_length: bool,
+    saw_te: bool,
+    te_chunked: bool,
+    saw_close: bool,
+}
+
+impl FramingRules {
+    fn new(http11: bool) -> Self {
+        FramingRules {
+            http11,
+            keep_alive: http11,
+            expect_continue: false,
+            length: None,
+            saw_length: false,
+            saw_te: false,
+            te_chunked: false,
+            saw_close: false,
+        }
+    }
+
+    /// Reads one field; whether it goes into the request's map. A
+    /// Content-Length after a Transfer-Encoding, or repeating one, does
+    /// not; a Transfer-Encoding takes out a Content-Length already there.
+    #[inline]
+    fn keep(
+        &mut self,
+        name: &HeaderName,
+        value: &HeaderValue,
+        headers: &mut HeaderMap,
+    ) -> Result<bool, HeadError> {
+        if name == header::TRANSFER_ENCODING {
+            if !self.http11 {
+                return Err(HeadError::Bad("Transfer-Encoding in an HTTP/1.0 request"));
+            }
+            self.saw_te = true;
+            if self.length.take().is_some() {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            self.te_chunked = ends_in_chunked(value.as_bytes());
+        } else if name == header::CONTENT_LENGTH {
+            self.saw_length = true;
+            if self.saw_te {
+                return Ok(false);
+            }
+            let n = parse_request_length(value.as_bytes())
+                .ok_or(HeadError::Bad("invalid Content-Length"))?;
+            match self.length {
+                Some(prev) if prev != n => {
+                    return Err(HeadError::Bad("differing Content-Length values"))
+                }
+                Some(_) => return Ok(false),
+                None => self.length = Some(n),
+            }
+        } else if name == header::CONNECTION {
+            if self.saw_close || has_token(value.as_bytes(), "close") {
+                self.saw_close = true;
+                self.keep_alive = false;
+            } else if !self.keep_alive {
+                self.keep_alive = has_token(value.as_bytes(), "keep-alive");
+            }
+        } else if name == header::EXPECT {
+            // An HTTP/1.0 client's expectation is ignored (RFC 9110 §10.1.1).
+            self.expect_continue =
+                self.http11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        }
+        Ok(true)
+    }
+
+    /// The body's framing and whether the connection may be kept, once
+    /// every field is read.
+    fn framing(&self) -> Result<(Framing, bool), HeadError> {
+        if self.saw_te && !self.te_chunked {
+            return Err(HeadError::Bad("Transfer-Encoding other than chunked"));
+        }
+        // Both framings named: the connection closes after the answer.
+        let keep_alive = self.keep_alive && !(self.saw_te && self.saw_length);
+        let framing = match (self.saw_te, self.length) {
+            (true, _) => Framing::Chunked,
+            (false, Some(0) | None) => Framing::Empty,
+            (false, Some(n)) => Framing::Length(n),
+        };
+        Ok((framing, keep_alive))
+    }
 }
 
 fn parse_error(e: httparse::Error) -> &'static str {

@@ -108,36 +108,8 @@ fn frame<T: Stamp>(
     head.push(b' ');
     head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
-    // A target's fields as they came (the client left out its hop-by-hop
-    // and framing ones), then the map's, then the stamped ones; a stamped
-    // name is written only from the stamp.
-    let stamped = stamped_by(&stamp);
-    let mut has_date = relayed.is_some_and(|r| r.write_to(&parts.headers, &stamped, head));
-    // The framing fields are read in the same walk that writes the others.
-    let mut close = false;
-    let mut length_field = None;
-    for (name, value) in &parts.headers {
-        if name == header::CONNECTION {
-            close |= has_token(value.as_bytes(), "close");
-            continue;
-        }
-        if name == header::CONTENT_LENGTH {
-            length_field.get_or_insert_with(|| parse_length(value.as_bytes()));
-            continue;
-        }
-        if name == header::TRANSFER_ENCODING || name.as_str() == "keep-alive" {
-            continue;
-        }
-        if stamped(name.as_str().as_bytes()) {
-            continue;
-        }
-        has_date |= name == header::DATE;
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
-    }
-    stamp.write_lines(head);
+    let seen = write_fields(head, &parts.headers, relayed, &stamp);
+    let (has_date, close, length_field) = (seen.date, seen.close, seen.length);
     if close {
         keep_alive = false;
     }
@@ -173,6 +145,59 @@ fn frame<T: Stamp>(
         chunked,
         keep_alive,
     }
+}
+
+/// What [`write_fields`] read in the fields it walked.
+struct FieldsSeen {
+    /// A `Date` field was written.
+    date: bool,
+    /// `Connection: close`.
+    close: bool,
+    /// The first `Content-Length` (`Some(None)`: not a valid length).
+    length: Option<Option<u64>>,
+}
+
+/// Writes a response's fields into `head`: a target's as they came (the
+/// client left out its hop-by-hop and framing ones), then the map's, then
+/// the stamped ones; a stamped name is written only from the stamp. The
+/// framing fields are read in the same walk, and left for the writer to
+/// write.
+fn write_fields<T: Stamp>(
+    head: &mut Vec<u8>,
+    headers: &http::HeaderMap,
+    relayed: Option<&RelayedFields>,
+    stamp: &T,
+) -> FieldsSeen {
+    let stamped = stamped_by(stamp);
+    let mut seen = FieldsSeen {
+        date: relayed.is_some_and(|r| r.write_to(headers, &stamped, head)),
+        close: false,
+        length: None,
+    };
+    for (name, value) in headers {
+        if name == header::CONNECTION {
+            seen.close |= has_token(value.as_bytes(), "close");
+            continue;
+        }
+        if name == header::CONTENT_LENGTH {
+            seen.length
+                .get_or_insert_with(|| parse_length(value.as_bytes()));
+            continue;
+        }
+        if name == header::TRANSFER_ENCODING || name.as_str() == "keep-alive" {
+            continue;
+        }
+        if stamped(name.as_str().as_bytes()) {
+            continue;
+        }
+        seen.date |= name == header::DATE;
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    stamp.write_lines(head);
+    seen
 }
 
 /// Sends the head in `spare` and the body of `framed`.
