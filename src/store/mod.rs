@@ -9,21 +9,7 @@ mod cached_key;
 pub mod invalidation;
 mod limits;
 mod outage;
-mod schema;
 pub mod sql;
-mod sql_accounts;
-mod sql_admin_tokens;
-mod sql_audit;
-mod sql_changes;
-mod sql_connect;
-mod sql_error;
-mod sql_key_lookup;
-mod sql_keys;
-mod sql_limits;
-mod sql_list;
-mod sql_removal;
-mod sql_rotate;
-mod sql_sessions;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod usage;
@@ -33,13 +19,10 @@ pub use cached_key::CachedApiKey;
 pub use invalidation::spawn_invalidation;
 pub use limits::{org_limit, LimitProblem, LimitSpec, OrgLimit, MAX_LIMIT_PER, MAX_LIMIT_REQUESTS};
 pub use outage::unavailable;
-pub use sql::SqlStore;
-pub use sql_admin_tokens::AdminToken;
-pub use sql_audit::{spawn_audit_pruning, Actor, AuditEvent};
-pub use sql_changes::CHANGE_RETENTION;
-pub use sql_keys::NewApiKey;
-pub use sql_removal::Removed;
-pub use sql_rotate::Rotation;
+pub use sql::{
+    spawn_audit_pruning, Actor, AdminToken, AuditEvent, NewApiKey, Removed, Rotation, SqlStore,
+    CHANGE_RETENTION,
+};
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;

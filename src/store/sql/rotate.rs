@@ -1,12 +1,12 @@
 //! Key rotation in [`SqlStore`]: a new key with the old one's name, owner,
 //! scopes, expiry and rate limit, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
-use super::sql::SqlStore;
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::sql_keys::{insert_key, key_by_id};
-use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
+use super::keys::{insert_key, key_by_id};
+use super::SqlStore;
 use crate::secret::{generate_api_key, generate_key_id};
+use crate::store::{ApiKeyRecord, Change, KeyStatus, StoreError};
 
 /// What a rotation made: the new key's secret (shown once), the new key's
 /// record, and the old key's record as it now stands.

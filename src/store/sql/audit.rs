@@ -8,10 +8,10 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::sql::{split_page, SqlStore};
-use super::sql_error::Db;
-use super::{rfc3339, StoreError};
+use super::error::Db;
+use super::{split_page, SqlStore};
 use crate::clock::unix_now;
+use crate::store::{rfc3339, StoreError};
 
 /// Who made a change: a user through the HTTP API, an admin token through
 /// the admin API (with the request's id and client address), or the command

@@ -7,11 +7,11 @@ use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use sqlx::Row;
 
-use super::sql::SqlStore;
-use super::sql_error::Db;
-use super::{rfc3339, StoreError};
+use super::error::Db;
+use super::SqlStore;
 use crate::clock::unix_now;
 use crate::secret::{generate_admin_token, generate_id, hash_secret, SecretHash};
+use crate::store::{rfc3339, StoreError};
 
 /// Longest admin token name accepted.
 const MAX_NAME_CHARS: usize = 100;
