@@ -36,6 +36,10 @@ mod tests {
         );
         let start = Instant::now();
         let _ = log_filter(level);
-        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }
