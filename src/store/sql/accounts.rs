@@ -6,18 +6,26 @@ use super::audit::{record_event, Actor, Subject};
 use super::error::Db;
 use super::{check_id, SqlStore};
 use crate::clock::unix_now;
-use crate::store::StoreError;
-use serde_json::{json, Value};
+use crate::store::{Organization, StoreError, User};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
-/// An organization or user row as the admin commands print it: `id`, the
-/// optional `column` (name or email) and `created_at`.
-fn account_json(row: &AnyRow, column: &str) -> Result<Value, sqlx::Error> {
-    let id: String = row.try_get("id")?;
-    let extra: Option<String> = row.try_get(column)?;
-    let created_at: i64 = row.try_get("created_at")?;
-    Ok(json!({"id": id, column: extra, "created_at": crate::store::rfc3339(Some(created_at))}))
+/// The organization of a row of `id, name, created_at`.
+fn organization_from_row(row: &AnyRow) -> Result<Organization, sqlx::Error> {
+    Ok(Organization {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// The user of a row of `id, email, created_at`.
+fn user_from_row(row: &AnyRow) -> Result<User, sqlx::Error> {
+    Ok(User {
+        id: row.try_get("id")?,
+        email: row.try_get("email")?,
+        created_at: row.try_get("created_at")?,
+    })
 }
 
 impl SqlStore {
@@ -26,7 +34,7 @@ impl SqlStore {
         &self,
         id: &str,
         name: Option<&str>,
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Organization, StoreError> {
         self.create_organization_by(id, name, &Actor::cli()).await
     }
 
@@ -36,7 +44,7 @@ impl SqlStore {
         id: &str,
         name: Option<&str>,
         actor: &Actor,
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Organization, StoreError> {
         check_id("organization", id)?;
         let now = unix_now();
         let mut tx = self.begin().await?;
@@ -65,11 +73,15 @@ impl SqlStore {
                 "organization {id} already exists"
             )));
         }
-        Ok(json!({"id": id, "name": name, "created_at": crate::store::rfc3339(Some(now))}))
+        Ok(Organization {
+            id: id.to_owned(),
+            name: name.map(str::to_owned),
+            created_at: now,
+        })
     }
 
     /// Creates a user; Conflict if the id exists.
-    pub async fn create_user(&self, id: &str, email: Option<&str>) -> Result<Value, StoreError> {
+    pub async fn create_user(&self, id: &str, email: Option<&str>) -> Result<User, StoreError> {
         check_id("user", id)?;
         let now = unix_now();
         let mut conn = self.conn().await?;
@@ -90,25 +102,24 @@ impl SqlStore {
         if done.rows_affected() == 0 {
             return Err(StoreError::Conflict(format!("user {id} already exists")));
         }
-        Ok(json!({"id": id, "email": email, "created_at": crate::store::rfc3339(Some(now))}))
+        Ok(User {
+            id: id.to_owned(),
+            email: email.map(str::to_owned),
+            created_at: now,
+        })
     }
 
     /// Every organization, by id.
-    pub async fn list_organizations(&self) -> Result<Vec<Value>, StoreError> {
-        self.list_accounts(
-            "SELECT id, name, created_at FROM organizations ORDER BY id",
-            "name",
-        )
-        .await
+    pub async fn list_organizations(&self) -> Result<Vec<Organization>, StoreError> {
+        let sql = "SELECT id, name, created_at FROM organizations ORDER BY id";
+        self.list_accounts(sql, Bind::None, organization_from_row)
+            .await
     }
 
     /// Every user, by id.
-    pub async fn list_users(&self) -> Result<Vec<Value>, StoreError> {
-        self.list_accounts(
-            "SELECT id, email, created_at FROM users ORDER BY id",
-            "email",
-        )
-        .await
+    pub async fn list_users(&self) -> Result<Vec<User>, StoreError> {
+        let sql = "SELECT id, email, created_at FROM users ORDER BY id";
+        self.list_accounts(sql, Bind::None, user_from_row).await
     }
 
     /// Up to `limit` organizations with an id after `after` (from the
@@ -117,11 +128,11 @@ impl SqlStore {
         &self,
         after: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Vec<Organization>, StoreError> {
         let sql =
             "SELECT id, name, created_at FROM organizations WHERE id > $1 ORDER BY id LIMIT $2";
         let bind = Bind::Page(after.unwrap_or(""), limit);
-        self.list_accounts_where(sql, "name", bind).await
+        self.list_accounts(sql, bind, organization_from_row).await
     }
 
     /// [`Self::list_organizations_after`] for users.
@@ -129,45 +140,36 @@ impl SqlStore {
         &self,
         after: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Vec<User>, StoreError> {
         let sql = "SELECT id, email, created_at FROM users WHERE id > $1 ORDER BY id LIMIT $2";
         let bind = Bind::Page(after.unwrap_or(""), limit);
-        self.list_accounts_where(sql, "email", bind).await
+        self.list_accounts(sql, bind, user_from_row).await
     }
 
     /// The organization `id`, if it exists.
-    pub async fn get_organization(&self, id: &str) -> Result<Option<Value>, StoreError> {
+    pub async fn get_organization(&self, id: &str) -> Result<Option<Organization>, StoreError> {
         let sql = "SELECT id, name, created_at FROM organizations WHERE id = $1";
-        Ok(self
-            .list_accounts_where(sql, "name", Bind::Id(id))
-            .await?
-            .pop())
+        let found = self.list_accounts(sql, Bind::Id(id), organization_from_row);
+        Ok(found.await?.pop())
     }
 
     /// The user `id`, if they exist.
-    pub async fn get_user(&self, id: &str) -> Result<Option<Value>, StoreError> {
+    pub async fn get_user(&self, id: &str) -> Result<Option<User>, StoreError> {
         let sql = "SELECT id, email, created_at FROM users WHERE id = $1";
         Ok(self
-            .list_accounts_where(sql, "email", Bind::Id(id))
+            .list_accounts(sql, Bind::Id(id), user_from_row)
             .await?
             .pop())
     }
 
-    async fn list_accounts(
+    /// The rows of `sql`, with `bind`'s values bound as `$1`, `$2`, each
+    /// read with `from_row`.
+    async fn list_accounts<T>(
         &self,
         sql: &'static str,
-        column: &str,
-    ) -> Result<Vec<Value>, StoreError> {
-        self.list_accounts_where(sql, column, Bind::None).await
-    }
-
-    /// The rows of `sql`, with `bind`'s values bound as `$1`, `$2`.
-    async fn list_accounts_where(
-        &self,
-        sql: &'static str,
-        column: &str,
         bind: Bind<'_>,
-    ) -> Result<Vec<Value>, StoreError> {
+        from_row: fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
             let query = match bind {
@@ -180,7 +182,7 @@ impl SqlStore {
                 .await
                 .db()?
                 .iter()
-                .map(|r| account_json(r, column))
+                .map(from_row)
                 .collect::<Result<Vec<_>, _>>()
                 .db()
         })
@@ -202,11 +204,12 @@ mod tests {
     use crate::store::sql::SqlStore;
     use crate::store::testing::both_backends;
     use crate::store::StoreError;
-    use serde_json::json;
 
     async fn orgs_users_and_members(store: &SqlStore) {
-        let org = store.create_organization("acme", Some("Acme")).await;
-        assert_eq!(org.ok().map(|v| v["id"].clone()), Some(json!("acme")));
+        let org = store.create_organization("acme", Some("Acme")).await.ok();
+        let got = store.get_organization("acme").await.ok().flatten();
+        assert_eq!(org.as_ref().map(|o| o.name.as_deref()), Some(Some("Acme")));
+        assert_eq!(got, org);
         assert!(matches!(
             store.create_organization("acme", None).await,
             Err(StoreError::Conflict(m)) if m == "organization acme already exists"
@@ -221,7 +224,8 @@ mod tests {
             store.create_user(&pasted, None).await,
             Err(StoreError::Invalid(m)) if !m.contains("mps_")
         ));
-        assert!(store.create_user("alice", None).await.is_ok());
+        let alice = store.create_user("alice", None).await.ok();
+        assert_eq!(store.list_users().await.ok(), alice.map(|a| vec![a]));
         assert!(matches!(
             store.create_user("alice", None).await,
             Err(StoreError::Conflict(_))

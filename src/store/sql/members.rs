@@ -5,8 +5,7 @@
 use super::audit::{record_event, Actor, Subject};
 use super::error::Db;
 use super::SqlStore;
-use crate::store::{Change, StoreError};
-use serde_json::{json, Value};
+use crate::store::{Change, Membership, StoreError};
 use sqlx::{AnyConnection, Row};
 
 impl SqlStore {
@@ -56,7 +55,12 @@ impl SqlStore {
     }
 
     /// Sets (inserts or replaces) `user`'s role in `org`; logs a member change.
-    pub async fn set_member(&self, org: &str, user: &str, role: &str) -> Result<Value, StoreError> {
+    pub async fn set_member(
+        &self,
+        org: &str,
+        user: &str,
+        role: &str,
+    ) -> Result<Membership, StoreError> {
         self.set_member_by(org, user, role, &Actor::cli()).await
     }
 
@@ -68,7 +72,7 @@ impl SqlStore {
         user: &str,
         role: &str,
         actor: &Actor,
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Membership, StoreError> {
         if role.is_empty() || role.len() > 64 || role.bytes().any(|b| b.is_ascii_whitespace()) {
             return Err(StoreError::Invalid("role".into()));
         }
@@ -94,7 +98,11 @@ impl SqlStore {
         })
         .await?;
         self.commit(tx).await?;
-        Ok(json!({"organization_id": org, "user_id": user, "role": role}))
+        Ok(Membership {
+            organization_id: org.to_owned(),
+            user_id: user.to_owned(),
+            role: role.to_owned(),
+        })
     }
 
     /// `user`'s role in `org`, if a member.
@@ -114,9 +122,9 @@ impl SqlStore {
         .await
     }
 
-    /// `org`'s members as (user id, role), by user id. NotFound if the
-    /// organization does not exist.
-    pub async fn list_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
+    /// `org`'s memberships, by user id. NotFound if the organization does
+    /// not exist.
+    pub async fn list_members(&self, org: &str) -> Result<Vec<Membership>, StoreError> {
         let mut conn = self.conn().await?;
         self.timed(async {
             self.require_org(&mut conn, org).await?;
@@ -128,7 +136,13 @@ impl SqlStore {
             .await
             .db()?
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .map(|r| {
+                Ok(Membership {
+                    organization_id: org.to_owned(),
+                    user_id: r.try_get(0)?,
+                    role: r.try_get(1)?,
+                })
+            })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .db()
         })

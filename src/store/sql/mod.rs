@@ -34,8 +34,7 @@ pub(super) mod changes;
 // A list of values bound as one parameter.
 mod list;
 
-pub use admin_tokens::AdminToken;
-pub use audit::{spawn_audit_pruning, Actor, AuditEvent};
+pub use audit::{spawn_audit_pruning, Actor};
 pub use changes::CHANGE_RETENTION;
 pub use keys::NewApiKey;
 pub use migrate::StoreWaiting;
