@@ -3,9 +3,11 @@
 //! state), `/metrics` (Prometheus text), `POST /reload`, and the admin API
 //! under `/admin/v1` (`api`, behind an admin token). Never exposes a
 //! secret; answers only requests that name it, and reloads only for a
-//! client that is not a browser page (`guard`).
+//! client that is not a browser page (`guard`). How the admin API and the
+//! admin commands show accounts is `render`.
 pub(crate) mod api;
 mod guard;
+pub mod render;
 
 pub use guard::AllowedHosts;
 

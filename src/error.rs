@@ -1,6 +1,7 @@
 //! Every refusal the gateway makes, and the one place it becomes a response
 //! (docs/api.md, "Errors"): status, `error` name, `message`, `details`, and the
-//! headers that go with it. Internals (source chains) go to the log only.
+//! headers that go with it; and what a key store error is as a refusal
+//! (`From<StoreError>`). Internals (source chains) go to the log only.
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
@@ -10,6 +11,9 @@ use std::sync::OnceLock;
 
 use crate::http::body::{self, Body};
 use crate::http::service::Refusal;
+use crate::logging::{Chain, Incident};
+use crate::metrics::names;
+use crate::store::StoreError;
 
 /// Why a credential was refused (`details.reason` of a 401).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +35,8 @@ pub enum AuthReason {
     /// A valid JWT of a user the store does not know.
     UnknownUser,
 }
+
+// === impl AuthReason ===
 
 impl AuthReason {
     /// The wire spelling.
@@ -145,6 +151,8 @@ fn unquoted_secret(message: &str, instead: impl FnOnce() -> String) -> Cow<'stat
     }
 }
 
+// === impl From<Refusal> ===
+
 /// A head the HTTP/1.1 server refused, as the gateway's JSON error.
 impl From<Refusal> for GatewayError {
     fn from(refusal: Refusal) -> Self {
@@ -157,6 +165,8 @@ impl From<Refusal> for GatewayError {
         }
     }
 }
+
+// === impl GatewayError ===
 
 impl GatewayError {
     /// 400 naming `field` in `message` and `details.field`.
@@ -340,6 +350,48 @@ impl GatewayError {
     }
 }
 
+// === impl From<StoreError> for GatewayError ===
+
+/// The key store's failures, as requests refused for them.
+static STORE_INCIDENT: Incident = Incident::new();
+
+impl From<StoreError> for GatewayError {
+    /// What the store says as the client's answer: a missing thing is a 404,
+    /// a conflict a 409 with the store's text, refused input a 400 with it.
+    /// A store that cannot answer is a 503, never a 401 (the client's key
+    /// may be fine), counted in `names::STORE_ERRORS` and logged as one
+    /// incident: a line when it begins, then a count per summary interval.
+    /// No recovery line: watching the store's answers would cost every
+    /// lookup, cached ones included; a failure after a quiet interval begins
+    /// a new incident.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(_) => GatewayError::NotFound,
+            StoreError::Conflict(what) => GatewayError::Conflict(what),
+            StoreError::Invalid(_) => GatewayError::BadRequest {
+                message: e.to_string().into(),
+                field: None,
+            },
+            StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
+                metrics::counter!(names::STORE_ERRORS).increment(1);
+                if let Some(line) = STORE_INCIDENT.failed(crate::logging::now_ms()) {
+                    let cause = Chain(&e);
+                    line.log(
+                        tracing::Level::WARN,
+                        &"key store",
+                        "requests refused",
+                        &cause,
+                    );
+                }
+                GatewayError::ServiceUnavailable {
+                    what: "the key store".into(),
+                    retry_after: 1,
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +478,35 @@ mod tests {
         assert_eq!(status, 405);
         assert_eq!(h[ALLOW], "GET, POST");
         assert_eq!(v["error"], "MethodNotAllowed");
+    }
+
+    #[tokio::test]
+    async fn store_errors_answer_as_the_store_said() {
+        let (status, _, v) = parts(StoreError::NotFound("organization acme".into()).into()).await;
+        assert_eq!(
+            (status.as_u16(), v["error"].as_str()),
+            (404, Some("NotFound"))
+        );
+        let conflict = StoreError::Conflict("organization acme already exists".into());
+        let (status, _, v) = parts(conflict.into()).await;
+        assert_eq!(status, 409);
+        assert_eq!(v["message"], "organization acme already exists");
+        let (status, _, v) = parts(StoreError::Invalid("role".into()).into()).await;
+        assert_eq!(status, 400);
+        assert_eq!(v["message"], "invalid role");
+        assert_eq!(v.get("details"), None);
+        for down in [
+            StoreError::Timeout,
+            StoreError::Unreachable(std::sync::Arc::new(std::io::Error::other("db password=x"))),
+        ] {
+            let (status, h, v) = parts(down.into()).await;
+            assert_eq!(
+                (status.as_u16(), h[RETRY_AFTER].to_str().ok()),
+                (503, Some("1"))
+            );
+            assert_eq!(v["message"], "the key store is unavailable; retry later");
+            assert!(!v.to_string().contains("password"), "{v}");
+        }
     }
 
     #[test]

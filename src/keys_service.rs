@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 mod input;
+pub mod render;
 
 pub(crate) use input::paging;
 pub use input::MAX_GRACE_SECONDS;
@@ -90,7 +91,7 @@ impl KeysService {
             Operation::AuditList => self.audit_list(caller, req.uri().query()).await,
             Operation::Get => {
                 let key = own_key(&caller, key)?;
-                Ok(json_response(StatusCode::OK, &key.to_json(now)))
+                Ok(json_response(StatusCode::OK, &render::api_key(&key, now)))
             }
             Operation::Revoke => {
                 let actor = caller.actor();
@@ -102,7 +103,10 @@ impl KeysService {
                     .map_err(store_error)?;
                 let record = record.ok_or(GatewayError::NotFound)?;
                 self.cache.invalidate(&Change::ApiKey { id });
-                Ok(json_response(StatusCode::OK, &record.to_json(now)))
+                Ok(json_response(
+                    StatusCode::OK,
+                    &render::api_key(&record, now),
+                ))
             }
             Operation::Rotate => {
                 let key = own_key(&caller, key)?;
@@ -191,7 +195,7 @@ impl KeysService {
         };
         let created = self.store.create_api_key_by(new, &caller.actor()).await;
         let (secret, record) = created.map_err(store_error)?;
-        let mut body = record.to_json(now);
+        let mut body = render::api_key(&record, now);
         body["key"] = Value::String(secret);
         Ok(json_response(StatusCode::CREATED, &body))
     }
@@ -231,7 +235,7 @@ impl KeysService {
             .map_err(store_error)?
             .ok_or(GatewayError::NotFound)?;
         self.cache.invalidate(&Change::ApiKey { id: key.id });
-        let mut body = rotation.new.to_json(now);
+        let mut body = render::api_key(&rotation.new, now);
         body["key"] = Value::String(rotation.secret);
         Ok(json_response(StatusCode::CREATED, &body))
     }
@@ -286,7 +290,7 @@ impl KeysService {
             .list_api_keys(caller.organization, limit, cursor.as_deref())
             .await;
         let (records, next) = listed.map_err(page_error)?;
-        let data: Vec<Value> = records.iter().map(|r| r.to_json(now)).collect();
+        let data: Vec<Value> = records.iter().map(|r| render::api_key(r, now)).collect();
         Ok(json_response(
             StatusCode::OK,
             &json!({ "data": data, "next_cursor": next }),
@@ -306,7 +310,7 @@ impl KeysService {
             .list_audit_events(caller.organization, limit, cursor.as_deref())
             .await;
         let (events, next) = listed.map_err(page_error)?;
-        let data: Vec<Value> = events.iter().map(|e| e.to_json()).collect();
+        let data: Vec<Value> = events.iter().map(render::audit_event).collect();
         Ok(json_response(
             StatusCode::OK,
             &json!({ "data": data, "next_cursor": next }),
@@ -356,17 +360,16 @@ fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     }
 }
 
+/// A store error as the key service's answer: as `From<StoreError> for
+/// GatewayError` maps it, except that refused input is quoted as the store
+/// put it, without the "invalid" in front.
 fn store_error(e: StoreError) -> GatewayError {
     match e {
-        StoreError::NotFound(_) => GatewayError::NotFound,
-        StoreError::Conflict(what) => GatewayError::Conflict(what),
         StoreError::Invalid(what) => GatewayError::BadRequest {
             message: what.into(),
             field: None,
         },
-        StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout => {
-            crate::store::unavailable(e)
-        }
+        other => other.into(),
     }
 }
 
@@ -413,7 +416,7 @@ mod tests {
         assert_eq!(rate_limit(None).ok(), Some(None));
         assert_eq!(parse("null").ok(), Some(None));
         let ok = parse(r#"{"requests": 10, "per": "1m"}"#).unwrap().unwrap();
-        assert_eq!(ok.to_json(), json!({"requests": 10, "per": "1m"}));
+        assert_eq!(render::limit(&ok), json!({"requests": 10, "per": "1m"}));
         for (bad, field) in [
             ("5", "rate_limit"),
             (r#"{"per": "1m"}"#, "rate_limit.requests"),

@@ -3,11 +3,11 @@
 //! The modules form layers; each imports only from the layers below it
 //! (`tests/layers.rs` checks this):
 //!
-//! - **base:** `clock`, `ip`, [`secret`], [`metrics`], [`http`] (bodies,
-//!   header fields, the service types a listener and a handler share) and
-//!   [`error`];
+//! - **base:** `clock`, `ip`, [`secret`], [`metrics`] and [`http`] (bodies,
+//!   header fields, the service types a listener and a handler share);
 //! - **parts:** [`tls`], [`config`], [`logging`], [`routes`], [`store`],
-//!   [`auth`], [`ratelimit`] and the HTTP/1.1 codec (`h1`);
+//!   [`error`] (every refusal, a store error's among them), [`auth`],
+//!   [`ratelimit`] and the HTTP/1.1 codec (`h1`);
 //! - **serving:** [`proxy`], [`server`], [`keys_service`] and [`pipeline`],
 //!   where a request's life is;
 //! - **application:** [`admin`], [`app`] (build, reload, start),
@@ -16,7 +16,6 @@
 
 // base
 mod clock;
-pub mod error;
 pub mod http;
 mod ip;
 pub mod metrics;
@@ -25,6 +24,7 @@ pub mod secret;
 // parts
 pub mod auth;
 pub mod config;
+pub mod error;
 mod h1;
 pub mod logging;
 pub mod ratelimit;

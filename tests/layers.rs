@@ -20,10 +20,7 @@ use check::Krate;
 /// The layers, bottom first; within a layer, a module may use the modules
 /// before it. `lib` and `main` are the crate roots.
 const LAYERS: &[(&str, &[&str])] = &[
-    (
-        "base",
-        &["clock", "ip", "secret", "metrics", "http", "error"],
-    ),
+    ("base", &["clock", "ip", "secret", "metrics", "http"]),
     (
         "parts",
         &[
@@ -32,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "logging",
             "routes",
             "store",
+            "error",
             "auth",
             "ratelimit",
             "h1",

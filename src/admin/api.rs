@@ -10,12 +10,13 @@ use serde_json::{json, Map, Value};
 use std::time::Duration;
 
 use super::json_response;
+use super::render;
 use crate::config::Settings;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{self, Body, RequestBody};
 use crate::secret::{check_admin_token_format, hash_secret};
 use crate::store::sql::SqlStore;
-use crate::store::{Actor, AdminToken, LimitSpec, SessionRecord, StoreError};
+use crate::store::{Actor, AdminToken, LimitSpec, StoreError};
 
 /// Where the admin API lives on the admin listener.
 pub(super) const PREFIX: &str = "/admin/v1/";
@@ -39,6 +40,16 @@ pub(crate) async fn serve(
         Ok(res) => res,
         Err(e) => e.into_response(),
     }
+}
+
+/// What every admin API answer needs besides its route and body.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    store: &'a SqlStore,
+    settings: &'a Settings,
+    /// The audit trail's actor: the admin token, from this client.
+    actor: &'a Actor,
+    query: Option<&'a str>,
 }
 
 async fn answer(
@@ -65,9 +76,37 @@ async fn answer(
         })
         .collect::<Result<_, _>>()?;
     let segments: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
-    let query = head.uri.query();
+    let ctx = Ctx {
+        store,
+        settings,
+        actor,
+        query: head.uri.query(),
+    };
     let m = &head.method;
-    match (m, segments.as_slice()) {
+    match segments.as_slice() {
+        ["organizations", _, "members", ..] => members(&ctx, m, &segments, body).await,
+        ["organizations", _, "limits", ..] => limits(&ctx, m, &segments, body).await,
+        ["organizations", ..] => organizations(&ctx, m, &segments, body).await,
+        ["sessions", ..] | ["users", _, "sessions", ..] => sessions(&ctx, m, &segments, body).await,
+        ["users", ..] => users(&ctx, m, &segments, body).await,
+        _ => Err(not_allowed_or_not_found(&segments)),
+    }
+}
+
+/// `/organizations` and `/organizations/{id}`: create, list, get, delete.
+async fn organizations(
+    ctx: &Ctx<'_>,
+    m: &Method,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let Ctx {
+        store,
+        actor,
+        query,
+        ..
+    } = *ctx;
+    match (m, segments) {
         (&Method::POST, ["organizations"]) => {
             let input = object(body, &["id", "name"]).await?;
             let id = required_string(&input, "id")?;
@@ -77,7 +116,7 @@ async fn answer(
                 .await;
             Ok(json_response(
                 StatusCode::CREATED,
-                &created.map_err(id_error)?,
+                &render::organization(&created.map_err(id_error)?),
             ))
         }
         (&Method::GET, ["organizations"]) => {
@@ -85,13 +124,18 @@ async fn answer(
             let rows = store
                 .list_organizations_after(cursor.as_deref(), limit + 1)
                 .await;
-            Ok(read_page(rows.map_err(store_error)?, limit, "id"))
+            let rows = rows.map_err(store_error)?;
+            Ok(read_page(
+                rows.iter().map(render::organization).collect(),
+                limit,
+                "id",
+            ))
         }
         (&Method::GET, ["organizations", id]) => {
             let found = store.get_organization(id).await.map_err(store_error)?;
             Ok(json_response(
                 StatusCode::OK,
-                &found.ok_or(GatewayError::NotFound)?,
+                &render::organization(&found.ok_or(GatewayError::NotFound)?),
             ))
         }
         (&Method::DELETE, ["organizations", id]) => {
@@ -101,6 +145,24 @@ async fn answer(
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/users` and `/users/{id}`: create, list, get, delete.
+async fn users(
+    ctx: &Ctx<'_>,
+    m: &Method,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let Ctx {
+        store,
+        actor,
+        query,
+        ..
+    } = *ctx;
+    match (m, segments) {
         (&Method::POST, ["users"]) => {
             let input = object(body, &["id", "email"]).await?;
             let id = required_string(&input, "id")?;
@@ -108,25 +170,48 @@ async fn answer(
             let created = store.create_user(&id, email.as_deref()).await;
             Ok(json_response(
                 StatusCode::CREATED,
-                &created.map_err(id_error)?,
+                &render::user(&created.map_err(id_error)?),
             ))
         }
         (&Method::GET, ["users"]) => {
             let (limit, cursor) = crate::keys_service::paging(query)?;
             let rows = store.list_users_after(cursor.as_deref(), limit + 1).await;
-            Ok(read_page(rows.map_err(store_error)?, limit, "id"))
+            let rows = rows.map_err(store_error)?;
+            Ok(read_page(
+                rows.iter().map(render::user).collect(),
+                limit,
+                "id",
+            ))
         }
         (&Method::GET, ["users", id]) => {
             let found = store.get_user(id).await.map_err(store_error)?;
             Ok(json_response(
                 StatusCode::OK,
-                &found.ok_or(GatewayError::NotFound)?,
+                &render::user(&found.ok_or(GatewayError::NotFound)?),
             ))
         }
         (&Method::DELETE, ["users", id]) => {
             let removed = store.delete_user_by(id, actor).await.map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/organizations/{org}/members[/{user}]`: set a role, list, remove.
+async fn members(
+    ctx: &Ctx<'_>,
+    m: &Method,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let Ctx {
+        store,
+        settings,
+        actor,
+        query,
+    } = *ctx;
+    match (m, segments) {
         (&Method::PUT, ["organizations", org, "members", user]) => {
             let input = object(body, &["role"]).await?;
             let role = required_string(&input, "role")?;
@@ -141,16 +226,13 @@ async fn answer(
                 .set_member_by(org, user, &role, actor)
                 .await
                 .map_err(store_error)?;
-            Ok(json_response(StatusCode::OK, &set))
+            Ok(json_response(StatusCode::OK, &render::membership(&set)))
         }
         (&Method::GET, ["organizations", org, "members"]) => {
             let found = store.get_organization(org).await.map_err(store_error)?;
             found.ok_or(GatewayError::NotFound)?;
             let members = store.list_members(org).await.map_err(store_error)?;
-            let all = members
-                .into_iter()
-                .map(|(user, role)| json!({"organization_id": org, "user_id": user, "role": role}))
-                .collect();
+            let all = members.iter().map(render::membership).collect();
             page(all, query, "user_id")
         }
         (&Method::DELETE, ["organizations", org, "members", user]) => {
@@ -160,6 +242,24 @@ async fn answer(
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/sessions[/{id}]` and `/users/{user}/sessions`: create, list, revoke.
+async fn sessions(
+    ctx: &Ctx<'_>,
+    m: &Method,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let Ctx {
+        store,
+        actor,
+        query,
+        ..
+    } = *ctx;
+    match (m, segments) {
         (&Method::POST, ["sessions"]) => {
             let input = object(body, &["user_id", "ttl_seconds"]).await?;
             let user = required_string(&input, "user_id")?;
@@ -180,7 +280,7 @@ async fn answer(
                 .create_session_by(&user, Duration::from_secs(ttl), actor)
                 .await;
             let (token, session) = created.map_err(store_error)?;
-            let mut out = session.to_json();
+            let mut out = render::session(&session);
             out["token"] = Value::String(token);
             Ok(json_response(StatusCode::CREATED, &out))
         }
@@ -188,11 +288,7 @@ async fn answer(
             let found = store.get_user(user).await.map_err(store_error)?;
             found.ok_or(GatewayError::NotFound)?;
             let sessions = store.list_sessions(user).await.map_err(store_error)?;
-            page(
-                sessions.iter().map(SessionRecord::to_json).collect(),
-                query,
-                "id",
-            )
+            page(sessions.iter().map(render::session).collect(), query, "id")
         }
         (&Method::DELETE, ["sessions", id]) => {
             let revoked = store
@@ -201,6 +297,24 @@ async fn answer(
                 .map_err(store_error)?;
             revoked.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/organizations/{org}/limits[/{policy}]`: set, list, unset.
+async fn limits(
+    ctx: &Ctx<'_>,
+    m: &Method,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let Ctx {
+        store,
+        settings,
+        actor,
+        query,
+    } = *ctx;
+    match (m, segments) {
         (&Method::PUT, ["organizations", org, "limits", policy]) => {
             known_policy(settings, policy)?;
             let input = object(body, &["requests", "per"]).await?;
@@ -215,14 +329,14 @@ async fn answer(
             let set = store.set_org_limit_by(org, policy, limit, actor).await;
             Ok(json_response(
                 StatusCode::OK,
-                &set.map_err(store_error)?.to_json(),
+                &render::org_limit(&set.map_err(store_error)?),
             ))
         }
         (&Method::GET, ["organizations", org, "limits"]) => {
             let found = store.get_organization(org).await.map_err(store_error)?;
             found.ok_or(GatewayError::NotFound)?;
             let limits = store.list_org_limits(org).await.map_err(store_error)?;
-            let all = limits.iter().map(|l| l.to_json()).collect();
+            let all = limits.iter().map(render::org_limit).collect();
             page(all, query, "policy")
         }
         (&Method::DELETE, ["organizations", org, "limits", policy]) => {
@@ -263,7 +377,7 @@ async fn authenticate(
     match store.admin_token_by_hash(&hash_secret(token)).await {
         Ok(Some(token)) => Ok(token),
         Ok(None) => Err(GatewayError::Unauthorized(AuthReason::Invalid)),
-        Err(e) => Err(crate::store::unavailable(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -377,21 +491,13 @@ fn read_page(mut rows: Vec<Value>, limit: u32, key: &str) -> Response<Body> {
     )
 }
 
-/// A store error as the API's answer: 404, 409, 400 naming what is wrong,
-/// or 503.
+/// A store error as the API's answer (404, 409, 400 naming what is wrong,
+/// or 503: `From<StoreError> for GatewayError`), what was not found logged.
 fn store_error(e: StoreError) -> GatewayError {
-    match e {
-        StoreError::NotFound(what) => {
-            tracing::debug!(%what, "admin API: not found");
-            GatewayError::NotFound
-        }
-        StoreError::Conflict(what) => GatewayError::Conflict(what),
-        StoreError::Invalid(what) => GatewayError::BadRequest {
-            message: format!("invalid {what}").into(),
-            field: None,
-        },
-        other => crate::store::unavailable(other),
+    if let StoreError::NotFound(what) = &e {
+        tracing::debug!(%what, "admin API: not found");
     }
+    e.into()
 }
 
 /// [`store_error`] for a creation, whose only invalid input is its `id`.

@@ -6,9 +6,11 @@ use std::time::Duration;
 use super::{
     AdminTokensCmd, AuditCmd, Command, Failure, KeysCmd, MembersCmd, OrgsCmd, SessionsCmd, UsersCmd,
 };
+use crate::admin::render;
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
+use crate::keys_service::render::{api_key, audit_event};
 use crate::store::sql::SqlStore;
 use crate::store::{LimitSpec, NewApiKey, SessionRecord};
 
@@ -24,9 +26,14 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         Command::Migrate => Ok(json!({ "migrated": true, "store": settings.store.display })),
         Command::Orgs(OrgsCmd::Create { id, name }) => {
             non_empty("--id", &id)?;
-            Ok(store.create_organization(&id, name.as_deref()).await?)
+            let org = store.create_organization(&id, name.as_deref()).await?;
+            Ok(render::organization(&org))
         }
-        Command::Orgs(OrgsCmd::List) => Ok(json!({ "data": store.list_organizations().await? })),
+        Command::Orgs(OrgsCmd::List) => {
+            let orgs = store.list_organizations().await?;
+            let data: Vec<Value> = orgs.iter().map(render::organization).collect();
+            Ok(json!({ "data": data }))
+        }
         Command::Orgs(OrgsCmd::Delete { id }) => match store.delete_organization(&id).await? {
             Some(removed) => Ok(json!({
                 "deleted": id,
@@ -47,9 +54,15 @@ pub async fn admin(settings: &Settings, cmd: Command) -> Result<Value, Failure> 
         Command::Orgs(OrgsCmd::Limits { org }) => limits::list(&store, &org).await,
         Command::Users(UsersCmd::Create { id, email }) => {
             non_empty("--id", &id)?;
-            Ok(store.create_user(&id, email.as_deref()).await?)
+            Ok(render::user(
+                &store.create_user(&id, email.as_deref()).await?,
+            ))
         }
-        Command::Users(UsersCmd::List) => Ok(json!({ "data": store.list_users().await? })),
+        Command::Users(UsersCmd::List) => {
+            let users = store.list_users().await?;
+            let data: Vec<Value> = users.iter().map(render::user).collect();
+            Ok(json!({ "data": data }))
+        }
         Command::Users(UsersCmd::Delete { id }) => match store.delete_user(&id).await? {
             Some(removed) => Ok(json!({
                 "deleted": id,
@@ -87,7 +100,7 @@ async fn audit_list(store: &SqlStore, org: &str, limit: Option<u32>) -> Result<V
             .list_audit_events(org, page_size, cursor.as_deref())
             .await?;
         left -= page.len();
-        all.extend(page.iter().map(|e| e.to_json()));
+        all.extend(page.iter().map(audit_event));
         match next {
             Some(c) => cursor = Some(c),
             None => break,
@@ -105,16 +118,13 @@ async fn members(settings: &Settings, store: &SqlStore, cmd: MembersCmd) -> Resu
                     settings.roles.names().join(", ")
                 )));
             }
-            Ok(store.set_member(&org, &user, &role).await?)
+            Ok(render::membership(
+                &store.set_member(&org, &user, &role).await?,
+            ))
         }
         MembersCmd::List { org } => {
             let members = store.list_members(&org).await?;
-            let data: Vec<Value> = members
-                .into_iter()
-                .map(
-                    |(user, role)| json!({ "organization_id": org, "user_id": user, "role": role }),
-                )
-                .collect();
+            let data: Vec<Value> = members.iter().map(render::membership).collect();
             Ok(json!({ "data": data }))
         }
         MembersCmd::Remove { org, user } => match store.remove_member(&org, &user).await? {
@@ -171,7 +181,7 @@ async fn admin_tokens(store: &SqlStore, cmd: AdminTokensCmd) -> Result<Value, Fa
     match cmd {
         AdminTokensCmd::Create { name } => {
             let (token, record) = store.create_admin_token(&name).await?;
-            let mut out = record.to_json();
+            let mut out = render::admin_token(&record);
             if let Some(o) = out.as_object_mut() {
                 o.remove("revoked_at");
             }
@@ -183,12 +193,12 @@ async fn admin_tokens(store: &SqlStore, cmd: AdminTokensCmd) -> Result<Value, Fa
                 .list_admin_tokens()
                 .await?
                 .iter()
-                .map(|t| t.to_json())
+                .map(render::admin_token)
                 .collect();
             Ok(json!({ "data": data }))
         }
         AdminTokensCmd::Revoke { id } => match store.revoke_admin_token(&id).await? {
-            Some(t) => Ok(t.to_json()),
+            Some(t) => Ok(render::admin_token(&t)),
             None => Err(Failure::input(format!("no admin token with id {id:?}"))),
         },
     }
@@ -196,7 +206,7 @@ async fn admin_tokens(store: &SqlStore, cmd: AdminTokensCmd) -> Result<Value, Fa
 
 /// A session as the admin commands print it: never its token.
 fn session_json(s: &SessionRecord, status: &str) -> Value {
-    let mut v = s.to_json();
+    let mut v = render::session(s);
     v["status"] = json!(status);
     v
 }
@@ -234,36 +244,24 @@ async fn keys(
                 rate_limit,
             };
             let (secret, record) = store.create_api_key(new).await?;
-            let mut v = record.to_json(now);
+            let mut v = api_key(&record, now);
             v["key"] = Value::String(secret);
             Ok(v)
         }
-        KeysCmd::List { org } => {
-            let mut all = Vec::new();
-            let mut cursor: Option<String> = None;
-            loop {
-                let (page, next) = store.list_api_keys(&org, 100, cursor.as_deref()).await?;
-                all.extend(page.iter().map(|r| r.to_json(now)));
-                match next {
-                    Some(c) => cursor = Some(c),
-                    None => break,
-                }
-            }
-            Ok(json!({ "data": all }))
-        }
+        KeysCmd::List { org } => list_keys(store, &org, now).await,
         KeysCmd::Get { id } => match store.get_api_key(&id).await? {
-            Some(r) => Ok(r.to_json(now)),
+            Some(r) => Ok(api_key(&r, now)),
             None => Err(Failure::input(format!("no API key with id {id:?}"))),
         },
         KeysCmd::Revoke { id } => match store.revoke_api_key(&id, now).await? {
-            Some(r) => Ok(r.to_json(now)),
+            Some(r) => Ok(api_key(&r, now)),
             None => Err(Failure::input(format!("no API key with id {id:?}"))),
         },
         KeysCmd::Rotate { id, grace } => {
             let grace = grace.as_deref().map(grace_arg).transpose()?.unwrap_or(0);
             match store.rotate_api_key(&id, grace, now).await? {
                 Some(r) => {
-                    let mut v = r.new.to_json(now);
+                    let mut v = api_key(&r.new, now);
                     v["key"] = Value::String(r.secret);
                     Ok(v)
                 }
@@ -278,6 +276,21 @@ async fn keys(
             }
         }
     }
+}
+
+/// `keys list`: every key of `org`, read a page at a time.
+async fn list_keys(store: &SqlStore, org: &str, now: i64) -> Result<Value, Failure> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let (page, next) = store.list_api_keys(org, 100, cursor.as_deref()).await?;
+        all.extend(page.iter().map(|r| api_key(r, now)));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    Ok(json!({ "data": all }))
 }
 
 /// `keys create --name`: not blank, at most 100 characters.

@@ -184,11 +184,11 @@ impl Pipeline {
             Probe::Known(known) => known,
             Probe::ApiKey(hash) => {
                 let found = self.keys.api_key(&hash).await;
-                api_key_status(found.map_err(crate::store::unavailable)?, now)
+                api_key_status(found.map_err(GatewayError::from)?, now)
             }
             Probe::Session(hash) => {
                 let found = self.keys.session(&hash).await;
-                session_status(found.map_err(crate::store::unavailable)?, now)
+                session_status(found.map_err(GatewayError::from)?, now)
             }
             // Boxed: only JWT routes should carry room for a verification.
             Probe::Jwt(hash, token) => {
@@ -226,7 +226,7 @@ impl Pipeline {
             created_at: verified.issued_at,
             expires_at: verified.expires_at,
         };
-        let unavailable = crate::store::unavailable;
+        let unavailable = GatewayError::from;
         let mut found = self
             .keys
             .token_session(hash, token, record.clone())

@@ -48,7 +48,7 @@ impl Pipeline {
                 // be room in every request's future, which is boxed per request.
                 let key = Box::pin(self.store.get_api_key(&id))
                     .await
-                    .map_err(crate::store::unavailable)?;
+                    .map_err(GatewayError::from)?;
                 let key = key.ok_or(GatewayError::NotFound)?;
                 v.organization = Some(key.organization_id.clone());
                 v.key = Some(Box::new(key));

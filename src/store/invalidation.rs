@@ -16,8 +16,8 @@
 //! pruning horizon (it was stopped, paused or cut off for longer than the
 //! retention) cannot know what the pruned records touched, and clears its
 //! whole cache.
-use super::schema::NOTIFY_CHANNEL;
-use super::sql_changes::ChangeRead;
+use super::sql::changes::ChangeRead;
+use super::sql::schema::NOTIFY_CHANNEL;
 use super::{CachedKeyStore, Change, SqlStore, StoreError, CHANGE_RETENTION};
 use crate::clock::unix_now;
 use crate::logging::{now_ms, Chain, Incident};

@@ -3,11 +3,10 @@
 //! ([`OrgLimit`]). Both travel with the cached key or session, so the
 //! pipeline reads them without a lookup and a change reaches every instance
 //! within `cache_ttl`.
-use serde_json::{json, Value};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::config::{format_duration, parse_duration};
+use crate::config::parse_duration;
 
 /// Largest `requests` a stored limit accepts.
 pub const MAX_LIMIT_REQUESTS: u32 = 1_000_000_000;
@@ -88,11 +87,6 @@ impl LimitSpec {
         let per = Duration::from_millis(u64::try_from(per_millis?).ok()?);
         Self::new(requests, per).ok()
     }
-
-    /// `{"requests": N, "per": "1m"}` (the duration in its largest exact unit).
-    pub fn to_json(&self) -> Value {
-        json!({ "requests": self.requests.get(), "per": format_duration(self.per) })
-    }
 }
 
 /// An organization's own quota for one named policy.
@@ -104,18 +98,6 @@ pub struct OrgLimit {
     pub policy: String,
     /// The quota used instead of the policy's.
     pub limit: LimitSpec,
-}
-
-impl OrgLimit {
-    /// `{"organization_id", "policy", "requests", "per"}`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "organization_id": self.organization_id,
-            "policy": self.policy,
-            "requests": self.limit.requests.get(),
-            "per": format_duration(self.limit.per),
-        })
-    }
 }
 
 /// The override `limits` hold for `org` under `policy`, if any.
@@ -135,7 +117,6 @@ mod tests {
         let ok = LimitSpec::parse(100, "1m").unwrap();
         assert_eq!(ok.requests.get(), 100);
         assert_eq!(ok.per, Duration::from_secs(60));
-        assert_eq!(ok.to_json(), json!({"requests": 100, "per": "1m"}));
         assert_eq!(LimitSpec::parse(0, "1m").unwrap_err().field, "requests");
         assert_eq!(
             LimitSpec::parse(u64::from(MAX_LIMIT_REQUESTS) + 1, "1m")
@@ -152,7 +133,7 @@ mod tests {
     #[test]
     fn slash_form_and_columns_round_trip() {
         let l = LimitSpec::parse_slash("5/90s").unwrap();
-        assert_eq!(l.to_json(), json!({"requests": 5, "per": "90s"}));
+        assert_eq!((l.requests.get(), l.per), (5, Duration::from_secs(90)));
         assert_eq!(
             LimitSpec::from_columns(Some(5), Some(l.per_millis())),
             Some(l)

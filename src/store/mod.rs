@@ -1,5 +1,7 @@
 //! The key store: organizations, users, memberships, API keys and sessions
-//! in one SQL schema served from SQLite or PostgreSQL ([`SqlStore`]), the
+//! in one SQL schema served from SQLite or PostgreSQL ([`SqlStore`]), which
+//! answers in records (`records.rs`: [`Organization`], [`ApiKeyRecord`], …)
+//! and [`StoreError`]s, never in JSON or HTTP terms; the
 //! [`KeyStore`] seam authentication reads through, the [`CachedKeyStore`]
 //! decorator the hot path uses, and the background tasks that keep the cache
 //! honest and the change log bounded ([`spawn_invalidation`]) and record key
@@ -8,22 +10,8 @@ pub mod cache;
 mod cached_key;
 pub mod invalidation;
 mod limits;
-mod outage;
-mod schema;
+mod records;
 pub mod sql;
-mod sql_accounts;
-mod sql_admin_tokens;
-mod sql_audit;
-mod sql_changes;
-mod sql_connect;
-mod sql_error;
-mod sql_key_lookup;
-mod sql_keys;
-mod sql_limits;
-mod sql_list;
-mod sql_removal;
-mod sql_rotate;
-mod sql_sessions;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod usage;
@@ -32,18 +20,15 @@ pub use cache::{CacheConfig, CachedKeyStore};
 pub use cached_key::CachedApiKey;
 pub use invalidation::spawn_invalidation;
 pub use limits::{org_limit, LimitProblem, LimitSpec, OrgLimit, MAX_LIMIT_PER, MAX_LIMIT_REQUESTS};
-pub use outage::unavailable;
-pub use sql::SqlStore;
-pub use sql_admin_tokens::AdminToken;
-pub use sql_audit::{spawn_audit_pruning, Actor, AuditEvent};
-pub use sql_changes::CHANGE_RETENTION;
-pub use sql_keys::NewApiKey;
-pub use sql_removal::Removed;
-pub use sql_rotate::Rotation;
+pub use records::{
+    AdminToken, ApiKeyRecord, AuditEvent, KeyStatus, Membership, Organization, SessionRecord, User,
+};
+pub use sql::{
+    spawn_audit_pruning, Actor, NewApiKey, Removed, Rotation, SqlStore, CHANGE_RETENTION,
+};
 pub use usage::UsageRecorder;
 
 use crate::secret::SecretHash;
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,133 +74,6 @@ impl StoreError {
             self,
             StoreError::Unreachable(_) | StoreError::Unavailable(_) | StoreError::Timeout
         )
-    }
-}
-
-/// An API key as stored (never its secret). Times are unix seconds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyRecord {
-    /// `key_` + 16 base62.
-    pub id: String,
-    /// Human name given at creation.
-    pub name: String,
-    /// The organization the key acts for.
-    pub organization_id: String,
-    /// The user who owns the key.
-    pub user_id: String,
-    /// Scopes chosen at creation.
-    pub scopes: Vec<String>,
-    /// Display prefix: the first 8 characters after `mpg_`.
-    pub prefix: String,
-    /// Creation time.
-    pub created_at: i64,
-    /// Expiry time, if any.
-    pub expires_at: Option<i64>,
-    /// First revocation time, if revoked.
-    pub revoked_at: Option<i64>,
-    /// Last recorded use (batched, approximate).
-    pub last_used_at: Option<i64>,
-    /// The id of the key this one was rotated into, if it was.
-    pub replaced_by: Option<String>,
-    /// The key's own rate limit, used instead of the quota of policies keyed
-    /// by credential; `None`: the policies' quotas.
-    pub rate_limit: Option<LimitSpec>,
-}
-
-/// Whether a key may be used now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyStatus {
-    /// Usable.
-    Active,
-    /// Past `expires_at`.
-    Expired,
-    /// Revoked (wins over expired).
-    Revoked,
-}
-
-impl KeyStatus {
-    /// The JSON / `details.reason` spelling.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            KeyStatus::Active => "active",
-            KeyStatus::Expired => "expired",
-            KeyStatus::Revoked => "revoked",
-        }
-    }
-}
-
-impl ApiKeyRecord {
-    /// The key's status at `now` (unix seconds); revoked wins over expired.
-    pub fn status(&self, now: i64) -> KeyStatus {
-        if self.revoked_at.is_some() {
-            KeyStatus::Revoked
-        } else if self.expires_at.is_some_and(|at| at <= now) {
-            KeyStatus::Expired
-        } else {
-            KeyStatus::Active
-        }
-    }
-
-    /// The JSON the key service shows: id, name, organization_id, user_id,
-    /// scopes[], prefix, status, created_at, expires_at, revoked_at,
-    /// last_used_at (RFC 3339 UTC or null), replaced_by (key id or null),
-    /// rate_limit (`{"requests", "per"}` or null).
-    pub fn to_json(&self, now: i64) -> Value {
-        json!({
-            "id": self.id,
-            "name": self.name,
-            "organization_id": self.organization_id,
-            "user_id": self.user_id,
-            "scopes": self.scopes,
-            "prefix": self.prefix,
-            "status": self.status(now).as_str(),
-            "created_at": rfc3339(Some(self.created_at)),
-            "expires_at": rfc3339(self.expires_at),
-            "revoked_at": rfc3339(self.revoked_at),
-            "last_used_at": rfc3339(self.last_used_at),
-            "replaced_by": self.replaced_by,
-            "rate_limit": self.rate_limit.as_ref().map(LimitSpec::to_json),
-        })
-    }
-}
-
-/// Unix seconds as an RFC 3339 UTC string, or JSON null.
-pub fn rfc3339(at: Option<i64>) -> Value {
-    at.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .map_or(Value::Null, Value::String)
-}
-
-/// A session as stored (never its token). Times are unix seconds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionRecord {
-    /// `ses_` + 16 base62.
-    pub id: String,
-    /// The signed-in user.
-    pub user_id: String,
-    /// Creation time.
-    pub created_at: i64,
-    /// The session is unusable from this time on.
-    pub expires_at: i64,
-}
-
-impl SessionRecord {
-    /// The JSON the admin commands and the admin API show: never the token.
-    pub fn to_json(&self) -> Value {
-        serde_json::json!({
-            "id": self.id,
-            "user_id": self.user_id,
-            "created_at": rfc3339(Some(self.created_at)),
-            "expires_at": rfc3339(Some(self.expires_at)),
-        })
-    }
-
-    /// True once `now` has reached `expires_at`.
-    pub fn is_expired(&self, now: i64) -> bool {
-        self.expires_at <= now
     }
 }
 
@@ -343,55 +201,6 @@ pub trait KeyStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record() -> ApiKeyRecord {
-        ApiKeyRecord {
-            id: "key_abc".into(),
-            name: "ci".into(),
-            organization_id: "acme".into(),
-            user_id: "alice".into(),
-            scopes: vec!["clusters:read".into(), "clusters:write".into()],
-            prefix: "AbCdEfGh".into(),
-            created_at: 0,
-            expires_at: Some(100),
-            revoked_at: None,
-            last_used_at: None,
-            replaced_by: None,
-            rate_limit: None,
-        }
-    }
-
-    #[test]
-    fn status_revoked_wins_over_expired() {
-        let mut r = record();
-        assert_eq!(r.status(99), KeyStatus::Active);
-        assert_eq!(r.status(100), KeyStatus::Expired);
-        r.revoked_at = Some(50);
-        assert_eq!(r.status(99), KeyStatus::Revoked);
-        assert_eq!(r.status(200), KeyStatus::Revoked);
-    }
-
-    #[test]
-    fn json_has_every_documented_field() {
-        let j = record().to_json(10);
-        assert_eq!(j["id"], "key_abc");
-        assert_eq!(j["scopes"], json!(["clusters:read", "clusters:write"]));
-        assert_eq!(j["status"], "active");
-        assert_eq!(j["created_at"], "1970-01-01T00:00:00Z");
-        assert_eq!(j["expires_at"], "1970-01-01T00:01:40Z");
-        assert_eq!(j["revoked_at"], Value::Null);
-        assert_eq!(j["last_used_at"], Value::Null);
-        assert_eq!(j["prefix"], "AbCdEfGh");
-        assert_eq!(j["replaced_by"], Value::Null);
-        assert_eq!(j["rate_limit"], Value::Null);
-        assert_eq!(j.as_object().map(|o| o.len()), Some(13));
-        let mut limited = record();
-        limited.rate_limit = LimitSpec::parse(10, "1m").ok();
-        assert_eq!(
-            limited.to_json(10)["rate_limit"],
-            json!({"requests": 10, "per": "1m"})
-        );
-    }
 
     #[test]
     fn role_in_finds_membership() {

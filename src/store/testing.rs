@@ -1,5 +1,7 @@
-//! Test helpers: a throw-away SQLite file or PostgreSQL database per test.
-use super::{SqlStore, StoreConfig};
+//! Test helpers: a throw-away SQLite file or PostgreSQL database per test,
+//! the macros that run a suite function on each backend, and the seed most
+//! store tests start from.
+use super::{NewApiKey, SqlStore, StoreConfig};
 use sqlx::AssertSqlSafe;
 use sqlx::{Connection, Executor, PgConnection};
 use std::time::Duration;
@@ -109,6 +111,60 @@ impl Drop for TestDb {
             });
         });
         let _ = cleanup.join();
+    }
+}
+
+/// Runs each suite function (`async fn name(store: &SqlStore)`, in the
+/// module that invokes this) against a fresh PostgreSQL database, in a
+/// module named `$module`.
+macro_rules! on_postgres {
+    ($module:ident: $($name:ident),* $(,)?) => {
+        mod $module {
+            $(#[tokio::test]
+            async fn $name() {
+                let db = $crate::store::testing::TestDb::postgres().await;
+                let store = db.store().await;
+                super::$name(&store).await;
+                store.pool.close().await;
+            })*
+        }
+    };
+}
+pub(crate) use on_postgres;
+
+/// Runs each suite function against a fresh SQLite file and a fresh
+/// PostgreSQL database.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                let db = $crate::store::testing::TestDb::sqlite();
+                super::$name(&db.store().await).await;
+            })*
+        }
+        $crate::store::testing::on_postgres!(postgres: $($name),*);
+    };
+}
+pub(crate) use both_backends;
+
+/// Organization `acme` (named `Acme`), user `alice` and her membership as
+/// `admin`.
+pub(crate) async fn seed(store: &SqlStore) {
+    store.create_organization("acme", Some("Acme")).await.ok();
+    store.create_user("alice", Some("a@example.com")).await.ok();
+    store.set_member("acme", "alice", "admin").await.ok();
+}
+
+/// A key named `name` for alice in acme, with two scopes.
+pub(crate) fn new_key(name: &str) -> NewApiKey {
+    NewApiKey {
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+        name: name.into(),
+        scopes: vec!["clusters:read".into(), "clusters:write".into()],
+        expires_at: None,
+        rate_limit: None,
     }
 }
 

@@ -2,7 +2,7 @@
 """Seeds a migrated gateway store (a SQLite file, or a PostgreSQL database given
 as a postgres:// URL, loaded with psql's COPY) with N API keys in the gateway's own
 format (src/auth/token.rs: `mpg_` + 32 base62 + 6 base62 of CRC32 over the 32;
-only the SHA-256 hex is stored, src/store/sql_keys.rs), far faster than N
+only the SHA-256 hex is stored, src/store/sql/keys.rs), far faster than N
 `mpg-gateway keys create` calls. The organization and user must exist (the
 suite creates them with the admin commands). Writes the secrets, one a line,
 to KEYS_OUT, and 1 000 well-formed keys that are NOT stored to INVALID_OUT;

@@ -2,6 +2,7 @@
 //! one configured policy.
 use serde_json::{json, Value};
 
+use crate::admin::render::org_limit;
 use crate::cli::Failure;
 use crate::config::Settings;
 use crate::store::sql::SqlStore;
@@ -36,7 +37,7 @@ pub(super) async fn set(
     known_policy(settings, policy)?;
     let limit = LimitSpec::parse(requests, per)
         .map_err(|p| Failure::input(format!("--{}: {}", p.field, p.reason)))?;
-    Ok(store.set_org_limit(org, policy, limit).await?.to_json())
+    Ok(org_limit(&store.set_org_limit(org, policy, limit).await?))
 }
 
 /// `org`'s quotas, by policy; exit 2 for an organization that does not exist.
@@ -45,7 +46,7 @@ pub(super) async fn list(store: &SqlStore, org: &str) -> Result<Value, Failure> 
         return Err(Failure::input(format!("no organization with id {org:?}")));
     }
     let limits = store.list_org_limits(org).await?;
-    let data: Vec<Value> = limits.iter().map(|l| l.to_json()).collect();
+    let data: Vec<Value> = limits.iter().map(org_limit).collect();
     Ok(json!({ "data": data }))
 }
 
@@ -59,7 +60,7 @@ pub(super) async fn unset(
     known_policy(settings, policy)?;
     match store.unset_org_limit(org, policy).await? {
         Some(removed) => {
-            let mut v = removed.to_json();
+            let mut v = org_limit(&removed);
             v["removed"] = json!(true);
             Ok(v)
         }

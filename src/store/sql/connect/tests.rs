@@ -1,6 +1,10 @@
 //! Reaching the store: refused and silent servers, SQLite's connection
 //! settings, query timeouts and bad urls.
 use super::*;
+use crate::secret::hash_secret;
+use crate::store::testing::TestDb;
+use crate::store::KeyStore;
+use sqlx::Row;
 
 #[tokio::test]
 async fn a_refused_connect_is_unreachable_at_once_not_at_the_query_timeout() {
@@ -108,18 +112,10 @@ async fn bad_url_is_invalid() {
 }
 
 #[test]
-fn sqlite_path_and_change_parsing() {
+fn sqlite_path_finds_the_file() {
     assert_eq!(
         sqlite_path("sqlite://data/g.db?mode=rwc"),
         Some("data/g.db")
     );
     assert_eq!(sqlite_path("sqlite::memory:"), None);
-    assert_eq!(
-        parse_change("member", "acme alice".into()),
-        Change::Member {
-            organization_id: "acme".into(),
-            user_id: "alice".into()
-        }
-    );
-    assert_eq!(parse_change("weird", String::new()), Change::All);
 }

@@ -1,6 +1,31 @@
 //! What the SQL store records over time: the change feed, usage stamps, and
 //! the pruning of changes, usage and audit events past retention.
 use super::*;
+use crate::store::sql::SqlStore;
+use crate::store::testing::{both_backends, new_key, seed, TestDb};
+use crate::store::CHANGE_RETENTION;
+use sqlx::Row;
+use std::time::Duration;
+
+both_backends!(
+    changes_feed_sees_every_invalidating_write,
+    usage_stamps_never_go_backwards,
+    prune_deletes_only_records_past_retention,
+    prune_works_off_a_backlog_in_batches,
+    audit_events_past_retention_are_pruned,
+);
+
+#[test]
+fn change_kinds_parse_and_an_unknown_one_drops_everything() {
+    assert_eq!(
+        parse_change("member", "acme alice".into()),
+        Change::Member {
+            organization_id: "acme".into(),
+            user_id: "alice".into()
+        }
+    );
+    assert_eq!(parse_change("weird", String::new()), Change::All);
+}
 
 pub(super) async fn changes_feed_sees_every_invalidating_write(store: &SqlStore) {
     seed(store).await;

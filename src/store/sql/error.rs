@@ -1,15 +1,15 @@
 //! sqlx's errors as [`StoreError`]s: which mean the store is unreachable,
 //! which that it timed out, which that it answered with an error; and
 //! [`StoreError::explain`], the cause in an operator's words.
-use super::StoreError;
+use crate::store::StoreError;
 use std::sync::Arc;
 
-/// Any driver/database failure: the store is unusable for this request.
+/// A sqlx error as a [`StoreError`]: the store is unusable for this request.
 /// A connection that could not be made or was lost is
 /// [`StoreError::Unreachable`] (the cache's circuit breaker opens at once),
 /// no pooled connection within the deadline is [`StoreError::Timeout`], and
 /// an error the server answered with is [`StoreError::Unavailable`].
-pub(super) fn unavailable(e: sqlx::Error) -> StoreError {
+pub(super) fn from_sqlx(e: sqlx::Error) -> StoreError {
     use sqlx::Error as E;
     let lost = match &e {
         E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolClosed | E::WorkerCrashed => true,
@@ -28,7 +28,7 @@ pub(super) fn unavailable(e: sqlx::Error) -> StoreError {
     }
 }
 
-/// `map_err(unavailable)` with less noise.
+/// `map_err(from_sqlx)` with less noise.
 pub(super) trait Db<T> {
     /// Maps a sqlx error to [`StoreError::Unavailable`].
     fn db(self) -> Result<T, StoreError>;
@@ -36,7 +36,7 @@ pub(super) trait Db<T> {
 
 impl<T> Db<T> for Result<T, sqlx::Error> {
     fn db(self) -> Result<T, StoreError> {
-        self.map_err(unavailable)
+        self.map_err(from_sqlx)
     }
 }
 

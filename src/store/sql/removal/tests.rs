@@ -157,10 +157,17 @@ async fn deleting_a_user_ends_their_sessions_and_removes_their_keys_everywhere()
             .ok()
             .flatten()
             .is_some());
-        assert_eq!(
-            store.list_members("acme").await.ok(),
-            Some(vec![("bob".into(), "member".into())])
-        );
+        let members = store.list_members("acme").await.unwrap_or_default();
+        let members: Vec<(&str, &str, &str)> = (members.iter())
+            .map(|m| {
+                (
+                    m.organization_id.as_str(),
+                    m.user_id.as_str(),
+                    m.role.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(members, [("acme", "bob", "member")]);
         assert_eq!(store.delete_user("alice").await.ok(), Some(None));
     }
     on_both!(check);

@@ -1,14 +1,14 @@
 //! The sessions part of [`SqlStore`]: creation, listing a user's sessions,
 //! revocation (which logs a session change, so running gateways drop the
 //! cached session) and the session lookup authentication reads through.
-use super::sql::SqlStore;
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::sql_limits::org_limits_of;
-use super::sql_list::{hash_list, in_list, text_list};
-use super::{Change, SessionAuth, SessionRecord, StoreError, UserAccess};
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
+use super::limits::org_limits_of;
+use super::list::{hash_list, in_list, text_list};
+use super::SqlStore;
 use crate::clock::unix_now;
 use crate::secret::{generate_id, generate_session_token, hash_secret, SecretHash};
+use crate::store::{Change, SessionAuth, SessionRecord, StoreError, UserAccess};
 use sqlx::any::AnyRow;
 use sqlx::AnyConnection;
 use sqlx::AssertSqlSafe;
@@ -308,4 +308,46 @@ async fn access_of(conn: &mut AnyConnection, user: &str) -> Result<UserAccess, s
         memberships,
         org_limits,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::secret::hash_secret;
+    use crate::store::sql::SqlStore;
+    use crate::store::testing::{both_backends, seed};
+    use crate::store::{KeyStore, StoreError};
+    use std::time::Duration;
+
+    async fn sessions_round_trip(store: &SqlStore) {
+        assert!(matches!(
+            store.create_session("ghost", Duration::from_secs(60)).await,
+            Err(StoreError::NotFound(m)) if m == "user ghost"
+        ));
+        seed(store).await;
+        let Ok((token, rec)) = store
+            .create_session("alice", Duration::from_secs(3600))
+            .await
+        else {
+            panic!("session failed")
+        };
+        assert!(crate::secret::check_session_token_format(&token).is_ok());
+        assert_eq!(rec.expires_at - rec.created_at, 3600);
+        let found = store
+            .find_session(&hash_secret(&token))
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(found.as_ref().map(|s| &s.session), Some(&rec));
+        assert_eq!(
+            found.as_ref().and_then(|s| s.role_in("acme")),
+            Some("admin")
+        );
+        assert_eq!(store.delete_session(&rec.id).await.ok(), Some(true));
+        assert_eq!(
+            store.find_session(&hash_secret(&token)).await.ok(),
+            Some(None)
+        );
+    }
+
+    both_backends!(sessions_round_trip);
 }

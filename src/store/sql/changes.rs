@@ -5,11 +5,11 @@
 //! (`changes_horizon.pruned_through`, the highest seq ever pruned) in the
 //! same transaction, so a reader whose cursor is below it knows it may have
 //! missed something and clears its cache instead.
+use super::error::Db;
 use super::schema::{Dialect, NOTIFY_CHANNEL};
-use super::sql::SqlStore;
-use super::sql_error::Db;
-use super::{Change, StoreError};
+use super::SqlStore;
 use crate::clock::unix_now;
+use crate::store::{Change, StoreError};
 use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Executor, Row};
 use std::time::Duration;
@@ -38,18 +38,18 @@ const PRUNE_LOCK: i64 = 7302;
 
 /// One read of the change log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct ChangeRead {
+pub(in crate::store) struct ChangeRead {
     /// Changes after the cursor (or recent), with their seq, oldest first.
-    pub(super) changes: Vec<(i64, Change)>,
+    pub(in crate::store) changes: Vec<(i64, Change)>,
     /// The highest seq pruned so far (0: none), read *after* the changes: a
     /// change pruned before the read above is at or below it.
-    pub(super) pruned_through: i64,
+    pub(in crate::store) pruned_through: i64,
 }
 
 impl SqlStore {
     /// Appends `change` to the invalidation log inside the caller's transaction
     /// (PostgreSQL: also `NOTIFY`, delivered at commit).
-    pub(super) async fn log_change(
+    pub(in crate::store) async fn log_change(
         &self,
         conn: &mut AnyConnection,
         change: &Change,
@@ -94,7 +94,7 @@ impl SqlStore {
     /// seconds; PostgreSQL can commit sequence numbers out of order, so the
     /// poller re-reads a recent window), with their seq, oldest first; then
     /// the pruning horizon.
-    pub(super) async fn changes_after(
+    pub(in crate::store) async fn changes_after(
         &self,
         after: i64,
         recent_at: i64,
@@ -261,7 +261,7 @@ async fn pruned_through(conn: &mut AnyConnection) -> Result<i64, StoreError> {
 }
 
 /// A change-log row back into a [`Change`]; anything unknown means "drop all".
-pub(super) fn parse_change(kind: &str, subject: String) -> Change {
+pub(in crate::store) fn parse_change(kind: &str, subject: String) -> Change {
     match kind {
         "api_key" => Change::ApiKey { id: subject },
         "session" => Change::Session { id: subject },
@@ -278,3 +278,6 @@ pub(super) fn parse_change(kind: &str, subject: String) -> Change {
         _ => Change::All,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,10 +2,10 @@
 //! list, and the read that attaches them to a key or session at lookup.
 //! A set or unset logs an organization-limits change, so running gateways
 //! drop the organization's cached keys and sessions within a second.
-use super::sql::{check_id, SqlStore};
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::{Change, LimitSpec, OrgLimit, StoreError};
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
+use super::{check_id, SqlStore};
+use crate::store::{Change, LimitSpec, OrgLimit, StoreError};
 use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Row};

@@ -5,11 +5,11 @@
 //! one "drop everything" instead). The row is locked first (PostgreSQL), so
 //! a key or session created meanwhile waits and then fails instead of being
 //! removed by the foreign-key cascade without a change logged for it.
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
 use super::schema::Dialect;
-use super::sql::SqlStore;
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::{Change, StoreError};
+use super::SqlStore;
+use crate::store::{Change, StoreError};
 use sqlx::AssertSqlSafe;
 use sqlx::{AnyConnection, Row};
 

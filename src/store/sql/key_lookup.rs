@@ -1,18 +1,51 @@
-//! The batched auth lookup of [`SqlStore`]: the keys of many secret hashes,
-//! each with its user's current role, in one query. The cache sends every
-//! miss waiting at the same moment here, so a storm of new keys costs one
-//! round trip per batch instead of one per key.
-use super::sql::SqlStore;
-use super::sql_error::Db;
-use super::sql_keys::{record_from_row, KEY_COLUMNS};
-use super::sql_list::{hash_list, in_list};
-use super::{ApiKeyAuth, LimitSpec, OrgLimit, StoreError};
+//! The auth lookups of API keys in [`SqlStore`]: the key of one secret hash,
+//! and the keys of many in one query, each with its user's current role and
+//! its organization's overrides. The cache sends every miss waiting at the
+//! same moment to the batched one, so a storm of new keys costs one round
+//! trip per batch instead of one per key.
+use super::error::Db;
+use super::keys::{record_from_row, KEY_COLUMNS};
+use super::limits::org_limits_of;
+use super::list::{hash_list, in_list};
+use super::SqlStore;
 use crate::secret::SecretHash;
+use crate::store::{ApiKeyAuth, LimitSpec, OrgLimit, StoreError};
 use sqlx::AssertSqlSafe;
 use sqlx::Row;
 use std::collections::HashMap;
 
 impl SqlStore {
+    /// The auth lookup: the key with this hash, its user's current role and
+    /// its organization's overrides of policy quotas.
+    pub(super) async fn find_api_key_by_hash(
+        &self,
+        hash: &SecretHash,
+    ) -> Result<Option<ApiKeyAuth>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(async {
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SELECT {KEY_COLUMNS}, m.role FROM api_keys k LEFT JOIN memberships m \
+                 ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
+                 WHERE k.key_hash = $1"
+            )))
+            .bind(hash.to_hex())
+            .fetch_optional(&mut *conn)
+            .await
+            .db()?;
+            let Some(row) = row else { return Ok(None) };
+            let key = record_from_row(&row).db()?;
+            let org_limits = org_limits_of(&mut conn, std::slice::from_ref(&key.organization_id))
+                .await
+                .db()?;
+            Ok(Some(ApiKeyAuth {
+                key,
+                role: row.try_get("role").db()?,
+                org_limits,
+            }))
+        })
+        .await
+    }
+
     /// The batched auth lookup: every key whose hash is in `hashes`, with
     /// its user's current role, in one query (one statement whatever the
     /// batch size, so it is prepared once per connection).

@@ -3,15 +3,14 @@
 //! organization itself, a membership, a limit, a member's session), written
 //! in the transaction of the change itself; listed newest first; pruned past
 //! a retention period. An event names what changed, never a secret or hash.
-use serde_json::{json, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 use std::time::Duration;
 
-use super::sql::{split_page, SqlStore};
-use super::sql_error::Db;
-use super::{rfc3339, StoreError};
+use super::error::Db;
+use super::{split_page, SqlStore};
 use crate::clock::unix_now;
+use crate::store::{AuditEvent, StoreError};
 
 /// Who made a change: a user through the HTTP API, an admin token through
 /// the admin API (with the request's id and client address), or the command
@@ -36,56 +35,6 @@ impl Actor {
     /// What the event's `actor` shows: the user id, or `cli`.
     fn name(&self) -> &str {
         self.user_id.as_deref().unwrap_or("cli")
-    }
-}
-
-/// One recorded lifecycle event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditEvent {
-    /// `evt_` and random characters: opaque, so that ids say nothing of how
-    /// many events other organizations had.
-    pub id: String,
-    /// `api_key.created`, `api_key.rotated`, `api_key.revoked`,
-    /// `api_key.deleted`, `organization.created`, `organization.deleted`,
-    /// `member.added`, `member.removed`, `limit.set`, `limit.removed`,
-    /// `session.created` or `session.revoked`.
-    pub action: String,
-    /// The key acted on (key events only).
-    pub key_id: Option<String>,
-    /// What else was acted on: the member's user id, the limit's policy, the
-    /// session's id, or the key a rotation made.
-    pub subject: Option<String>,
-    /// The key's organization.
-    pub organization_id: String,
-    /// A user id, or `cli`.
-    pub actor: String,
-    /// The request's `X-Request-Id` (none from the command line).
-    pub request_id: Option<String>,
-    /// The client's IP address (none from the command line).
-    pub client: Option<String>,
-    /// When, in unix seconds.
-    pub at: i64,
-}
-
-impl AuditEvent {
-    /// The JSON the API and the CLI show.
-    pub fn to_json(&self) -> Value {
-        let mut event = json!({
-            "id": self.id,
-            "action": self.action,
-            "key_id": self.key_id,
-            "subject": self.subject,
-            "organization_id": self.organization_id,
-            "actor": self.actor,
-            "request_id": self.request_id,
-            "client": self.client,
-            "at": rfc3339(Some(self.at)),
-        });
-        // A rotation names the key it made, as the key's record does.
-        if self.action == "api_key.rotated" {
-            event["replaced_by"] = json!(self.subject);
-        }
-        event
     }
 }
 

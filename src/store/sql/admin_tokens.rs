@@ -2,44 +2,18 @@
 //! (`/admin/v1`). Only a token's SHA-256 is stored; the token is shown once,
 //! when it is made. A token is looked up on every admin request, never
 //! cached, so a revocation holds on every instance at once.
-use serde_json::{json, Value};
 use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use sqlx::Row;
 
-use super::sql::SqlStore;
-use super::sql_error::Db;
-use super::{rfc3339, StoreError};
+use super::error::Db;
+use super::SqlStore;
 use crate::clock::unix_now;
 use crate::secret::{generate_admin_token, generate_id, hash_secret, SecretHash};
+use crate::store::{AdminToken, StoreError};
 
 /// Longest admin token name accepted.
 const MAX_NAME_CHARS: usize = 100;
-
-/// An admin token as stored (never the token). Times are unix seconds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdminToken {
-    /// `adm_` + 16 base62.
-    pub id: String,
-    /// What it is for, as its maker named it.
-    pub name: String,
-    /// Creation time.
-    pub created_at: i64,
-    /// When it was revoked, if it was.
-    pub revoked_at: Option<i64>,
-}
-
-impl AdminToken {
-    /// The JSON the command line shows.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "name": self.name,
-            "created_at": rfc3339(Some(self.created_at)),
-            "revoked_at": rfc3339(self.revoked_at),
-        })
-    }
-}
 
 /// Columns of an [`AdminToken`] (never the token hash).
 const TOKEN_COLUMNS: &str = "id, name, created_at, revoked_at";

@@ -1,13 +1,13 @@
-//! The API key half of [`SqlStore`]: create, list (keyset pagination with an
-//! opaque cursor), get, revoke, delete, usage stamps and the auth lookup.
-use super::sql::{split_page, SqlStore};
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::sql_limits::org_limits_of;
-use super::sql_list::{in_list, text_list};
-use super::{ApiKeyAuth, ApiKeyRecord, Change, LimitSpec, StoreError};
+//! API keys in [`SqlStore`]: create, list (keyset pagination with an opaque
+//! cursor), get, revoke, delete and usage stamps. The auth lookups are in
+//! `key_lookup.rs`, rotation in `rotate.rs`.
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
+use super::list::{in_list, text_list};
+use super::{split_page, SqlStore};
 use crate::clock::unix_now;
-use crate::secret::{generate_api_key, generate_key_id, hash_secret, SecretHash};
+use crate::secret::{generate_api_key, generate_key_id, hash_secret};
+use crate::store::{ApiKeyRecord, Change, LimitSpec, StoreError};
 use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use sqlx::Row;
@@ -341,66 +341,7 @@ impl SqlStore {
         .await?;
         self.commit(tx).await
     }
-
-    /// The auth lookup: the key with this hash, its user's current role and
-    /// its organization's overrides of policy quotas.
-    pub(super) async fn find_api_key_by_hash(
-        &self,
-        hash: &SecretHash,
-    ) -> Result<Option<ApiKeyAuth>, StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(async {
-            let row = sqlx::query(AssertSqlSafe(format!(
-                "SELECT {KEY_COLUMNS}, m.role FROM api_keys k LEFT JOIN memberships m \
-                 ON m.organization_id = k.organization_id AND m.user_id = k.user_id \
-                 WHERE k.key_hash = $1"
-            )))
-            .bind(hash.to_hex())
-            .fetch_optional(&mut *conn)
-            .await
-            .db()?;
-            let Some(row) = row else { return Ok(None) };
-            let key = record_from_row(&row).db()?;
-            let org_limits = org_limits_of(&mut conn, std::slice::from_ref(&key.organization_id))
-                .await
-                .db()?;
-            Ok(Some(ApiKeyAuth {
-                key,
-                role: row.try_get("role").db()?,
-                org_limits,
-            }))
-        })
-        .await
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursor_round_trips_and_rejects_garbage() {
-        let record = ApiKeyRecord {
-            id: "key_x.y".into(),
-            name: String::new(),
-            organization_id: String::new(),
-            user_id: String::new(),
-            scopes: vec![],
-            prefix: String::new(),
-            created_at: -5,
-            expires_at: None,
-            revoked_at: None,
-            last_used_at: None,
-            replaced_by: None,
-            rate_limit: None,
-        };
-        let c = encode_cursor(&record);
-        assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));
-        for bad in ["", "zz", "abc", "6162", "é0", "352e+f"] {
-            assert!(
-                matches!(decode_cursor(bad), Err(StoreError::Invalid(_))),
-                "{bad}"
-            );
-        }
-    }
-}
+mod tests;

@@ -15,7 +15,7 @@
 //! extra connection per [`REUSE`]. A failed attempt fails only the acquires
 //! that were already waiting when it ended: one that begins later (the store
 //! may be back by then) makes an attempt of its own.
-use super::StoreError;
+use crate::store::StoreError;
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection};
 use std::future::Future;
@@ -52,10 +52,10 @@ impl ConnectCheck {
         let began = Instant::now();
         let mut acquire = pin!(acquire);
         if let Ok(done) = tokio::time::timeout(CHECK_AFTER, &mut acquire).await {
-            return done.map_err(super::sql_error::unavailable);
+            return done.map_err(super::error::from_sqlx);
         }
         tokio::select! {
-            done = &mut acquire => done.map_err(super::sql_error::unavailable),
+            done = &mut acquire => done.map_err(super::error::from_sqlx),
             refused = self.refused(opts, deadline, began) => Err(refused),
         }
     }

@@ -1,12 +1,12 @@
 //! Key rotation in [`SqlStore`]: a new key with the old one's name, owner,
 //! scopes, expiry and rate limit, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
-use super::sql::SqlStore;
-use super::sql_audit::{record_event, Actor, Subject};
-use super::sql_error::Db;
-use super::sql_keys::{insert_key, key_by_id};
-use super::{ApiKeyRecord, Change, KeyStatus, StoreError};
+use super::audit::{record_event, Actor, Subject};
+use super::error::Db;
+use super::keys::{insert_key, key_by_id};
+use super::SqlStore;
 use crate::secret::{generate_api_key, generate_key_id};
+use crate::store::{ApiKeyRecord, Change, KeyStatus, StoreError};
 
 /// What a rotation made: the new key's secret (shown once), the new key's
 /// record, and the old key's record as it now stands.
@@ -18,6 +18,45 @@ pub struct Rotation {
     pub new: ApiKeyRecord,
     /// The old key, with `replaced_by` and its shortened `expires_at`.
     pub old: ApiKeyRecord,
+}
+
+/// Conflict unless `old` is active at `now` and not rotated yet.
+fn rotatable(old: &ApiKeyRecord, now: i64) -> Result<(), StoreError> {
+    if let Some(next) = &old.replaced_by {
+        return Err(StoreError::Conflict(format!(
+            "the key was already rotated into {next}; rotate that key instead"
+        )));
+    }
+    match old.status(now) {
+        KeyStatus::Active => Ok(()),
+        KeyStatus::Revoked => Err(StoreError::Conflict(
+            "the key is revoked; only an active key can be rotated".into(),
+        )),
+        KeyStatus::Expired => Err(StoreError::Conflict(
+            "the key has expired; only an active key can be rotated".into(),
+        )),
+    }
+}
+
+/// A new key made at `now` like `old` (name, owner, scopes, expiry, rate
+/// limit), and its secret.
+fn successor(old: &ApiKeyRecord, now: i64) -> (String, ApiKeyRecord) {
+    let (secret, prefix) = generate_api_key();
+    let new = ApiKeyRecord {
+        id: generate_key_id(),
+        name: old.name.clone(),
+        organization_id: old.organization_id.clone(),
+        user_id: old.user_id.clone(),
+        scopes: old.scopes.clone(),
+        prefix,
+        created_at: now,
+        expires_at: old.expires_at,
+        revoked_at: None,
+        last_used_at: None,
+        replaced_by: None,
+        rate_limit: old.rate_limit,
+    };
+    (secret, new)
 }
 
 impl SqlStore {
@@ -50,39 +89,8 @@ impl SqlStore {
             .timed(async {
                 let old = key_by_id(&mut tx, id).await.db()?;
                 let Some(mut old) = old else { return Ok(None) };
-                if let Some(next) = &old.replaced_by {
-                    return Err(StoreError::Conflict(format!(
-                        "the key was already rotated into {next}; rotate that key instead"
-                    )));
-                }
-                match old.status(now) {
-                    KeyStatus::Active => {}
-                    KeyStatus::Revoked => {
-                        return Err(StoreError::Conflict(
-                            "the key is revoked; only an active key can be rotated".into(),
-                        ))
-                    }
-                    KeyStatus::Expired => {
-                        return Err(StoreError::Conflict(
-                            "the key has expired; only an active key can be rotated".into(),
-                        ))
-                    }
-                }
-                let (secret, prefix) = generate_api_key();
-                let new = ApiKeyRecord {
-                    id: generate_key_id(),
-                    name: old.name.clone(),
-                    organization_id: old.organization_id.clone(),
-                    user_id: old.user_id.clone(),
-                    scopes: old.scopes.clone(),
-                    prefix,
-                    created_at: now,
-                    expires_at: old.expires_at,
-                    revoked_at: None,
-                    last_used_at: None,
-                    replaced_by: None,
-                    rate_limit: old.rate_limit,
-                };
+                rotatable(&old, now)?;
+                let (secret, new) = successor(&old, now);
                 insert_key(&mut tx, &new, &secret).await?;
                 let ends = now.saturating_add(grace.max(0));
                 let ends = old.expires_at.map_or(ends, |at| at.min(ends));

@@ -1,0 +1,141 @@
+//! The API's JSON of what the key service shows (API-SPEC.md): an API key,
+//! its own rate limit, an audit event, and the RFC 3339 times they share.
+//! The admin API and the command line show the same records the same way
+//! through these functions.
+use serde_json::{json, Value};
+
+use crate::config::format_duration;
+use crate::store::{ApiKeyRecord, AuditEvent, LimitSpec};
+
+/// Unix seconds as an RFC 3339 UTC string, or JSON null.
+pub fn rfc3339(at: Option<i64>) -> Value {
+    at.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .map_or(Value::Null, Value::String)
+}
+
+/// An API key at `now`: id, name, organization_id, user_id, scopes[],
+/// prefix, status, created_at, expires_at, revoked_at, last_used_at (RFC
+/// 3339 UTC or null), replaced_by (key id or null), rate_limit
+/// (`{"requests", "per"}` or null). Never the secret.
+pub fn api_key(record: &ApiKeyRecord, now: i64) -> Value {
+    json!({
+        "id": record.id,
+        "name": record.name,
+        "organization_id": record.organization_id,
+        "user_id": record.user_id,
+        "scopes": record.scopes,
+        "prefix": record.prefix,
+        "status": record.status(now).as_str(),
+        "created_at": rfc3339(Some(record.created_at)),
+        "expires_at": rfc3339(record.expires_at),
+        "revoked_at": rfc3339(record.revoked_at),
+        "last_used_at": rfc3339(record.last_used_at),
+        "replaced_by": record.replaced_by,
+        "rate_limit": record.rate_limit.as_ref().map(limit),
+    })
+}
+
+/// `{"requests": N, "per": "1m"}` (the duration in its largest exact unit).
+pub fn limit(spec: &LimitSpec) -> Value {
+    json!({ "requests": spec.requests.get(), "per": format_duration(spec.per) })
+}
+
+/// An audit event; a rotation also names the key it made as `replaced_by`,
+/// as the key's record does.
+pub fn audit_event(event: &AuditEvent) -> Value {
+    let mut out = json!({
+        "id": event.id,
+        "action": event.action,
+        "key_id": event.key_id,
+        "subject": event.subject,
+        "organization_id": event.organization_id,
+        "actor": event.actor,
+        "request_id": event.request_id,
+        "client": event.client,
+        "at": rfc3339(Some(event.at)),
+    });
+    if event.action == "api_key.rotated" {
+        out["replaced_by"] = json!(event.subject);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: "key_abc".into(),
+            name: "ci".into(),
+            organization_id: "acme".into(),
+            user_id: "alice".into(),
+            scopes: vec!["clusters:read".into(), "clusters:write".into()],
+            prefix: "AbCdEfGh".into(),
+            created_at: 0,
+            expires_at: Some(100),
+            revoked_at: None,
+            last_used_at: None,
+            replaced_by: None,
+            rate_limit: None,
+        }
+    }
+
+    #[test]
+    fn json_has_every_documented_field() {
+        let j = api_key(&record(), 10);
+        assert_eq!(j["id"], "key_abc");
+        assert_eq!(j["scopes"], json!(["clusters:read", "clusters:write"]));
+        assert_eq!(j["status"], "active");
+        assert_eq!(j["created_at"], "1970-01-01T00:00:00Z");
+        assert_eq!(j["expires_at"], "1970-01-01T00:01:40Z");
+        assert_eq!(j["revoked_at"], Value::Null);
+        assert_eq!(j["last_used_at"], Value::Null);
+        assert_eq!(j["prefix"], "AbCdEfGh");
+        assert_eq!(j["replaced_by"], Value::Null);
+        assert_eq!(j["rate_limit"], Value::Null);
+        assert_eq!(j.as_object().map(|o| o.len()), Some(13));
+        let mut limited = record();
+        limited.rate_limit = LimitSpec::parse(10, "1m").ok();
+        assert_eq!(
+            api_key(&limited, 10)["rate_limit"],
+            json!({"requests": 10, "per": "1m"})
+        );
+        assert_eq!(api_key(&record(), 100)["status"], "expired");
+    }
+
+    #[test]
+    fn a_limit_is_shown_in_its_largest_exact_unit() {
+        let shown = |n, per| LimitSpec::parse(n, per).ok().as_ref().map(limit);
+        assert_eq!(
+            shown(100, "1m"),
+            Some(json!({"requests": 100, "per": "1m"}))
+        );
+        assert_eq!(shown(5, "90s"), Some(json!({"requests": 5, "per": "90s"})));
+    }
+
+    #[test]
+    fn a_rotation_event_names_the_new_key_as_replaced_by() {
+        let mut event = AuditEvent {
+            id: "evt_1".into(),
+            action: "api_key.rotated".into(),
+            key_id: Some("key_old".into()),
+            subject: Some("key_new".into()),
+            organization_id: "acme".into(),
+            actor: "cli".into(),
+            request_id: None,
+            client: None,
+            at: 0,
+        };
+        let shown = audit_event(&event);
+        assert_eq!(shown["replaced_by"], "key_new");
+        assert_eq!(shown["at"], "1970-01-01T00:00:00Z");
+        assert_eq!(shown.as_object().map(|o| o.len()), Some(10));
+        event.action = "api_key.revoked".into();
+        assert_eq!(audit_event(&event).get("replaced_by"), None);
+    }
+}
