@@ -148,9 +148,7 @@ where
     }
 }
 
-/// What waiting for a connection's next request head ends with. Not boxed:
-/// that would allocate once per request, for a value moved once.
-#[allow(clippy::large_enum_variant)]
+/// What waiting for a connection's next request head ends with.
 enum Next {
     /// A whole head.
     Head(Head),
