@@ -27,14 +27,11 @@ mod socket;
 
 use bytes::{Bytes, BytesMut};
 use http::{Method, Version};
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Notify};
-use tokio::time::Sleep;
 
 use crate::clock;
 use crate::http::body::RequestBody;
@@ -103,241 +100,116 @@ where
     H: Handler,
 {
     let mut rbuf = BytesMut::new();
-    // The timer is armed no later than the wait's deadline and re-armed only
-    // when it fires early, so a busy connection does not touch the timer
-    // wheel per request.
-    let timer = tokio::time::sleep_until(first_head_by.into());
+    let mut first = true;
+    // The current wait's deadline; the timer is armed no later than it and
+    // re-armed only when it fires early, so a busy connection does not touch
+    // the timer wheel per request.
+    let mut deadline = first_head_by;
+    let timer = tokio::time::sleep_until(deadline.into());
     tokio::pin!(timer);
     // Shutdown, watched by one future for the connection's life: a
     // `changed()` made for each wait would add and remove a waiter in the
     // channel on every request.
     let stopping = crate::http::service::stopped(stop.clone());
     tokio::pin!(stopping);
-    let mut wait = Wait {
-        deadline: first_head_by,
-        first: true,
-        draining: false,
-    };
-    let served = Served {
-        handler: &**handler,
-        conn,
-        limits,
-        stop,
-    };
+    // Set once the drain has been seen while waiting for a request: the
+    // connection then closes at `deadline`, which is no later than
+    // DRAIN_LINGER after it last went quiet.
+    let mut draining = false;
     loop {
-        let head = match wait
-            .next_head(io, &mut rbuf, &served, timer.as_mut(), stopping.as_mut())
-            .await?
-        {
-            Next::Head(head) => head,
-            Next::Ended(ended) => return Ok(ended),
-            Next::Refused(e) => return refuse(io, served.handler, e, limits).await,
-        };
-        wait.first = false;
-        if !served.answer(io, &mut rbuf, head).await? {
-            return Ok(Ended::Closed);
-        }
-        wait.deadline = if rbuf.is_empty() {
-            // Drop the last request's allocation: idle, nothing is held.
-            rbuf = BytesMut::new();
-            clock::now() + limits.idle_timeout
-        } else {
-            // Pipelined: the next head has begun.
-            clock::now() + limits.header_read_timeout
-        };
-    }
-}
-
-/// What waiting for a connection's next request head ends with.
-enum Next {
-    /// A whole head.
-    Head(Head),
-    /// The connection ended, or turned out to be HTTP/2.
-    Ended(Ended),
-    /// A head that is refused.
-    Refused(HeadError),
-}
-
-/// A connection's wait for its next request head.
-struct Wait {
-    /// When the wait ends: `header_read_timeout` after a head's first byte
-    /// (or the accept), `idle_timeout` after the last response, or sooner
-    /// while draining.
-    deadline: Instant,
-    /// No request has been served yet (the HTTP/2 preface may still come).
-    first: bool,
-    /// Set once the drain has been seen while waiting for a request: the
-    /// connection then closes at `deadline`, which is no later than
-    /// DRAIN_LINGER after it last went quiet.
-    draining: bool,
-}
-
-impl Wait {
-    /// Reads until `rbuf` holds a whole head (taken from it), the HTTP/2
-    /// preface, or a head to refuse; or the client goes, the deadline
-    /// passes, or a drain finds the connection quiet.
-    async fn next_head<S: AsyncRead + Unpin, H>(
-        &mut self,
-        io: &mut S,
-        rbuf: &mut BytesMut,
-        served: &Served<'_, H>,
-        mut timer: Pin<&mut Sleep>,
-        mut stopping: Pin<&mut impl Future<Output = ()>>,
-    ) -> io::Result<Next> {
-        loop {
-            if let Some(next) = self.parsed(rbuf, served.limits) {
-                return Ok(next);
+        // ---- a request head
+        let head = loop {
+            if !rbuf.is_empty() {
+                if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
+                    if rbuf.len() >= H2_PREFACE.len() {
+                        return Ok(Ended::H2(rbuf.freeze()));
+                    }
+                } else {
+                    match parse_head(&mut rbuf) {
+                        Ok(Some(head)) => break head,
+                        Ok(None) if rbuf.len() > limits.max_head_bytes => {
+                            return refuse(io, &**handler, HeadError::TooLarge, limits).await;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return refuse(io, &**handler, e, limits).await,
+                    }
+                }
             }
             // No byte of a request yet (a fresh connection's first, or a
             // keep-alive connection's next): nothing is in flight, so a drain
             // closes the connection here, once a read has found nothing and
             // it has been quiet for DRAIN_LINGER.
             let waiting = rbuf.is_empty();
-            let idle = waiting && !self.first;
-            if timer.deadline().into_std() > self.deadline {
-                timer.as_mut().reset(self.deadline.into());
+            let idle = waiting && !first;
+            if timer.deadline().into_std() > deadline {
+                timer.as_mut().reset(deadline.into());
             }
             tokio::select! {
                 biased;
-                read = read_more(io, rbuf) => {
+                read = read_more(io, &mut rbuf) => {
                     if read? == 0 {
-                        return Ok(Next::Ended(Ended::Closed));
+                        return Ok(Ended::Closed);
                     }
                     if idle {
                         // A request head begins: it has header_read_timeout.
-                        self.deadline = clock::now() + served.limits.header_read_timeout;
+                        deadline = clock::now() + limits.header_read_timeout;
                     }
                 }
                 () = &mut timer => {
-                    if clock::now() >= self.deadline {
-                        tracing::debug!(peer = %served.conn.peer, idle, draining = self.draining, "HTTP/1 connection timed out waiting for a request");
-                        return Ok(Next::Ended(Ended::Closed));
+                    if clock::now() >= deadline {
+                        tracing::debug!(peer = %conn.peer, idle, draining, "HTTP/1 connection timed out waiting for a request");
+                        return Ok(Ended::Closed);
                     }
-                    timer.as_mut().reset(self.deadline.into());
+                    timer.as_mut().reset(deadline.into());
                 }
-                () = &mut stopping, if waiting && !self.draining => {
-                    if self.drain(served.limits) {
-                        return Ok(Next::Ended(Ended::Closed));
+                () = &mut stopping, if waiting && !draining => {
+                    // Quiet since the accept or since the last response
+                    // ended: what the deadline was counted from.
+                    let counted = match first {
+                        true => limits.header_read_timeout,
+                        false => limits.idle_timeout,
+                    };
+                    let close_at = deadline
+                        .checked_sub(counted)
+                        .map_or(deadline, |quiet_since| quiet_since + DRAIN_LINGER);
+                    if clock::now() >= close_at {
+                        return Ok(Ended::Closed);
                     }
+                    // A client that just had a response (one whose head
+                    // went out before the drain, so without `Connection:
+                    // close`) may be sending its next request already: it
+                    // is answered, with `Connection: close`, not reset.
+                    draining = true;
+                    deadline = deadline.min(close_at);
                 }
             }
-        }
-    }
-
-    /// What `rbuf` holds so far: a head, the HTTP/2 preface, a head to
-    /// refuse, or `None` while more is needed.
-    fn parsed(&self, rbuf: &mut BytesMut, limits: ConnectionLimits) -> Option<Next> {
-        if rbuf.is_empty() {
-            return None;
-        }
-        if self.first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
-            return (rbuf.len() >= H2_PREFACE.len())
-                .then(|| Next::Ended(Ended::H2(std::mem::take(rbuf).freeze())));
-        }
-        match parse_head(rbuf) {
-            Ok(Some(head)) => Some(Next::Head(head)),
-            Ok(None) if rbuf.len() > limits.max_head_bytes => {
-                Some(Next::Refused(HeadError::TooLarge))
-            }
-            Ok(None) => None,
-            Err(e) => Some(Next::Refused(e)),
-        }
-    }
-
-    /// The drain began while the connection waits for a request: whether to
-    /// close it now. If not, it closes at its deadline, which moves no later
-    /// than DRAIN_LINGER after the connection went quiet.
-    fn drain(&mut self, limits: ConnectionLimits) -> bool {
-        // Quiet since the accept or since the last response ended: what the
-        // deadline was counted from.
-        let counted = match self.first {
-            true => limits.header_read_timeout,
-            false => limits.idle_timeout,
         };
-        let close_at = self
-            .deadline
-            .checked_sub(counted)
-            .map_or(self.deadline, |quiet_since| quiet_since + DRAIN_LINGER);
-        if clock::now() >= close_at {
-            return true;
-        }
-        // A client that just had a response (one whose head went out before
-        // the drain, so without `Connection: close`) may be sending its next
-        // request already: it is answered, with `Connection: close`, not
-        // reset.
-        self.draining = true;
-        self.deadline = self.deadline.min(close_at);
-        false
-    }
-}
+        first = false;
 
-/// What serving a request on the connection needs.
-struct Served<'a, H> {
-    handler: &'a H,
-    conn: &'a Arc<ConnInfo>,
-    limits: ConnectionLimits,
-    stop: &'a watch::Receiver<bool>,
-}
-
-impl<H: Handler> Served<'_, H> {
-    /// Answers one request: runs the handler (feeding it the body as it
-    /// reads it), writes its reply, and reads past a body it left unread.
-    /// Whether the connection carries another request.
-    async fn answer<S>(&self, io: &mut S, rbuf: &mut BytesMut, head: Head) -> io::Result<bool>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        let head_request = head.req.method() == Method::HEAD;
-        let http10 = head.req.version() == Version::HTTP_10;
-        let (reply, mut keep_alive, unread) = self.handle(io, rbuf, head).await?;
-        if *self.stop.borrow() {
-            keep_alive = false;
-        }
-        // Written after the other ready requests: see `after_queued_tasks`.
-        after_queued_tasks().await;
-        let timeout = self.limits.idle_timeout;
-        let keep_alive =
-            write_response(io, reply, head_request, http10, keep_alive, timeout).await?;
-        if let Some(decoder) = unread {
-            return read_past(io, rbuf, decoder, keep_alive).await;
-        }
-        if !keep_alive {
-            let _ = io.shutdown().await;
-        }
-        Ok(keep_alive)
-    }
-
-    /// The handler's reply to `head`, whether the connection may be kept,
-    /// and the decoder of a body it answered before reading to its end
-    /// (read past after the answer: see `crate::http::body::DRAIN_MAX_BYTES`).
-    async fn handle<S>(
-        &self,
-        io: &mut S,
-        rbuf: &mut BytesMut,
-        head: Head,
-    ) -> io::Result<(Reply<H::Stamp>, bool, Option<Decoder>)>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
+        // ---- the handler, with the body fed as it reads it
         let Head {
             req,
             framing,
-            keep_alive,
+            mut keep_alive,
             expect_continue,
         } = head;
-        let conn = self.conn.clone();
-        let reply = match framing {
+        let head_request = req.method() == Method::HEAD;
+        let http10 = req.version() == Version::HTTP_10;
+        // A body the handler answered before reading to its end: read past
+        // after the answer (see `crate::http::body::DRAIN_MAX_BYTES`).
+        let mut unread = None;
+        let res = match framing {
             Framing::Empty => {
                 let req = req.map(|()| RequestBody::empty());
                 // Boxed: the connection's own future stays small while idle.
-                Box::pin(self.handler.handle(req, conn)).await
+                Box::pin(handler.handle(req, conn.clone())).await
             }
             // A small body usually arrives with its head: handed over whole,
             // it goes upstream with the request head in one write, and the
             // upstream connection never sees an answer before the body.
             Framing::Length(n) if rbuf.len() as u64 >= n => {
                 let body = RequestBody::full(rbuf.split_to(n as usize).freeze());
-                Box::pin(self.handler.handle(req.map(|()| body), conn)).await
+                Box::pin(handler.handle(req.map(|()| body), conn.clone())).await
             }
             Framing::Length(_) | Framing::Chunked => {
                 let (tx, rx) = mpsc::channel(1);
@@ -347,52 +219,68 @@ impl<H: Handler> Served<'_, H> {
                     _ => None,
                 };
                 let req = req.map(|()| RequestBody::streamed(rx, want.clone(), length));
-                let fut = Box::pin(self.handler.handle(req, conn));
+                let fut = Box::pin(handler.handle(req, conn.clone()));
                 let feed = Feed {
                     tx: Some(tx),
                     want,
                     decoder: Decoder::new(framing),
                     expect_continue,
                 };
-                let (reply, rest) = drive(io, rbuf, fut, feed, self.limits.idle_timeout).await?;
+                let (res, rest) = drive(io, &mut rbuf, fut, feed, limits.idle_timeout).await?;
                 // Unread body bytes would be taken for the next request: the
                 // connection is kept only for a rest that will be read past.
-                let keep_alive = keep_alive && rest.keeps_alive();
-                let unread = match rest {
-                    Rest::Unread { decoder, .. } => Some(decoder),
-                    _ => None,
-                };
-                return Ok((reply, keep_alive, unread));
+                keep_alive &= rest.keeps_alive();
+                if let Rest::Unread { decoder, .. } = rest {
+                    unread = Some(decoder);
+                }
+                res
             }
         };
-        Ok((reply, keep_alive, None))
+        if *stop.borrow() {
+            keep_alive = false;
+        }
+        // Written after the other ready requests: see `after_queued_tasks`.
+        after_queued_tasks().await;
+        let keep_alive = write_response(
+            io,
+            res,
+            head_request,
+            http10,
+            keep_alive,
+            limits.idle_timeout,
+        )
+        .await?;
+        if let Some(decoder) = unread {
+            // The client may still be sending: closing now, with its bytes
+            // unread, would reset the connection, and a reset can reach the
+            // client before it has read the answer. The rest is read and
+            // thrown away (after our FIN when the connection is to close:
+            // nginx's lingering close), then the connection goes on or closes.
+            if !keep_alive {
+                let _ = io.shutdown().await;
+            }
+            // Boxed: a connection's own future keeps no room for it.
+            let ended = Box::pin(discard(io, &mut rbuf, decoder)).await;
+            if !keep_alive || !ended {
+                if keep_alive {
+                    let _ = io.shutdown().await;
+                }
+                return Ok(Ended::Closed);
+            }
+        }
+        if !keep_alive {
+            let _ = io.shutdown().await;
+            return Ok(Ended::Closed);
+        }
+        if rbuf.is_empty() {
+            // Drop the last request's allocation: idle, nothing is held.
+            rbuf = BytesMut::new();
+            deadline = clock::now() + limits.idle_timeout;
+        } else {
+            // Pipelined: the next head has begun.
+            deadline = clock::now() + limits.header_read_timeout;
+        }
     }
-}
-
-/// Reads past the rest of a body the handler answered before reading: the
-/// client may still be sending, and closing with its bytes unread would
-/// reset the connection, a reset that can reach the client before it has
-/// read the answer. The rest is thrown away (after our FIN when the
-/// connection is to close: nginx's lingering close). Whether the connection
-/// carries another request.
-async fn read_past<S>(
-    io: &mut S,
-    rbuf: &mut BytesMut,
-    decoder: Decoder,
-    keep_alive: bool,
-) -> io::Result<bool>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    if !keep_alive {
-        let _ = io.shutdown().await;
-    }
-    // Boxed: a connection's own future keeps no room for it.
-    let ended = Box::pin(discard(io, rbuf, decoder)).await;
-    if keep_alive && !ended {
-        let _ = io.shutdown().await;
-    }
-    Ok(keep_alive && ended)
 }
 
 /// Answers a head that cannot be served with the handler's response to
