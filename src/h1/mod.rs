@@ -87,6 +87,11 @@ pub(crate) enum Ended {
 /// request's head (or the HTTP/2 preface) must be complete by
 /// `first_head_by`: `header_read_timeout` after the accept, so that a TLS
 /// handshake and the head share one allowance rather than getting one each.
+///
+/// One piece, read by its `// ----` sections: the loop is the hottest code in
+/// the gateway, and split into awaited steps (a wait for the head, an answer)
+/// it cost measurably more instructions per request, in the polls of the
+/// nested futures (`benches/load/FINDINGS.md`).
 pub(crate) async fn serve<S, H>(
     io: &mut S,
     handler: &Arc<H>,
