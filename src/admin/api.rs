@@ -41,6 +41,18 @@ pub(crate) async fn serve(
     }
 }
 
+/// What every resource's handler needs of one call: the store, the
+/// settings, the audit trail's actor, the method and the query.
+struct Call<'a> {
+    store: &'a SqlStore,
+    settings: &'a Settings,
+    actor: &'a Actor,
+    method: &'a Method,
+    query: Option<&'a str>,
+}
+
+/// Authenticates the caller, decodes the path and hands the request to the
+/// handler of the resource it names.
 async fn answer(
     store: &SqlStore,
     settings: &Settings,
@@ -65,15 +77,37 @@ async fn answer(
         })
         .collect::<Result<_, _>>()?;
     let segments: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
-    let query = head.uri.query();
-    let m = &head.method;
-    match (m, segments.as_slice()) {
+    let call = Call {
+        store,
+        settings,
+        actor,
+        method: &head.method,
+        query: head.uri.query(),
+    };
+    match segments.as_slice() {
+        ["organizations"] | ["organizations", _] => organizations(&call, &segments, body).await,
+        ["organizations", _, "members", ..] => members(&call, &segments, body).await,
+        ["organizations", _, "limits", ..] => limits(&call, &segments, body).await,
+        ["users"] | ["users", _] => users(&call, &segments, body).await,
+        ["sessions", ..] | ["users", _, "sessions"] => sessions(&call, &segments, body).await,
+        segments => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/organizations` and `/organizations/{id}`: create, list, read, delete.
+async fn organizations(
+    call: &Call<'_>,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let store = call.store;
+    match (call.method, segments) {
         (&Method::POST, ["organizations"]) => {
             let input = object(body, &["id", "name"]).await?;
             let id = required_string(&input, "id")?;
             let name = optional_string(&input, "name")?;
             let created = store
-                .create_organization_by(&id, name.as_deref(), actor)
+                .create_organization_by(&id, name.as_deref(), call.actor)
                 .await;
             Ok(json_response(
                 StatusCode::CREATED,
@@ -81,7 +115,7 @@ async fn answer(
             ))
         }
         (&Method::GET, ["organizations"]) => {
-            let (limit, cursor) = crate::keys_service::paging(query)?;
+            let (limit, cursor) = crate::keys_service::paging(call.query)?;
             let rows = store
                 .list_organizations_after(cursor.as_deref(), limit + 1)
                 .await;
@@ -96,11 +130,23 @@ async fn answer(
         }
         (&Method::DELETE, ["organizations", id]) => {
             let removed = store
-                .delete_organization_by(id, actor)
+                .delete_organization_by(id, call.actor)
                 .await
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/users` and `/users/{id}`: create, list, read, delete.
+async fn users(
+    call: &Call<'_>,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let store = call.store;
+    match (call.method, segments) {
         (&Method::POST, ["users"]) => {
             let input = object(body, &["id", "email"]).await?;
             let id = required_string(&input, "id")?;
@@ -112,7 +158,7 @@ async fn answer(
             ))
         }
         (&Method::GET, ["users"]) => {
-            let (limit, cursor) = crate::keys_service::paging(query)?;
+            let (limit, cursor) = crate::keys_service::paging(call.query)?;
             let rows = store.list_users_after(cursor.as_deref(), limit + 1).await;
             Ok(read_page(rows.map_err(store_error)?, limit, "id"))
         }
@@ -124,9 +170,24 @@ async fn answer(
             ))
         }
         (&Method::DELETE, ["users", id]) => {
-            let removed = store.delete_user_by(id, actor).await.map_err(store_error)?;
+            let removed = store
+                .delete_user_by(id, call.actor)
+                .await
+                .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/organizations/{org}/members[/{user}]`: set a role, list, remove.
+async fn members(
+    call: &Call<'_>,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let (store, settings) = (call.store, call.settings);
+    match (call.method, segments) {
         (&Method::PUT, ["organizations", org, "members", user]) => {
             let input = object(body, &["role"]).await?;
             let role = required_string(&input, "role")?;
@@ -138,7 +199,7 @@ async fn answer(
                 ));
             }
             let set = store
-                .set_member_by(org, user, &role, actor)
+                .set_member_by(org, user, &role, call.actor)
                 .await
                 .map_err(store_error)?;
             Ok(json_response(StatusCode::OK, &set))
@@ -151,33 +212,33 @@ async fn answer(
                 .into_iter()
                 .map(|(user, role)| json!({"organization_id": org, "user_id": user, "role": role}))
                 .collect();
-            page(all, query, "user_id")
+            page(all, call.query, "user_id")
         }
         (&Method::DELETE, ["organizations", org, "members", user]) => {
             let removed = store
-                .remove_member_by(org, user, actor)
+                .remove_member_by(org, user, call.actor)
                 .await
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// `/sessions[/{id}]` and `/users/{user}/sessions`: create, revoke, list.
+async fn sessions(
+    call: &Call<'_>,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let store = call.store;
+    match (call.method, segments) {
         (&Method::POST, ["sessions"]) => {
             let input = object(body, &["user_id", "ttl_seconds"]).await?;
             let user = required_string(&input, "user_id")?;
-            let ttl = match input.get("ttl_seconds") {
-                Some(Value::Number(n)) => n
-                    .as_u64()
-                    .filter(|s| (1..=MAX_TTL_SECONDS).contains(s))
-                    .ok_or_else(|| {
-                        GatewayError::bad_field(
-                            "ttl_seconds",
-                            "must be a whole number of seconds from 1 to 2592000 (30 days)",
-                        )
-                    })?,
-                None => 12 * 3600,
-                Some(_) => return Err(GatewayError::bad_field("ttl_seconds", "must be a number")),
-            };
+            let ttl = ttl_seconds(&input)?;
             let created = store
-                .create_session_by(&user, Duration::from_secs(ttl), actor)
+                .create_session_by(&user, Duration::from_secs(ttl), call.actor)
                 .await;
             let (token, session) = created.map_err(store_error)?;
             let mut out = session.to_json();
@@ -190,17 +251,48 @@ async fn answer(
             let sessions = store.list_sessions(user).await.map_err(store_error)?;
             page(
                 sessions.iter().map(SessionRecord::to_json).collect(),
-                query,
+                call.query,
                 "id",
             )
         }
         (&Method::DELETE, ["sessions", id]) => {
             let revoked = store
-                .revoke_session_by(id, actor)
+                .revoke_session_by(id, call.actor)
                 .await
                 .map_err(store_error)?;
             revoked.map(|_| no_content()).ok_or(GatewayError::NotFound)
         }
+        (_, segments) => Err(not_allowed_or_not_found(segments)),
+    }
+}
+
+/// A new session's `ttl_seconds`: 12 hours when absent, else a whole number
+/// of seconds from 1 to [`MAX_TTL_SECONDS`].
+fn ttl_seconds(input: &Map<String, Value>) -> Result<u64, GatewayError> {
+    match input.get("ttl_seconds") {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .filter(|s| (1..=MAX_TTL_SECONDS).contains(s))
+            .ok_or_else(|| {
+                GatewayError::bad_field(
+                    "ttl_seconds",
+                    "must be a whole number of seconds from 1 to 2592000 (30 days)",
+                )
+            }),
+        None => Ok(12 * 3600),
+        Some(_) => Err(GatewayError::bad_field("ttl_seconds", "must be a number")),
+    }
+}
+
+/// `/organizations/{org}/limits[/{policy}]`: set, list, unset an
+/// organization's override of a policy.
+async fn limits(
+    call: &Call<'_>,
+    segments: &[&str],
+    body: RequestBody,
+) -> Result<Response<Body>, GatewayError> {
+    let (store, settings) = (call.store, call.settings);
+    match (call.method, segments) {
         (&Method::PUT, ["organizations", org, "limits", policy]) => {
             known_policy(settings, policy)?;
             let input = object(body, &["requests", "per"]).await?;
@@ -212,7 +304,7 @@ async fn answer(
             let per = required_string(&input, "per")?;
             let limit = LimitSpec::parse(requests, &per)
                 .map_err(|p| GatewayError::bad_field(p.field, &p.reason))?;
-            let set = store.set_org_limit_by(org, policy, limit, actor).await;
+            let set = store.set_org_limit_by(org, policy, limit, call.actor).await;
             Ok(json_response(
                 StatusCode::OK,
                 &set.map_err(store_error)?.to_json(),
@@ -223,12 +315,12 @@ async fn answer(
             found.ok_or(GatewayError::NotFound)?;
             let limits = store.list_org_limits(org).await.map_err(store_error)?;
             let all = limits.iter().map(|l| l.to_json()).collect();
-            page(all, query, "policy")
+            page(all, call.query, "policy")
         }
         (&Method::DELETE, ["organizations", org, "limits", policy]) => {
             known_policy(settings, policy)?;
             let removed = store
-                .unset_org_limit_by(org, policy, actor)
+                .unset_org_limit_by(org, policy, call.actor)
                 .await
                 .map_err(store_error)?;
             removed.map(|_| no_content()).ok_or(GatewayError::NotFound)
