@@ -9,11 +9,14 @@ mod handshake;
 mod limits;
 pub(crate) mod proxy_protocol;
 
+use hyper::server::conn::http2;
+use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use std::time::Instant;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
@@ -120,50 +123,93 @@ pub async fn serve_behind<H: Handler>(
         metrics::gauge!(names::CONNECTIONS, "listener" => limits.name).increment(1.0);
         let open = OpenConnection(limits.name);
         let source = Source::new(&proxies, peer, tls.is_some(), peer_trusted);
-        let (handler, h2, tls, limits, stop) = (
-            handler.clone(),
-            h2.clone(),
-            tls.clone(),
-            limits.clone(),
-            stop_rx.clone(),
-        );
-        // Each branch boxes its whole future, so that the task of a plain
-        // connection reserves no room for a TLS one's state (a rustls
-        // connection is large): every idle keep-alive connection pays for
-        // the size of its task.
-        connections.spawn(crate::clock::reading_once_per_poll(async move {
-            let _permit = permit;
-            let _open = open;
-            let mut stream = stream;
-            let conn = match source {
-                Source::Peer(conn) => conn,
-                Source::ProxyHeader(proxies) => {
-                    let read =
-                        proxy_protocol::read_client(&mut stream, first_request_by, stop.clone());
-                    let named = Box::pin(read).await;
-                    match named_client(named, &proxies, peer, tls.is_some()) {
-                        Some(conn) => conn,
-                        None => return,
-                    }
-                }
-            };
-            let accepted = Accepted {
-                h2: &h2,
-                conn,
-                handler,
-                limits: &limits,
-                first_request_by,
-                stop,
-            };
-            match tls {
-                Some(acceptor) => Box::pin(serve_tls(acceptor, stream, accepted)).await,
-                None => Box::pin(serve_connection(stream, accepted)).await,
-            }
+        connections.spawn(connection_task(Arrival {
+            stream,
+            peer,
+            source,
+            first_request_by,
+            permit,
+            open,
+            handler: handler.clone(),
+            h2: h2.clone(),
+            tls: tls.clone(),
+            limits: limits.clone(),
+            stop: stop_rx.clone(),
         }));
     }
     drop(listener);
     let _ = stop_tx.send(true);
     drain(&limits, &slots, &mut connections).await;
+}
+
+/// A connection just accepted, with everything its task owns.
+struct Arrival<H> {
+    stream: TcpStream,
+    peer: SocketAddr,
+    source: Source,
+    /// When its PROXY header, TLS handshake and first request's head must
+    /// have come.
+    first_request_by: Instant,
+    /// Its slot of `max_connections`.
+    permit: OwnedSemaphorePermit,
+    open: OpenConnection,
+    handler: Arc<H>,
+    h2: Arc<http2::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    limits: ListenerLimits,
+    stop: watch::Receiver<bool>,
+}
+
+/// A connection's task: its PROXY header (if the listener takes one), then
+/// TLS (if any) and HTTP. A plain fn returning an `async move` block, its
+/// fields taken apart before it, so the task captures each as the accept
+/// loop's own block did (no struct held beside them).
+fn connection_task<H: Handler>(arrival: Arrival<H>) -> impl Future<Output = ()> + Send + 'static {
+    let Arrival {
+        stream,
+        peer,
+        source,
+        first_request_by,
+        permit,
+        open,
+        handler,
+        h2,
+        tls,
+        limits,
+        stop,
+    } = arrival;
+    // Each branch boxes its whole future, so that the task of a plain
+    // connection reserves no room for a TLS one's state (a rustls
+    // connection is large): every idle keep-alive connection pays for
+    // the size of its task.
+    crate::clock::reading_once_per_poll(async move {
+        let _permit = permit;
+        let _open = open;
+        let mut stream = stream;
+        let conn = match source {
+            Source::Peer(conn) => conn,
+            Source::ProxyHeader(proxies) => {
+                let read = proxy_protocol::read_client(&mut stream, first_request_by, stop.clone());
+                let named = Box::pin(read).await;
+                match named_client(named, &proxies, peer, tls.is_some()) {
+                    Some(conn) => conn,
+                    None => return,
+                }
+            }
+        };
+        let accepted = Accepted {
+            h2: &h2,
+            conn,
+            handler,
+            limits: &limits,
+            first_request_by,
+            stop,
+        };
+        match tls {
+            Some(acceptor) => Box::pin(serve_tls(acceptor, stream, accepted)).await,
+            None => Box::pin(serve_connection(stream, accepted)).await,
+        }
+    })
 }
 
 /// Takes a slot for a new connection from `peer`, and says whether the peer
