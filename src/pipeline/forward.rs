@@ -5,7 +5,6 @@
 use http::header::HOST;
 use http::{request, Request, Response};
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Instant;
 
 use super::authorize::Grant;
@@ -48,9 +47,11 @@ impl Pipeline {
             let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
             let upstream = match &entry.destination {
                 Destination::Builtin(op) => {
-                    return self
-                        .to_key_service(*op, grant, validated, head, body, &origin)?
-                        .await;
+                    // Boxed, so the proxying path's future is not sized for this one.
+                    return Box::pin(
+                        self.to_key_service(*op, grant, validated, head, body, &origin)?,
+                    )
+                    .await;
                 }
                 Destination::Http(upstream) => upstream,
             };
@@ -109,8 +110,8 @@ impl Pipeline {
     }
 
     /// Stage 6 for the built-in key service: it gets the caller's grant and
-    /// the head. Boxed, so the proxying path's future is not sized for this
-    /// one.
+    /// the head. The caller boxes the call, so the proxying path's future is
+    /// not sized for this one.
     fn to_key_service<'a>(
         &'a self,
         op: Operation,
@@ -119,10 +120,7 @@ impl Pipeline {
         head: &mut request::Parts,
         body: Body,
         origin: &Origin<'a>,
-    ) -> Result<
-        Pin<Box<impl Future<Output = Result<Response<Body>, GatewayError>> + 'a>>,
-        GatewayError,
-    > {
+    ) -> Result<impl Future<Output = Result<Response<Body>, GatewayError>> + 'a, GatewayError> {
         let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
         let ctx = crate::keys_service::Caller {
             principal: grant.principal,
@@ -134,12 +132,9 @@ impl Pipeline {
         // The key service takes the head: nothing reads it after.
         let head = std::mem::replace(head, Request::new(()).into_parts().0);
         let req = Request::from_parts(head, body);
-        Ok(Box::pin(self.keys_service.handle(
-            op,
-            ctx,
-            validated.key.map(|k| *k),
-            req,
-        )))
+        Ok(self
+            .keys_service
+            .handle(op, ctx, validated.key.map(|k| *k), req))
     }
 
     /// The identity fields the upstream gets for an authorized caller.
