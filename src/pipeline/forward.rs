@@ -47,11 +47,11 @@ impl Pipeline {
             let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
             let upstream = match &entry.destination {
                 Destination::Builtin(op) => {
+                    // Its own statement: a `?` inside the awaited expression would
+                    // keep the unboxed future's room in this one.
+                    let call = self.to_key_service(*op, grant, validated, head, body, &origin)?;
                     // Boxed, so the proxying path's future is not sized for this one.
-                    return Box::pin(
-                        self.to_key_service(*op, grant, validated, head, body, &origin)?,
-                    )
-                    .await;
+                    return Box::pin(call).await;
                 }
                 Destination::Http(upstream) => upstream,
             };
