@@ -85,18 +85,7 @@ pub fn demo_settings(
 /// Runs the demo until Ctrl-C (or SIGTERM). `config` names a file whose
 /// routes, roles and policies replace the shipped ones.
 pub async fn run(args: &DemoArgs, config: Option<&Path>) -> Result<(), Failure> {
-    let (base, file): (Cow<'_, str>, &Path) = match config {
-        None => (
-            SHIPPED_CONFIG.into(),
-            Path::new("config/gateway.toml (built in)"),
-        ),
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::input(format!("{}: cannot read the file: {e}", path.display()))
-            })?;
-            (text.into(), path)
-        }
-    };
+    let (base, file) = base_config(config)?;
     let mut signals = crate::signals::Signals::register();
     let dir = tempfile::tempdir()
         .map_err(|e| Failure::runtime(format!("cannot create a temp dir: {e}")))?;
@@ -116,37 +105,10 @@ pub async fn run(args: &DemoArgs, config: Option<&Path>) -> Result<(), Failure> 
             Failure::input(e.to_string())
         })?;
 
-    let limits = ListenerLimits {
-        name: "demo-clusters",
-        idle_timeout: Duration::from_secs(60),
-        max_connections: 1024,
-        header_read_timeout: Duration::from_secs(10),
-        max_header_bytes: 16 * 1024,
-        shutdown_grace: Duration::from_secs(1),
-    };
-    let (stop_clusters, stopped) = tokio::sync::oneshot::channel::<()>();
-    let clusters = tokio::spawn(serve(
-        clusters_listener,
-        None,
-        limits,
-        Arc::new(DemoClusters::seeded(ORG, args.busy_for)),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop_clusters, clusters) = spawn_clusters(clusters_listener, args.busy_for);
 
     let limit = clusters_limit(&settings);
-    let started = async {
-        let store = crate::app::open_store(&settings, false)
-            .await
-            .map_err(|e| Failure::runtime(e.to_string()))?;
-        let seeded = seed(&store).await?;
-        let running = crate::app::start(settings, None)
-            .await
-            .map_err(|e| Failure::runtime(e.to_string()))?;
-        Ok::<_, Failure>((running, seeded))
-    };
-    let (running, seeded) = match started.await {
+    let (running, seeded) = match start_seeded(settings).await {
         Ok(started) => started,
         Err(f) => {
             let _ = stop_clusters.send(());
@@ -169,6 +131,65 @@ pub async fn run(args: &DemoArgs, config: Option<&Path>) -> Result<(), Failure> 
     let _ = stop_clusters.send(());
     let _ = clusters.await;
     Ok(())
+}
+
+/// The configuration file's text, and the name its problems are reported
+/// under: the shipped one's unless `config` names another.
+fn base_config(config: Option<&Path>) -> Result<(Cow<'_, str>, &Path), Failure> {
+    Ok(match config {
+        None => (
+            SHIPPED_CONFIG.into(),
+            Path::new("config/gateway.toml (built in)"),
+        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Failure::input(format!("{}: cannot read the file: {e}", path.display()))
+            })?;
+            (text.into(), path)
+        }
+    })
+}
+
+/// Serves the demo clusters service on `listener` until the sender
+/// returned is used (or dropped).
+fn spawn_clusters(
+    listener: TcpListener,
+    busy_for: Duration,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let limits = ListenerLimits {
+        name: "demo-clusters",
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 1024,
+        header_read_timeout: Duration::from_secs(10),
+        max_header_bytes: 16 * 1024,
+        shutdown_grace: Duration::from_secs(1),
+    };
+    let (stop_clusters, stopped) = tokio::sync::oneshot::channel::<()>();
+    let clusters = tokio::spawn(serve(
+        listener,
+        None,
+        limits,
+        Arc::new(DemoClusters::seeded(ORG, busy_for)),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    (stop_clusters, clusters)
+}
+
+/// Opens and seeds the demo's store, then starts the gateway on it.
+async fn start_seeded(settings: Settings) -> Result<(crate::app::Running, Seeded), Failure> {
+    let store = crate::app::open_store(&settings, false)
+        .await
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let seeded = seed(&store).await?;
+    let running = crate::app::start(settings, None)
+        .await
+        .map_err(|e| Failure::runtime(e.to_string()))?;
+    Ok((running, seeded))
 }
 
 /// The rate limit of `GET /api/v1/clusters`, which the printed 429 loop spends.

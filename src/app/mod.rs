@@ -11,10 +11,12 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Settings, TlsSettings};
 use crate::http::service::stopped;
 use crate::server::{serve, serve_behind, ListenerLimits, Proxies};
+use crate::tls::CertResolver;
 
 /// Why the gateway could not start; each names the config part involved.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,8 @@ pub struct Running {
     tasks: Vec<JoinHandle<()>>,
 }
 
+// === impl Running ===
+
 impl Running {
     /// Stops accepting, drains in-flight requests (up to `shutdown_grace`), and waits.
     pub async fn stop(self) {
@@ -89,21 +93,7 @@ pub async fn start(
         crate::metrics::metrics_handle();
     }
     crate::logging::set_summary_interval(settings.log.summary_interval);
-    let (tls, resolver) = match &settings.server.tls {
-        Some(t) => {
-            if *t == crate::config::TlsSettings::SelfSigned {
-                tracing::warn!(
-                    "serving a self-signed certificate generated in memory: for development only"
-                );
-            }
-            let (config, resolver) = crate::tls::server_config(load_certified_key(t)?)?;
-            (
-                Some(tokio_rustls::TlsAcceptor::from(config)),
-                Some(resolver),
-            )
-        }
-        None => (None, None),
-    };
+    let (tls, resolver) = gateway_tls(settings.server.tls.as_ref())?;
     let listen = settings.server.listen;
     let limits = ListenerLimits::gateway(&settings.server.limits);
     let proxies = Proxies::gateway(&settings.server);
@@ -112,15 +102,7 @@ pub async fn start(
     if let Some(warning) = settings.admin.exposure_warning() {
         tracing::warn!("{warning}");
     }
-    // Loaded at start only: a new admin certificate takes a restart.
-    let admin_tls = match &settings.admin.tls {
-        Some(t) => {
-            let key = load_certified_key(t).map_err(StartError::AdminTls)?;
-            let (config, _) = crate::tls::server_config(key).map_err(StartError::AdminTls)?;
-            Some(tokio_rustls::TlsAcceptor::from(config))
-        }
-        None => None,
-    };
+    let admin_tls = admin_tls(settings.admin.tls.as_ref())?;
     let gateway = build(settings).await?;
     let (store_display, limiter_backend) = (
         gateway.settings.store.display.clone(),
@@ -128,34 +110,12 @@ pub async fn start(
     );
     let usage = gateway.usage.clone();
     let live = Arc::new(Live::new(gateway, config_path, resolver));
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            setting: "server.listen",
-            addr: listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        setting: "server.listen",
-        addr: listen,
-        source,
-    })?;
+    let (listener, addr) = bind(listen, "server.listen").await?;
     let (tx, rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let mut admin_addr = None;
     if let Some(listen) = admin_listen {
-        let admin = TcpListener::bind(listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                setting: "admin.listen",
-                addr: listen,
-                source,
-            })?;
-        let bound = admin.local_addr().map_err(|source| StartError::Bind {
-            setting: "admin.listen",
-            addr: listen,
-            source,
-        })?;
+        let (admin, bound) = bind(listen, "admin.listen").await?;
         tracing::info!(addr = %bound, tls = admin_tls.is_some(), "admin listening");
         admin_addr = Some(bound);
         let hosts = crate::admin::AllowedHosts::new(listen, admin_hosts);
@@ -186,6 +146,53 @@ pub async fn start(
         shutdown: tx,
         tasks,
     })
+}
+
+/// The gateway listener's TLS acceptor for `server.tls`, if any, and the
+/// resolver a reload swaps its certificate in.
+fn gateway_tls(
+    tls: Option<&TlsSettings>,
+) -> Result<(Option<TlsAcceptor>, Option<Arc<CertResolver>>), StartError> {
+    Ok(match tls {
+        Some(t) => {
+            if *t == TlsSettings::SelfSigned {
+                tracing::warn!(
+                    "serving a self-signed certificate generated in memory: for development only"
+                );
+            }
+            let (config, resolver) = crate::tls::server_config(load_certified_key(t)?)?;
+            (Some(TlsAcceptor::from(config)), Some(resolver))
+        }
+        None => (None, None),
+    })
+}
+
+/// The admin listener's TLS acceptor for `admin.tls`, if any. Loaded at
+/// start only: a new admin certificate takes a restart.
+fn admin_tls(tls: Option<&TlsSettings>) -> Result<Option<TlsAcceptor>, StartError> {
+    Ok(match tls {
+        Some(t) => {
+            let key = load_certified_key(t).map_err(StartError::AdminTls)?;
+            let (config, _) = crate::tls::server_config(key).map_err(StartError::AdminTls)?;
+            Some(TlsAcceptor::from(config))
+        }
+        None => None,
+    })
+}
+
+/// Binds `listen`, which `setting` names, and says the address bound.
+async fn bind(
+    listen: SocketAddr,
+    setting: &'static str,
+) -> Result<(TcpListener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind {
+        setting,
+        addr: listen,
+        source,
+    };
+    let listener = TcpListener::bind(listen).await.map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, addr))
 }
 
 /// Loads the certificate the settings name (or generates one).

@@ -54,6 +54,8 @@ pub struct Live {
     reloading: tokio::sync::Mutex<()>,
 }
 
+// === impl Live ===
+
 impl Live {
     /// Serves `gateway`; `config_path` is re-read on reload; `resolver` takes renewed certificates.
     pub fn new(
@@ -232,106 +234,98 @@ impl Handler for Live {
     }
 }
 
-/// Puts back the running value of every setting that needs a restart,
-/// naming the ones the file changed.
-fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    fn keep<T: PartialEq + Clone>(
-        changed: &mut Vec<&'static str>,
-        name: &'static str,
-        new: &mut T,
-        old: &T,
-    ) {
+/// The names of the restart-only settings a reload found changed.
+struct Changed(Vec<&'static str>);
+
+// === impl Changed ===
+
+impl Changed {
+    /// Puts back `old` if the file changed it to `new`, and notes `name`.
+    fn keep<T: PartialEq + Clone>(&mut self, name: &'static str, new: &mut T, old: &T) {
         if new != old {
-            changed.push(name);
+            self.0.push(name);
             *new = old.clone();
         }
     }
-    keep(
-        &mut changed,
-        "server.listen",
-        &mut new.server.listen,
-        &old.server.listen,
-    );
+}
+
+/// Puts back the running value of every setting that needs a restart,
+/// naming the ones the file changed.
+fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
+    let mut changed = Changed(Vec::new());
+    let k = &mut changed;
+    k.keep("server.listen", &mut new.server.listen, &old.server.listen);
     // The identity provider's key set is fetched by a task of its own,
     // which a reload keeps.
-    keep(
-        &mut changed,
-        "auth.oidc",
-        &mut new.auth.oidc,
-        &old.auth.oidc,
-    );
-    keep(
-        &mut changed,
+    k.keep("auth.oidc", &mut new.auth.oidc, &old.auth.oidc);
+    k.keep(
         "server.workers",
         &mut new.server.workers,
         &old.server.workers,
     );
-    let same_mode = matches!(
-        (&new.server.tls, &old.server.tls),
-        (None, None)
-            | (Some(TlsSettings::SelfSigned), Some(TlsSettings::SelfSigned))
-            | (
-                Some(TlsSettings::Files { .. }),
-                Some(TlsSettings::Files { .. })
-            )
-    );
-    if !same_mode {
-        changed.push("server.tls (mode)");
+    if !same_tls_mode(new.server.tls.as_ref(), old.server.tls.as_ref()) {
+        k.0.push("server.tls (mode)");
         new.server.tls = old.server.tls.clone();
     }
     let (nl, ol) = (&mut new.server.limits, &old.server.limits);
     // The listener sizes its HTTP/1.1 head buffer and HTTP/2's
     // SETTINGS_MAX_HEADER_LIST_SIZE from it at start: a reloaded value
     // would apply to HTTP/1.1 and not to HTTP/2.
-    keep(
-        &mut changed,
+    k.keep(
         "server.limits.max_header_bytes",
         &mut nl.max_header_bytes,
         &ol.max_header_bytes,
     );
-    keep(
-        &mut changed,
+    k.keep(
         "server.limits.header_read_timeout",
         &mut nl.header_read_timeout,
         &ol.header_read_timeout,
     );
-    keep(
-        &mut changed,
+    k.keep(
         "server.limits.idle_timeout",
         &mut nl.idle_timeout,
         &ol.idle_timeout,
     );
-    keep(
-        &mut changed,
+    k.keep(
         "server.limits.max_connections",
         &mut nl.max_connections,
         &ol.max_connections,
     );
-    keep(
-        &mut changed,
+    k.keep(
         "server.limits.shutdown_grace",
         &mut nl.shutdown_grace,
         &ol.shutdown_grace,
     );
     // The listener checks PROXY headers against the list it started with:
     // the pipeline reading the same list keeps the two in step.
-    keep(
-        &mut changed,
+    k.keep(
         "server.proxy_protocol",
         &mut new.server.proxy_protocol,
         &old.server.proxy_protocol,
     );
-    keep(
-        &mut changed,
+    k.keep(
         "server.client_ip",
         &mut new.server.client_ip,
         &old.server.client_ip,
     );
-    keep(&mut changed, "admin", &mut new.admin, &old.admin);
-    keep(&mut changed, "log", &mut new.log, &old.log);
-    keep(&mut changed, "store", &mut new.store, &old.store);
-    changed
+    k.keep("admin", &mut new.admin, &old.admin);
+    k.keep("log", &mut new.log, &old.log);
+    k.keep("store", &mut new.store, &old.store);
+    changed.0
+}
+
+/// Whether the listener's TLS mode (none, self-signed, files) is the same:
+/// a reload reloads certificate files, but cannot switch modes.
+fn same_tls_mode(new: Option<&TlsSettings>, old: Option<&TlsSettings>) -> bool {
+    matches!(
+        (new, old),
+        (None, None)
+            | (Some(TlsSettings::SelfSigned), Some(TlsSettings::SelfSigned))
+            | (
+                Some(TlsSettings::Files { .. }),
+                Some(TlsSettings::Files { .. })
+            )
+    )
 }
 
 #[cfg(test)]

@@ -5,11 +5,13 @@
 use http::header::HOST;
 use http::{request, Request, Response};
 use std::future::Future;
+use std::time::Instant;
 
 use super::authorize::Grant;
 use super::stamp::RequestId;
 use super::table::{Destination, Pipeline, RouteEntry};
 use super::validate::Validated;
+use crate::config::Operation;
 use crate::error::{AuthReason, GatewayError};
 use crate::http::body::{Body, RequestBody};
 use crate::http::fields::CONTENT_DIGEST;
@@ -41,37 +43,23 @@ impl Pipeline {
         origin: Origin<'a>,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
+            let max_body = self.settings.server.limits.max_body_bytes;
+            let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
+            let upstream = match &entry.destination {
+                Destination::Builtin(op) => {
+                    // Its own statement: a `?` inside the awaited expression would
+                    // keep the unboxed future's room in this one.
+                    let call = self.to_key_service(*op, grant, validated, head, body, &origin)?;
+                    // Boxed, so the proxying path's future is not sized for this one.
+                    return Box::pin(call).await;
+                }
+                Destination::Http(upstream) => upstream,
+            };
             let Origin {
                 conn,
                 client,
                 request_id,
             } = origin;
-            let max_body = self.settings.server.limits.max_body_bytes;
-            let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
-            let upstream = match &entry.destination {
-                Destination::Builtin(op) => {
-                    let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
-                    let ctx = crate::keys_service::Caller {
-                        principal: grant.principal,
-                        organization: grant.organization,
-                        role: grant.role,
-                        request_id: request_id.as_str(),
-                        client: client.addr().as_str(),
-                    };
-                    // The key service takes the head: nothing reads it after.
-                    let head = std::mem::replace(head, Request::new(()).into_parts().0);
-                    let req = Request::from_parts(head, body);
-                    // Boxed, so the proxying path's future is not sized for this one.
-                    return Box::pin(self.keys_service.handle(
-                        *op,
-                        ctx,
-                        validated.key.map(|k| *k),
-                        req,
-                    ))
-                    .await;
-                }
-                Destination::Http(upstream) => upstream,
-            };
             // Taken out of the map (no copy): the upstream gets the target's
             // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
             // `:authority` (HTTP/2 only) is cloned, not copied: it shares the
@@ -85,23 +73,9 @@ impl Pipeline {
             if let Some(name) = &self.client_ip_field {
                 head.headers.remove(name);
             }
-            let identity = match &grant {
-                Some(g) => {
-                    let scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
-                    Some(Identity {
-                        organization_id: g.organization,
-                        user_id: g.principal.user_id(),
-                        role: g.role,
-                        auth: g.principal.auth_kind(),
-                        key_id: g.principal.key_id(),
-                        scopes,
-                    })
-                }
-                None => None,
-            };
             let signature;
             let mut added = Added {
-                identity,
+                identity: grant.as_ref().map(|g| self.identity(g)),
                 forwarded: ForwardedFor {
                     chain: client.forwarded_for(),
                     proto: if conn.tls { "https" } else { "http" },
@@ -130,48 +104,106 @@ impl Pipeline {
                 .as_ref()
                 .map(|h| (h, crate::clock::now()));
             let result = upstream.forward(head, body, Some(&added)).await;
-            let outcome = match &result {
-                Ok(_) => {
-                    if let Some((histogram, at)) = handed_over {
-                        histogram.record(
-                            crate::clock::now()
-                                .saturating_duration_since(at)
-                                .as_secs_f64(),
-                        );
-                    }
-                    "response"
-                }
-                Err(UpstreamError::Timeout) => "timeout",
-                Err(UpstreamError::BodyTooLarge) => "body_too_large",
-                Err(UpstreamError::Connect(_)) => "connect_error",
-                Err(UpstreamError::Unavailable { .. }) => "unavailable",
-                Err(UpstreamError::Saturated) => "saturated",
-                Err(e) if e.is_client_side() => "client_body",
-                Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
-            };
-            entry.upstream_outcomes.increment(outcome);
-            result.map_err(|e| match e {
-                UpstreamError::Timeout => GatewayError::GatewayTimeout,
-                UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
-                UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
-                    what: format!("upstream {}", entry.route.upstream).into(),
-                    retry_after,
-                },
-                UpstreamError::Saturated => GatewayError::ServiceUnavailable {
-                    what: format!("upstream {}", entry.route.upstream).into(),
-                    retry_after: 1,
-                },
-                // The client's own body was cut off, malformed or stalled:
-                // its fault, not the upstream's (no 502, no warning logged).
-                other => match other.client_body_error() {
-                    Some(body) => GatewayError::BadRequest {
-                        message: body.to_string().into(),
-                        field: None,
-                    },
-                    None => GatewayError::BadGateway(Box::new(other)),
-                },
-            })
+            count_outcome(entry, &result, handed_over);
+            result.map_err(|e| upstream_error(entry, max_body, e))
         }
+    }
+
+    /// Stage 6 for the built-in key service: it gets the caller's grant and
+    /// the head. The caller boxes the call, so the proxying path's future is
+    /// not sized for this one.
+    fn to_key_service<'a>(
+        &'a self,
+        op: Operation,
+        grant: Option<Grant<'a>>,
+        validated: Validated,
+        head: &mut request::Parts,
+        body: Body,
+        origin: &Origin<'a>,
+    ) -> Result<impl Future<Output = Result<Response<Body>, GatewayError>> + 'a, GatewayError> {
+        let grant = grant.ok_or(GatewayError::Unauthorized(AuthReason::Missing))?;
+        let ctx = crate::keys_service::Caller {
+            principal: grant.principal,
+            organization: grant.organization,
+            role: grant.role,
+            request_id: origin.request_id.as_str(),
+            client: origin.client.addr().as_str(),
+        };
+        // The key service takes the head: nothing reads it after.
+        let head = std::mem::replace(head, Request::new(()).into_parts().0);
+        let req = Request::from_parts(head, body);
+        Ok(self
+            .keys_service
+            .handle(op, ctx, validated.key.map(|k| *k), req))
+    }
+
+    /// The identity fields the upstream gets for an authorized caller.
+    #[inline]
+    fn identity<'a>(&'a self, g: &Grant<'a>) -> Identity<'a> {
+        let scopes = g.principal.effective_scopes(&self.settings.roles, g.role);
+        Identity {
+            organization_id: g.organization,
+            user_id: g.principal.user_id(),
+            role: g.role,
+            auth: g.principal.auth_kind(),
+            key_id: g.principal.key_id(),
+            scopes,
+        }
+    }
+}
+
+/// Counts the upstream's outcome on the route's counter, and records the
+/// latency of an answer when the route keeps that histogram.
+#[inline]
+fn count_outcome(
+    entry: &RouteEntry,
+    result: &Result<Response<Body>, UpstreamError>,
+    handed_over: Option<(&metrics::Histogram, Instant)>,
+) {
+    let outcome = match result {
+        Ok(_) => {
+            if let Some((histogram, at)) = handed_over {
+                histogram.record(
+                    crate::clock::now()
+                        .saturating_duration_since(at)
+                        .as_secs_f64(),
+                );
+            }
+            "response"
+        }
+        Err(UpstreamError::Timeout) => "timeout",
+        Err(UpstreamError::BodyTooLarge) => "body_too_large",
+        Err(UpstreamError::Connect(_)) => "connect_error",
+        Err(UpstreamError::Unavailable { .. }) => "unavailable",
+        Err(UpstreamError::Saturated) => "saturated",
+        Err(e) if e.is_client_side() => "client_body",
+        Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
+    };
+    entry.upstream_outcomes.increment(outcome);
+}
+
+/// The gateway's error for an upstream's failure on `entry`.
+fn upstream_error(entry: &RouteEntry, max_body: u64, e: UpstreamError) -> GatewayError {
+    match e {
+        UpstreamError::Timeout => GatewayError::GatewayTimeout,
+        UpstreamError::BodyTooLarge => GatewayError::PayloadTooLarge { limit: max_body },
+        UpstreamError::Unavailable { retry_after } => GatewayError::ServiceUnavailable {
+            what: format!("upstream {}", entry.route.upstream).into(),
+            retry_after,
+        },
+        UpstreamError::Saturated => GatewayError::ServiceUnavailable {
+            what: format!("upstream {}", entry.route.upstream).into(),
+            retry_after: 1,
+        },
+        // The client's own body was cut off, malformed or stalled:
+        // its fault, not the upstream's (no 502, no warning logged).
+        other => match other.client_body_error() {
+            Some(body) => GatewayError::BadRequest {
+                message: body.to_string().into(),
+                field: None,
+            },
+            None => GatewayError::BadGateway(Box::new(other)),
+        },
     }
 }
 

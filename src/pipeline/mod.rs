@@ -26,6 +26,7 @@ use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::auth::Principal;
 use crate::error::GatewayError;
@@ -45,6 +46,37 @@ struct Outcome {
     /// A shadow policy would have refused it (stage 3).
     shadow_limited: bool,
 }
+
+// === impl Outcome ===
+
+impl Outcome {
+    /// Nothing known yet: no stage has run.
+    #[inline]
+    fn new() -> Self {
+        Outcome {
+            route: None,
+            decision: None,
+            principal: None,
+            organization: None,
+            shadow_limited: false,
+        }
+    }
+}
+
+/// A request once answered, as its metrics and access-log line see it.
+struct Answered<'a> {
+    started: Instant,
+    /// The method's bounded label.
+    method: &'static str,
+    bytes_in: Option<u64>,
+    conn: &'a ConnInfo,
+    client: &'a Client<'a>,
+    request_id: &'a RequestId,
+    out: &'a Outcome,
+    res: &'a Response<Body>,
+}
+
+// === impl Pipeline ===
 
 impl Pipeline {
     /// Answers one request on this gateway, which the future keeps alive
@@ -67,13 +99,7 @@ impl Pipeline {
             // method is unbounded text, and may be a misplaced secret.
             let method = method_label(&head.method);
             let head_request = head.method == Method::HEAD;
-            let mut out = Outcome {
-                route: None,
-                decision: None,
-                principal: None,
-                organization: None,
-                shadow_limited: false,
-            };
+            let mut out = Outcome::new();
             let bytes_in = body.size_hint().exact();
             // Who the client is, once: the connection's source, unless a
             // trusted proxy's header names another.
@@ -93,43 +119,16 @@ impl Pipeline {
             if head_request {
                 res = without_body(res);
             }
-            let route = out.route.map(|i| this.routes[i].route.path.as_str());
-            let status = res.status().as_u16();
-            let request_metrics = match out.route {
-                Some(i) => &this.routes[i].metrics,
-                None => &this.unrouted,
-            };
-            request_metrics
-                .requests
-                .increment((method, status_label(status)));
-            request_metrics.latency.record(
-                crate::clock::now()
-                    .saturating_duration_since(started)
-                    .as_secs_f64(),
-            );
-            tracing::info!(
-                target: "access",
-                request_id = request_id.as_str(),
+            this.record(&Answered {
+                started,
                 method,
-                route,
-                status,
-                latency_us = started.elapsed().as_micros() as u64,
-                peer = %conn.peer.ip(),
-                // What the request has not got is absent: `null` in JSON, `-` in text.
-                client = client.addr().as_str(),
-                key_id = out.principal.as_ref().and_then(|p| p.key_id()),
-                user_id = out.principal.as_ref().map(|p| p.user_id()),
-                organization = out
-                    .organization
-                    .as_deref()
-                    .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization())),
-                upstream = out.route.map(|i| this.routes[i].route.upstream.as_str()),
                 bytes_in,
-                bytes_out = res.body().size_hint().exact(),
-                // Only on the requests a shadow policy would have refused.
-                shadow_limited = out.shadow_limited.then_some(true),
-                "request"
-            );
+                conn: &conn,
+                client: &client,
+                request_id: &request_id,
+                out: &out,
+                res: &res,
+            });
             // The request id moved into the stamp, not cloned: a clone of a
             // client's id allocates.
             let stamp = ReplyStamp {
@@ -209,6 +208,59 @@ impl Pipeline {
             self.forward(entry, head, body, grant, validated, origin)
                 .await
         }
+    }
+
+    /// Records an answered request: its route's (or the unrouted) request
+    /// count and latency, and its one access-log line.
+    #[inline]
+    fn record(&self, a: &Answered<'_>) {
+        let Answered {
+            started,
+            method,
+            bytes_in,
+            conn,
+            client,
+            request_id,
+            out,
+            res,
+        } = *a;
+        let route = out.route.map(|i| self.routes[i].route.path.as_str());
+        let status = res.status().as_u16();
+        let request_metrics = match out.route {
+            Some(i) => &self.routes[i].metrics,
+            None => &self.unrouted,
+        };
+        request_metrics
+            .requests
+            .increment((method, status_label(status)));
+        request_metrics.latency.record(
+            crate::clock::now()
+                .saturating_duration_since(started)
+                .as_secs_f64(),
+        );
+        tracing::info!(
+            target: "access",
+            request_id = request_id.as_str(),
+            method,
+            route,
+            status,
+            latency_us = started.elapsed().as_micros() as u64,
+            peer = %conn.peer.ip(),
+            // What the request has not got is absent: `null` in JSON, `-` in text.
+            client = client.addr().as_str(),
+            key_id = out.principal.as_ref().and_then(|p| p.key_id()),
+            user_id = out.principal.as_ref().map(|p| p.user_id()),
+            organization = out
+                .organization
+                .as_deref()
+                .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization())),
+            upstream = out.route.map(|i| self.routes[i].route.upstream.as_str()),
+            bytes_in,
+            bytes_out = res.body().size_hint().exact(),
+            // Only on the requests a shadow policy would have refused.
+            shadow_limited = out.shadow_limited.then_some(true),
+            "request"
+        );
     }
 
     /// The one place a refusal becomes a response; internals go to the log.

@@ -73,6 +73,8 @@ pub(crate) struct RequestMetrics {
     pub(crate) latency: metrics::Histogram,
 }
 
+// === impl RequestMetrics ===
+
 impl RequestMetrics {
     pub(crate) fn new(route: metrics::SharedString) -> Self {
         let label = route.clone();
@@ -109,6 +111,8 @@ pub struct Pipeline {
     pub(crate) oidc: Option<Arc<Oidc>>,
 }
 
+// === impl Pipeline ===
+
 impl Pipeline {
     /// The gateway for `settings` (already validated), reusing what outlives a
     /// reload: the store, its cache, the usage recorder and the limiter, and
@@ -126,96 +130,16 @@ impl Pipeline {
         previous: Option<&Pipeline>,
     ) -> Result<Pipeline, TableError> {
         let settings = Arc::new(settings);
-        let mut upstreams = BTreeMap::new();
-        for (name, u) in &settings.upstreams {
-            if let UpstreamSettings::Http(cfg) = u {
-                let running = previous
-                    .and_then(|g| g.upstreams.get(name))
-                    .filter(|up| up.serves(cfg));
-                let up = match running {
-                    Some(up) => up.clone(),
-                    None => {
-                        Arc::new(Upstream::new(name, cfg).map_err(|e| TableError::Upstream {
-                            name: name.clone(),
-                            reason: e.to_string(),
-                        })?)
-                    }
-                };
-                upstreams.insert(name.clone(), up);
-            }
-        }
+        let upstreams = Self::upstreams(&settings, previous)?;
         let mut router = Router::builder();
         let mut routes = Vec::with_capacity(settings.routes.len());
         for (i, route) in settings.routes.iter().enumerate() {
             router
                 .insert(route.method.clone(), &route.path, i)
                 .map_err(|e| TableError::Route(format!("routes[{i}]: {e}")))?;
-            let destination = match &settings.upstreams[&route.upstream] {
-                UpstreamSettings::Http(_) => Destination::Http(upstreams[&route.upstream].clone()),
-                UpstreamSettings::Builtin(BuiltinService::ApiKeys) => {
-                    let op = Operation::for_route(&route.method, &route.path).ok_or_else(|| {
-                        TableError::Route(format!("routes[{i}]: not a key service endpoint"))
-                    })?;
-                    Destination::Builtin(op)
-                }
-            };
-            let path_param = match &route.organization {
-                OrgSource::Path(n) | OrgSource::Key(n) => Some(n.clone()),
-                _ if route.path.contains("{id}") => Some("id".to_string()),
-                _ => None,
-            };
-            let policy = route
-                .rate_limit
-                .map(|p| (PolicyId(p), settings.rate_limit.policies[p].key));
-            let label = metrics::SharedString::from_shared(Arc::<str>::from(route.path.as_str()));
-            let limit_counters = route.rate_limit.map(|p| {
-                let name = settings.rate_limit.policies[p].name.clone();
-                let counter = |decision: &'static str| {
-                    metrics::counter!(names::RATE_LIMIT, "policy" => name.clone(), "decision" => decision)
-                };
-                (counter("allowed"), counter("limited"))
-            });
-            let shadow_refusals = route
-                .rate_limit
-                .map(|p| &settings.rate_limit.policies[p])
-                .filter(|p| p.mode == PolicyMode::Shadow)
-                .map(|p| {
-                    metrics::counter!(names::RATE_LIMIT_SHADOW_REFUSALS, "policy" => p.name.clone())
-                });
-            let upstream = route.upstream.clone();
-            // Metrics are recorded only with the admin listener on (see
-            // `start`); the key service, served in-process, has no upstream time.
-            let upstream_latency = match &destination {
-                Destination::Http(_) if settings.admin.listen.is_some() => Some(
-                    metrics::histogram!(names::UPSTREAM_SECONDS, "upstream" => upstream.clone()),
-                ),
-                _ => None,
-            };
-            routes.push(RouteEntry {
-                route: route.clone(),
-                destination,
-                policy,
-                path_param,
-                metrics: RequestMetrics::new(label),
-                limit_counters,
-                shadow_refusals,
-                upstream_latency,
-                upstream_outcomes: CounterCache::new(move |outcome| {
-                    metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome)
-                }),
-            });
+            routes.push(RouteEntry::new(&settings, &upstreams, i, route)?);
         }
-        // `[auth.oidc]` needs a restart: a reload keeps the running provider
-        // and its key set.
-        let oidc = match (&settings.auth.oidc, previous.and_then(|g| g.oidc.clone())) {
-            (Some(_), Some(running)) => Some(running),
-            (Some(cfg), None) => {
-                let oidc = Oidc::new(cfg.clone(), keys.clone()).map_err(TableError::Oidc)?;
-                oidc.spawn_refresh();
-                Some(oidc)
-            }
-            (None, _) => None,
-        };
+        let oidc = Self::oidc(&settings, &keys, previous)?;
         let keys_service = KeysService::new(store.clone(), keys.clone(), settings.clone());
         let field = &settings.server.client_ip.header;
         let client_ip_field = (!crate::proxy::headers::is_spoofable(field)).then(|| field.clone());
@@ -238,6 +162,121 @@ impl Pipeline {
             ),
             client_ip_field,
             oidc,
+        })
+    }
+
+    /// The HTTP upstreams of `settings`: those of `previous` that serve the
+    /// same settings carry on, the others are built.
+    fn upstreams(
+        settings: &Settings,
+        previous: Option<&Pipeline>,
+    ) -> Result<BTreeMap<String, Arc<Upstream>>, TableError> {
+        let mut upstreams = BTreeMap::new();
+        for (name, u) in &settings.upstreams {
+            if let UpstreamSettings::Http(cfg) = u {
+                let running = previous
+                    .and_then(|g| g.upstreams.get(name))
+                    .filter(|up| up.serves(cfg));
+                let up = match running {
+                    Some(up) => up.clone(),
+                    None => {
+                        Arc::new(Upstream::new(name, cfg).map_err(|e| TableError::Upstream {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        })?)
+                    }
+                };
+                upstreams.insert(name.clone(), up);
+            }
+        }
+        Ok(upstreams)
+    }
+
+    /// The identity provider of `[auth.oidc]`, if any. It needs a restart: a
+    /// reload keeps the running provider and its key set.
+    fn oidc(
+        settings: &Settings,
+        keys: &CachedKeyStore,
+        previous: Option<&Pipeline>,
+    ) -> Result<Option<Arc<Oidc>>, TableError> {
+        Ok(
+            match (&settings.auth.oidc, previous.and_then(|g| g.oidc.clone())) {
+                (Some(_), Some(running)) => Some(running),
+                (Some(cfg), None) => {
+                    let oidc = Oidc::new(cfg.clone(), keys.clone()).map_err(TableError::Oidc)?;
+                    oidc.spawn_refresh();
+                    Some(oidc)
+                }
+                (None, _) => None,
+            },
+        )
+    }
+}
+
+// === impl RouteEntry ===
+
+impl RouteEntry {
+    /// The entry of `route`, the `i`th of `settings`, with its destination
+    /// among `upstreams` and its metric handles.
+    fn new(
+        settings: &Settings,
+        upstreams: &BTreeMap<String, Arc<Upstream>>,
+        i: usize,
+        route: &RouteSettings,
+    ) -> Result<RouteEntry, TableError> {
+        let destination = match &settings.upstreams[&route.upstream] {
+            UpstreamSettings::Http(_) => Destination::Http(upstreams[&route.upstream].clone()),
+            UpstreamSettings::Builtin(BuiltinService::ApiKeys) => {
+                let op = Operation::for_route(&route.method, &route.path).ok_or_else(|| {
+                    TableError::Route(format!("routes[{i}]: not a key service endpoint"))
+                })?;
+                Destination::Builtin(op)
+            }
+        };
+        let path_param = match &route.organization {
+            OrgSource::Path(n) | OrgSource::Key(n) => Some(n.clone()),
+            _ if route.path.contains("{id}") => Some("id".to_string()),
+            _ => None,
+        };
+        let policy = route
+            .rate_limit
+            .map(|p| (PolicyId(p), settings.rate_limit.policies[p].key));
+        let label = metrics::SharedString::from_shared(Arc::<str>::from(route.path.as_str()));
+        let limit_counters = route.rate_limit.map(|p| {
+            let name = settings.rate_limit.policies[p].name.clone();
+            let counter = |decision: &'static str| {
+                metrics::counter!(names::RATE_LIMIT, "policy" => name.clone(), "decision" => decision)
+            };
+            (counter("allowed"), counter("limited"))
+        });
+        let shadow_refusals = route
+            .rate_limit
+            .map(|p| &settings.rate_limit.policies[p])
+            .filter(|p| p.mode == PolicyMode::Shadow)
+            .map(|p| {
+                metrics::counter!(names::RATE_LIMIT_SHADOW_REFUSALS, "policy" => p.name.clone())
+            });
+        let upstream = route.upstream.clone();
+        // Metrics are recorded only with the admin listener on (see
+        // `start`); the key service, served in-process, has no upstream time.
+        let upstream_latency = match &destination {
+            Destination::Http(_) if settings.admin.listen.is_some() => {
+                Some(metrics::histogram!(names::UPSTREAM_SECONDS, "upstream" => upstream.clone()))
+            }
+            _ => None,
+        };
+        Ok(RouteEntry {
+            route: route.clone(),
+            destination,
+            policy,
+            path_param,
+            metrics: RequestMetrics::new(label),
+            limit_counters,
+            shadow_refusals,
+            upstream_latency,
+            upstream_outcomes: CounterCache::new(
+                move |outcome| metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome),
+            ),
         })
     }
 }

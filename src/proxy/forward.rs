@@ -21,6 +21,31 @@ fn idempotent(m: &Method) -> bool {
     )
 }
 
+/// The body to send, and the slot a retry takes it back from: only a
+/// request that may be retried pays for the reclaimable body.
+#[inline]
+fn reclaimable(body: Body, may_retry: bool) -> (Option<Slot>, Option<Body>) {
+    if may_retry {
+        let (slot, b) = TakeOnPoll::slot(body);
+        (Some(slot), Some(b))
+    } else {
+        (None, Some(body))
+    }
+}
+
+/// The body of this attempt: the request's own the first time, then what a
+/// retry takes back from `slot`.
+#[inline]
+fn attempt_body(body: &mut Option<Body>, slot: Option<&Slot>) -> Body {
+    match (body.take(), slot) {
+        (Some(b), _) => b,
+        (None, Some(slot)) => TakeOnPoll::from_slot(slot),
+        (None, None) => crate::http::body::empty(),
+    }
+}
+
+// === impl Upstream ===
+
 impl Upstream {
     /// A healthy target not in `tried`, with one of its connection permits.
     /// `None` when no untried target is up.
@@ -80,13 +105,7 @@ impl Upstream {
         let deadline = self.timeout.map(|t| started + t);
         let may_retry =
             self.retries > 0 && self.targets.list.len() > 1 && idempotent(&parts.method);
-        // Only a request that may be retried pays for the reclaimable body.
-        let (slot, mut body): (Option<Slot>, Option<Body>) = if may_retry {
-            let (slot, b) = TakeOnPoll::slot(body);
-            (Some(slot), Some(b))
-        } else {
-            (None, Some(body))
-        };
+        let (slot, mut body) = reclaimable(body, may_retry);
         // Targets already tried, kept only when a retry may follow (so the usual
         // request allocates nothing here).
         let mut tried: Vec<usize> = Vec::new();
@@ -114,15 +133,8 @@ impl Upstream {
             }
             let target = &self.targets.list[i];
             let attempts_left = may_retry && attempts <= self.retries as usize;
-            let this_body = match (body.take(), &slot) {
-                (Some(b), _) => b,
-                (None, Some(slot)) => TakeOnPoll::from_slot(slot),
-                (None, None) => crate::http::body::empty(),
-            };
-            // The response head is due within `request_timeout` of this
-            // attempt, and never after the request's own deadline.
-            let head_by = now + self.request_timeout;
-            let head_by = deadline.map_or(head_by, |d| d.min(head_by));
+            let this_body = attempt_body(&mut body, slot.as_ref());
+            let head_by = self.head_by(now, deadline);
             let sent =
                 self.transport
                     .send(target, parts, this_body, !attempts_left, added, head_by);
@@ -130,30 +142,56 @@ impl Upstream {
                 Ok((res, conn)) => return Ok(self.relay(res, conn, hold, deadline)),
                 Err(e) => e,
             };
-            match &err {
-                // The client's request body failed (too large, cut off,
-                // malformed, stalled): the target is not to blame, or any
-                // client could eject every target by aborting uploads.
-                _ if err.is_client_side() => return Err(err),
-                UpstreamError::Connect(_) => hold.failed(),
-                _ => {
-                    hold.failed();
-                    return Err(self.refuse(Some(i), err));
-                }
-            }
-            drop(hold);
-            let untouched = slot.as_ref().is_some_and(TakeOnPoll::untouched);
-            if !(attempts_left && untouched) {
-                return Err(self.refuse(Some(i), err));
-            }
-            if !(0..self.targets.list.len())
-                .any(|j| !tried.contains(&j) && self.targets.is_up(j, self.targets.now()))
-            {
-                return Err(self.refuse(Some(i), err));
-            }
-            self.retry_counter.increment(1);
-            tracing::debug!(upstream = %self.name, target = %target.label, error = %err, "connect failed; retrying on another target");
+            self.retry_or_refuse(err, hold, attempts_left, slot.as_ref(), &tried)?;
         }
+    }
+
+    /// When the response head of an attempt begun at `now` is due: within
+    /// `request_timeout` of it, and never after the request's own deadline.
+    #[inline]
+    fn head_by(&self, now: Instant, deadline: Option<Instant>) -> Instant {
+        let head_by = now + self.request_timeout;
+        deadline.map_or(head_by, |d| d.min(head_by))
+    }
+
+    /// After an attempt failed with `err` on the target `hold` is for: `Ok`
+    /// (counted and logged) when the request goes again to another target,
+    /// else the error the client gets.
+    #[inline]
+    fn retry_or_refuse(
+        &self,
+        err: UpstreamError,
+        hold: TargetHold,
+        attempts_left: bool,
+        slot: Option<&Slot>,
+        tried: &[usize],
+    ) -> Result<(), UpstreamError> {
+        let i = hold.index;
+        match &err {
+            // The client's request body failed (too large, cut off,
+            // malformed, stalled): the target is not to blame, or any
+            // client could eject every target by aborting uploads.
+            _ if err.is_client_side() => return Err(err),
+            UpstreamError::Connect(_) => hold.failed(),
+            _ => {
+                hold.failed();
+                return Err(self.refuse(Some(i), err));
+            }
+        }
+        drop(hold);
+        let untouched = slot.is_some_and(TakeOnPoll::untouched);
+        if !(attempts_left && untouched) {
+            return Err(self.refuse(Some(i), err));
+        }
+        if !(0..self.targets.list.len())
+            .any(|j| !tried.contains(&j) && self.targets.is_up(j, self.targets.now()))
+        {
+            return Err(self.refuse(Some(i), err));
+        }
+        self.retry_counter.increment(1);
+        let target = &self.targets.list[i];
+        tracing::debug!(upstream = %self.name, target = %target.label, error = %err, "connect failed; retrying on another target");
+        Ok(())
     }
 
     /// `err` is what the client gets for this request (from target `i`, if

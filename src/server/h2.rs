@@ -44,6 +44,8 @@ struct Activity {
     last_done_ms: AtomicU64,
 }
 
+// === impl Activity ===
+
 impl Activity {
     fn new() -> Self {
         Activity {
@@ -92,6 +94,8 @@ impl Activity {
 /// dropped half-way).
 struct ActiveStream(Arc<Activity>);
 
+// === impl ActiveStream ===
+
 impl ActiveStream {
     fn start(activity: Arc<Activity>) -> Self {
         activity.request_started();
@@ -112,6 +116,8 @@ struct Tracked {
     _active: ActiveStream,
     _unread: Option<Box<Unread>>,
 }
+
+// === impl Tracked ===
 
 impl http_body::Body for Tracked {
     type Data = bytes::Bytes;
@@ -175,33 +181,7 @@ pub(super) async fn serve_h2<S, H>(
     let service = service_fn(move |req: Request<Incoming>| {
         let (handler, conn) = (handler.clone(), conn.clone());
         let active = ActiveStream::start(track.clone());
-        // Each stream is a task of its own (hyper's), outside the
-        // connection task's clock reading: the pipeline's clock reads share
-        // one reading per poll here too.
-        crate::clock::reading_once_per_poll(async move {
-            // Boxed per request: hyper keeps a slot for this future in every
-            // stream, and the whole pipeline's state machine inline would make
-            // each one that much bigger. A body that may still be coming,
-            // within the drain's byte bound, takes the longer way
-            // (`handle_with_body`); hyper gives a body that ended with its
-            // head a length of 0.
-            let hint = http_body::Body::size_hint(req.body());
-            let (reply, unread) = if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
-                let req = req.map(|body| RequestBody::h2(body, None));
-                (Box::pin(handler.handle(req, conn)).await, None)
-            } else {
-                Box::pin(handle_with_body(&*handler, req, conn)).await
-            };
-            // hyper writes the header map only: the stamped fields and a
-            // target's relayed fields go in.
-            let res = reply.into_response();
-            // hyper takes any body type: wrapped, not boxed again.
-            Ok::<_, Infallible>(res.map(|inner| Tracked {
-                inner,
-                _active: active,
-                _unread: unread,
-            }))
-        })
+        serve_stream(handler, req, conn, active)
     });
     let connection = h2.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
@@ -214,7 +194,11 @@ pub(super) async fn serve_h2<S, H>(
     // would hold the connection past `idle_timeout`, and a drain until
     // `shutdown_grace`. Once closing, a connection with no stream in flight
     // for this long is dropped (Envoy's `drain_timeout` is 5 s).
-    let goaway_grace = idle_timeout.min(GOAWAY_GRACE);
+    let deadlines = Deadlines {
+        idle_timeout,
+        goaway_grace: idle_timeout.min(GOAWAY_GRACE),
+        first_request_by,
+    };
     let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -228,37 +212,123 @@ pub(super) async fn serve_h2<S, H>(
                 connection.as_mut().graceful_shutdown();
                 closing = Some(crate::clock::now());
             }
-            _ = tick.tick() => match closing {
-                None => {
-                    let now = crate::clock::now();
-                    if activity.idle_for().is_some_and(|idle| idle >= idle_timeout) {
-                        tracing::debug!(%peer, "closing idle connection");
-                        connection.as_mut().graceful_shutdown();
-                        closing = Some(now);
-                    } else if now >= first_request_by && !activity.had_a_request() {
-                        // Checked on this tick: at most a second late.
-                        tracing::debug!(%peer, "closing HTTP/2 connection with no request within header_read_timeout");
-                        connection.as_mut().graceful_shutdown();
-                        closing = Some(now);
-                    }
+            _ = tick.tick() => match deadlines.on_tick(&activity, closing, peer) {
+                OnTick::Wait => {}
+                OnTick::Close(now) => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(now);
                 }
-                Some(since) => {
-                    let now = crate::clock::now();
-                    if now.saturating_duration_since(since) >= goaway_grace
-                        && activity.idle_for().is_some_and(|idle| idle >= goaway_grace)
-                    {
-                        tracing::debug!(%peer, "closing connection that did not finish its GOAWAY");
-                        return;
-                    }
-                }
+                OnTick::Drop => return,
             },
         }
     }
 }
 
+/// One stream's answer, from the handler, with the stream kept in flight
+/// until its response body has gone.
+fn serve_stream<H: Handler>(
+    handler: Arc<H>,
+    req: Request<Incoming>,
+    conn: Arc<ConnInfo>,
+    active: ActiveStream,
+) -> impl std::future::Future<Output = Result<http::Response<Tracked>, Infallible>> {
+    // Each stream is a task of its own (hyper's), outside the
+    // connection task's clock reading: the pipeline's clock reads share
+    // one reading per poll here too.
+    crate::clock::reading_once_per_poll(async move {
+        // Boxed per request: hyper keeps a slot for this future in every
+        // stream, and the whole pipeline's state machine inline would make
+        // each one that much bigger. A body that may still be coming,
+        // within the drain's byte bound, takes the longer way
+        // (`handle_with_body`); hyper gives a body that ended with its
+        // head a length of 0.
+        let hint = http_body::Body::size_hint(req.body());
+        let (reply, unread) = if hint.exact() == Some(0) || hint.lower() > DRAIN_MAX_BYTES {
+            let req = req.map(|body| RequestBody::h2(body, None));
+            (Box::pin(handler.handle(req, conn)).await, None)
+        } else {
+            Box::pin(handle_with_body(&*handler, req, conn)).await
+        };
+        // hyper writes the header map only: the stamped fields and a
+        // target's relayed fields go in.
+        let res = reply.into_response();
+        // hyper takes any body type: wrapped, not boxed again.
+        Ok::<_, Infallible>(res.map(|inner| Tracked {
+            inner,
+            _active: active,
+            _unread: unread,
+        }))
+    })
+}
+
 /// The longest a closing HTTP/2 connection with no stream in flight is left
 /// to finish its GOAWAY exchange.
 const GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
+/// When an HTTP/2 connection is closed, checked on each tick.
+struct Deadlines {
+    /// Closed gracefully after this long with no stream in flight.
+    idle_timeout: Duration,
+    /// Dropped after this long closing with no stream in flight.
+    goaway_grace: Duration,
+    /// Closed gracefully if no request has come by then.
+    first_request_by: Instant,
+}
+
+/// What a tick does to the connection.
+enum OnTick {
+    /// Nothing yet.
+    Wait,
+    /// Closes it gracefully (GOAWAY), from this instant.
+    Close(Instant),
+    /// Drops it: its GOAWAY was never finished.
+    Drop,
+}
+
+// === impl Deadlines ===
+
+impl Deadlines {
+    /// What this tick does, given since when the connection has been
+    /// closing, if it has.
+    #[inline]
+    fn on_tick(
+        &self,
+        activity: &Activity,
+        closing: Option<Instant>,
+        peer: std::net::SocketAddr,
+    ) -> OnTick {
+        let now = crate::clock::now();
+        match closing {
+            None => {
+                if activity
+                    .idle_for()
+                    .is_some_and(|idle| idle >= self.idle_timeout)
+                {
+                    tracing::debug!(%peer, "closing idle connection");
+                    OnTick::Close(now)
+                } else if now >= self.first_request_by && !activity.had_a_request() {
+                    // Checked on this tick: at most a second late.
+                    tracing::debug!(%peer, "closing HTTP/2 connection with no request within header_read_timeout");
+                    OnTick::Close(now)
+                } else {
+                    OnTick::Wait
+                }
+            }
+            Some(since) => {
+                if now.saturating_duration_since(since) >= self.goaway_grace
+                    && activity
+                        .idle_for()
+                        .is_some_and(|idle| idle >= self.goaway_grace)
+                {
+                    tracing::debug!(%peer, "closing connection that did not finish its GOAWAY");
+                    OnTick::Drop
+                } else {
+                    OnTick::Wait
+                }
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

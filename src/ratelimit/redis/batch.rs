@@ -60,6 +60,8 @@ pub(super) struct Batcher {
     calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+// === impl Batcher ===
+
 impl Batcher {
     /// Spawns the task that sends the queued decisions over `conn`. Each decision is
     /// answered, or failed with [`LimiterError::Timeout`], at most `timeout` after it was
@@ -109,18 +111,42 @@ struct Task {
     calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+// === impl Task ===
+
 impl Task {
+    /// Script calls on their way at once, at most.
+    #[inline]
+    fn max_calls(&self) -> usize {
+        if self.cluster {
+            MAX_CLUSTER_CALLS
+        } else {
+            MAX_CALLS
+        }
+    }
+
+    /// One slot's call on a cluster, for `group`'s decisions, which it
+    /// answers. Boxed: a cluster's calls are many and short-lived; a single
+    /// server's keep their own (unboxed) type.
+    fn slot_call(
+        &self,
+        mut group: Vec<Pending>,
+        deadline: Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let mut conn = self.conn.clone();
+        let hash = self.hash.clone();
+        Box::pin(async move {
+            let result = call(&mut conn, &hash, deadline, &group).await;
+            answer(&mut group, result);
+        })
+    }
+
     /// `since`: no decision was queued before it.
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Pending>, mut since: Instant) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         // Calls on their way (single server): the next batch goes out while the last
         // one's answer is still coming, so the gateway does not idle for a round trip.
         let mut in_flight = FuturesUnordered::new();
-        let max_calls = if self.cluster {
-            MAX_CLUSTER_CALLS
-        } else {
-            MAX_CALLS
-        };
+        let max_calls = self.max_calls();
         loop {
             while in_flight.len() >= max_calls {
                 in_flight.next().await;
@@ -146,20 +172,10 @@ impl Task {
                 // their decisions before this call goes: one call carries them all, so a
                 // burst pays Redis's fixed cost per call once, not once per few requests.
                 tokio::task::yield_now().await;
-                while batch.len() < MAX_BATCH {
-                    let Ok(pending) = rx.try_recv() else { break };
-                    batch.push(pending);
-                }
+                take_queued(&mut rx, &mut batch);
             }
-            // A batch found waiting was queued after the last one was taken (with it, if
-            // that one was full); one waited for was queued just now. Its callers' time
-            // runs from then, so none waits past the timeout for its answer.
-            let queued = if waited { taken } else { since };
-            since = if batch.len() == MAX_BATCH {
-                queued
-            } else {
-                taken
-            };
+            let (queued, next_since) = queued_at(waited, taken, since, batch.len() == MAX_BATCH);
+            since = next_since;
             let deadline = queued + self.timeout;
             // A caller that gave up (its request ended) takes no token.
             batch.retain(|p: &Pending| !p.reply.is_closed());
@@ -171,16 +187,8 @@ impl Task {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if self.cluster {
                 // Each slot's call on its own: the next batch goes out while they run.
-                for mut group in by_slot(&mut batch) {
-                    let mut conn = self.conn.clone();
-                    let hash = self.hash.clone();
-                    // Boxed: a cluster's calls are many and short-lived; a single
-                    // server's, below, keep their own (unboxed) type.
-                    in_flight.push(Either::Right(Box::pin(async move {
-                        let result = call(&mut conn, &hash, deadline, &group).await;
-                        answer(&mut group, result);
-                    })
-                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>));
+                for group in by_slot(&mut batch) {
+                    in_flight.push(Either::Right(self.slot_call(group, deadline)));
                 }
             } else {
                 let mut sent = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
@@ -193,6 +201,25 @@ impl Task {
             }
         }
     }
+}
+
+/// Moves into `batch` the decisions already queued, up to [`MAX_BATCH`].
+#[inline]
+fn take_queued(rx: &mut mpsc::UnboundedReceiver<Pending>, batch: &mut Vec<Pending>) {
+    while batch.len() < MAX_BATCH {
+        let Ok(pending) = rx.try_recv() else { break };
+        batch.push(pending);
+    }
+}
+
+/// When a batch taken at `taken` was queued, and the `since` of the next one.
+/// A batch found waiting (`waited`) was queued after the last one was taken
+/// (with it, if that one was `full`); one waited for was queued just now. Its
+/// callers' time runs from then, so none waits past the timeout for its answer.
+#[inline]
+fn queued_at(waited: bool, taken: Instant, since: Instant, full: bool) -> (Instant, Instant) {
+    let queued = if waited { taken } else { since };
+    (queued, if full { queued } else { taken })
 }
 
 /// `batch` split by slot, emptying it; a key's decisions keep their order (the sort is
