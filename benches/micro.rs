@@ -15,6 +15,7 @@ use http::{HeaderMap, Method, Uri, Version};
 use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
+use mpg_gateway::http::fields::FieldLines;
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::proxy::signature::{self, IdentitySigner};
 use mpg_gateway::ratelimit::{
@@ -380,7 +381,7 @@ fn header_rewrite(c: &mut Criterion) {
             || (client_headers(), Vec::with_capacity(512)),
             |(mut h, mut out)| {
                 sanitize_request(&mut h, &[]);
-                added.write_to(&mut out);
+                added.write_lines(&mut out);
                 (h, out)
             },
             BatchSize::SmallInput,

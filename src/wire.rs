@@ -15,8 +15,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::h1;
+use crate::h1::client::{self, BodyFraming, Conn, SendError};
 use crate::http::service::{ConnInfo, Handler, Reply};
-use crate::proxy::client::{self, BodyFraming, Conn, SendError};
 
 /// Serves HTTP/1.1 requests on `io` with `handler`, through the gateway's
 /// own server loop (head parser, body decoder, keep-alive, pipelining,
@@ -79,27 +79,27 @@ pub enum Framing {
     Bodyless,
 }
 
-impl From<h1::Framing> for Framing {
-    fn from(f: h1::Framing) -> Self {
+impl From<h1::codec::Framing> for Framing {
+    fn from(f: h1::codec::Framing) -> Self {
         match f {
-            h1::Framing::Empty => Framing::Empty,
-            h1::Framing::Length(n) => Framing::Length(n),
-            h1::Framing::Chunked => Framing::Chunked,
+            h1::codec::Framing::Empty => Framing::Empty,
+            h1::codec::Framing::Length(n) => Framing::Length(n),
+            h1::codec::Framing::Chunked => Framing::Chunked,
         }
     }
 }
 
 /// The body decoder both directions use.
 #[derive(Debug, Clone)]
-pub struct Decoder(h1::Decoder);
+pub struct Decoder(h1::codec::Decoder);
 
 impl Decoder {
     /// A decoder for a body of `framing` (`Empty`, `Length` or `Chunked`).
     pub fn new(framing: Framing) -> Self {
-        Decoder(h1::Decoder::new(match framing {
-            Framing::Length(n) => h1::Framing::Length(n),
-            Framing::Chunked => h1::Framing::Chunked,
-            _ => h1::Framing::Empty,
+        Decoder(h1::codec::Decoder::new(match framing {
+            Framing::Length(n) => h1::codec::Framing::Length(n),
+            Framing::Chunked => h1::codec::Framing::Chunked,
+            _ => h1::codec::Framing::Empty,
         }))
     }
 

@@ -47,6 +47,14 @@ macro_rules! field {
     };
 }
 pub(crate) use field;
+
+/// Fields a sender writes into a message's head after the message's own, as
+/// `name: value` lines: how the HTTP/1.1 client is handed the fields a proxy
+/// adds to a request, without knowing what they are.
+pub trait FieldLines {
+    /// Appends the fields as `name: value` lines.
+    fn write_lines(&self, out: &mut Vec<u8>);
+}
 field!(pub(crate) F_REQUEST_ID, X_REQUEST_ID, b"x-request-id: ");
 
 /// A field name read off the wire. The names nearly every request and

@@ -1,6 +1,6 @@
 //! Why forwarding a request failed, as the pipeline maps it to a response
 //! and the health rules count it against a target (or not).
-use super::client::ClientError;
+use crate::h1::client::ClientError;
 use crate::http::body::BoxError;
 
 /// Why forwarding failed.

@@ -6,11 +6,11 @@
 use http::{request, Method, Response};
 use std::time::Instant;
 
-use super::client::{Conn, Incoming};
 use super::error::UpstreamError;
 use super::headers::{sanitize_response, Added};
 use super::stream::{ResponseBody, Slot, TakeOnPoll, TargetHold};
 use super::upstream::Upstream;
+use crate::h1::client::{Conn, Incoming};
 use crate::http::body::Body;
 
 /// RFC 9110 §9.2.2: methods whose repetition has the same effect as one request.

@@ -6,7 +6,8 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
 
 use crate::auth::Scopes;
-use crate::http::fields::{field, Field, F_REQUEST_ID, X_REQUEST_ID};
+use crate::http::fields::{field, Field, FieldLines, F_REQUEST_ID, X_REQUEST_ID};
+use crate::http::hop_by_hop::{connection_named, hop_by_hop_present, HOP_BY_HOP};
 
 /// `X-Mpg-Organization-Id`
 pub const X_MPG_ORGANIZATION_ID: HeaderName = HeaderName::from_static("x-mpg-organization-id");
@@ -28,39 +29,6 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 /// `X-Mpg-Signature` (see `signature`)
 pub const X_MPG_SIGNATURE: HeaderName = HeaderName::from_static("x-mpg-signature");
-
-/// Hop-by-hop headers (RFC 9110 §7.6.1 and the usual proxy extras), as parsed
-/// names so removing them costs no parsing per request.
-static HOP_BY_HOP: [HeaderName; 9] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    http::header::TE,
-    http::header::TRAILER,
-    http::header::TRANSFER_ENCODING,
-    http::header::UPGRADE,
-    HeaderName::from_static("proxy-connection"),
-    http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
-];
-
-/// [`HOP_BY_HOP`]'s names as bytes, in the same order (a test checks):
-/// compared by length first, without `HeaderName::as_str`'s lookup per
-/// candidate.
-static HOP_BY_HOP_TEXT: [&[u8]; 9] = [
-    b"connection",
-    b"keep-alive",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"proxy-connection",
-    b"proxy-authenticate",
-    b"proxy-authorization",
-];
-
-/// Bit `n` set: some name in [`HOP_BY_HOP`] is `n` bytes long (a test
-/// checks). Most names are ruled out by their length alone.
-const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
 
 /// Who the gateway vouches for; becomes the `X-Mpg-*` headers.
 #[derive(Debug)]
@@ -89,48 +57,6 @@ pub struct ForwardedFor<'a> {
     pub proto: &'static str,
     /// The host the client asked for.
     pub host: Option<&'a str>,
-}
-
-/// The field names a `Connection` value lists beyond the fixed hop-by-hop
-/// set (`keep-alive` is in it; `close` names no field).
-pub(crate) fn connection_named(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| {
-            !t.is_empty()
-                && !t.eq_ignore_ascii_case(b"keep-alive")
-                && !t.eq_ignore_ascii_case(b"close")
-        })
-}
-
-/// Where a field name (any case) is in [`HOP_BY_HOP`], if it is.
-fn hop_by_hop_index(name: &[u8]) -> Option<usize> {
-    let len = name.len();
-    if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
-        return None;
-    }
-    HOP_BY_HOP_TEXT
-        .iter()
-        .position(|h| h.len() == len && h.eq_ignore_ascii_case(name))
-}
-
-/// The hop-by-hop name a field name (any case) is, if it is one.
-pub(crate) fn hop_by_hop_name(name: &[u8]) -> Option<&'static HeaderName> {
-    hop_by_hop_index(name).map(|i| &HOP_BY_HOP[i])
-}
-
-/// Which of [`HOP_BY_HOP`] are in `headers` (bit `i` for entry `i`): a look
-/// at the few names present, cheaper than hashing each hop-by-hop name for a
-/// removal that usually finds nothing.
-fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
-    let mut present = 0;
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name.as_str().as_bytes()) {
-            present |= 1 << i;
-        }
-    }
-    present
 }
 
 /// Removes what a client may not pass on, plus the `Connection`-named headers.
@@ -277,7 +203,7 @@ pub fn sanitize_request(headers: &mut HeaderMap, keep: &[HeaderName]) {
 /// What the gateway adds to a forwarded request: the identity it vouches
 /// for, the request id, `X-Forwarded-*` and, for an upstream that asks for
 /// it, `X-Mpg-Signature` over them. The HTTP/1.1 client writes these
-/// lines straight after the request's own headers ([`Added::write_to`]);
+/// lines straight after the request's own headers ([`FieldLines::write_lines`]);
 /// HTTP/2 targets get them in the header map ([`Added::add_to`]). Both come
 /// from the one list in [`Added::each`].
 #[derive(Debug)]
@@ -367,9 +293,11 @@ impl Added<'_> {
             }
         });
     }
+}
 
-    /// Appends the fields as `name: value` lines.
-    pub fn write_to(&self, out: &mut Vec<u8>) {
+/// The HTTP/1.1 client writes the fields straight after the request's own.
+impl FieldLines for Added<'_> {
+    fn write_lines(&self, out: &mut Vec<u8>) {
         self.each(|f, value| {
             out.extend_from_slice(f.line);
             out.extend_from_slice(value);

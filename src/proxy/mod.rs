@@ -1,7 +1,6 @@
 //! Forwarding: header hygiene and the identity signature, the upstream client, target balancing and
 //! health, the TLS client, and the streamed bodies.
 mod balance;
-pub(crate) mod client;
 mod error;
 mod forward;
 pub mod headers;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::client::Conn;
+use crate::h1::client::Conn;
 
 /// The idle connections of one target.
 pub(crate) struct Pool {

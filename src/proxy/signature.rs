@@ -180,6 +180,7 @@ impl IdentitySigner {
 mod tests {
     use super::*;
     use crate::auth::Scopes;
+    use crate::http::fields::FieldLines;
     use crate::proxy::headers::{ForwardedFor, Identity};
     use http::{HeaderMap, HeaderValue};
 
@@ -291,7 +292,7 @@ mod tests {
         anonymous.add_to(&mut h);
         assert_eq!(h["x-mpg-signature"], HeaderValue::from_str(&want).unwrap());
         let mut lines = Vec::new();
-        anonymous.write_to(&mut lines);
+        anonymous.write_lines(&mut lines);
         let text = String::from_utf8(lines).unwrap();
         assert!(
             text.ends_with(&format!("x-mpg-signature: {want}\r\n")),

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
-use super::client::Incoming;
 use super::health::Targets;
+use crate::h1::client::Incoming;
 use crate::http::body::{Body, BoxError};
 
 /// Where the request body waits until the connection to a target polls it.

@@ -9,12 +9,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::time::Instant;
 
-use super::client::{self, ClientError, Conn, Incoming, SendError};
 use super::error::UpstreamError;
 use super::headers::Added;
 use super::target::Target;
 use super::tls_client::TimeoutConnector;
+use crate::h1::client::{self, ClientError, Conn, Incoming, SendError};
 use crate::http::body::Body;
+use crate::http::fields::FieldLines;
 
 pub(super) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 pub(super) type HttpClient = Client<Connector, Body>;
@@ -76,6 +77,7 @@ impl Transport {
                         }
                     }
                 };
+                let added = added.map(|a| a as &(dyn FieldLines + Sync));
                 match conn.send(parts, &target.host, body, added, deadline).await {
                     Ok(sent) => return Ok(sent),
                     // A kept-alive connection the target had closed: nothing

@@ -9,9 +9,9 @@ use std::mem::MaybeUninit;
 
 use super::error::ClientError;
 use super::incoming::{BodyFraming, Incoming, Kind};
-use crate::h1::{ends_in_chunked, has_token, parse_length, Framing};
+use crate::h1::codec::{ends_in_chunked, has_token, parse_length, Framing};
+use crate::http::hop_by_hop::{connection_named, hop_by_hop_name};
 use crate::http::relayed::{FieldAt, RelayedFields};
-use crate::proxy::headers::{connection_named, hop_by_hop_name};
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;

@@ -1,5 +1,5 @@
-//! The socket work both sides of HTTP/1.1 share, the server here and the
-//! upstream client in `proxy::client`: reads through the stack, writes in
+//! The socket work both sides of HTTP/1.1 share, the server and the
+//! upstream client: reads through the stack, writes in
 //! one piece where they can, chunk-size lines built on the stack, and the
 //! wait that lets a round of ready responses go out together.
 use bytes::{Buf, BytesMut};
@@ -15,7 +15,7 @@ const READ_CHUNK: usize = 8192;
 
 /// Reads what the socket has into `buf` (0 at end of stream). Through the
 /// stack, so a connection waiting for bytes holds no buffer.
-pub(super) async fn read_more<S: AsyncRead + Unpin>(
+pub(crate) async fn read_more<S: AsyncRead + Unpin>(
     io: &mut S,
     buf: &mut BytesMut,
 ) -> io::Result<usize> {

@@ -17,9 +17,9 @@ use super::conn::{poll_expired, Inner};
 use super::error::ClientError;
 use super::response::final_head_ready;
 use super::socket::Io;
-use crate::h1::{chunk_tail, poll_read_more, poll_write_buf, ChunkSize};
+use crate::h1::codec::{chunk_tail, poll_read_more, poll_write_buf, ChunkSize};
 use crate::http::body::Body;
-use crate::proxy::headers::Added;
+use crate::http::fields::FieldLines;
 
 /// How the request body streams after the head: the framing's bookkeeping.
 pub(super) struct BodyWriter {
@@ -181,7 +181,7 @@ pub(super) async fn write_some<B: Buf>(
     Ok(n)
 }
 
-/// The request line, its header fields and the gateway's ([`Added`]),
+/// The request line, its header fields and the fields added to it ([`FieldLines`]),
 /// framed for `length` (`None`: chunked). `Content-Length` and
 /// `Transfer-Encoding` are the framing's own.
 pub(super) fn encode_head(
@@ -189,7 +189,7 @@ pub(super) fn encode_head(
     parts: &http::request::Parts,
     host: &HeaderValue,
     length: Option<u64>,
-    added: Option<&Added<'_>>,
+    added: Option<&(dyn FieldLines + Sync)>,
 ) {
     let path = parts
         .uri
@@ -229,7 +229,7 @@ pub(super) fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     if let Some(added) = added {
-        added.write_to(out);
+        added.write_lines(out);
     }
     match length {
         // An empty body is said only where one is expected.

@@ -17,9 +17,9 @@ use super::error::{ClientError, SendError};
 use super::incoming::{BodyFraming, Incoming, Kind, Reader};
 use super::request::{encode_head, stream_body, write_some, BodyWriter, Streamed};
 use super::response::take_response;
-use crate::h1::{after_queued_tasks, poll_read_more, Decoder, Framing};
+use crate::h1::codec::{after_queued_tasks, poll_read_more, Decoder, Framing};
 use crate::http::body::Body;
-use crate::proxy::headers::Added;
+use crate::http::fields::FieldLines;
 
 /// A response head (status line and header fields) longer than this is refused.
 const MAX_HEAD: usize = 256 * 1024;
@@ -41,7 +41,7 @@ impl Conn {
         parts: &http::request::Parts,
         host: &HeaderValue,
         mut body: Body,
-        added: Option<&Added<'_>>,
+        added: Option<&(dyn FieldLines + Sync)>,
         deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
         let head_request = parts.method == Method::HEAD;

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use super::conn::Conn;
 use super::error::ClientError;
-use crate::h1::{poll_read_more, Decoder, Framing};
+use crate::h1::codec::{poll_read_more, Decoder, Framing};
 use crate::http::body::BoxError;
 use crate::http::relayed::RelayedFields;
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Notify};
 
-use super::decoder::Decoder;
 use super::response::send;
-use super::socket::read_more;
+use crate::h1::codec::read_more;
+use crate::h1::codec::Decoder;
 use crate::http::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
 use crate::http::service::{Reply, Stamp};
 

@@ -4,7 +4,7 @@
 //! upstream client responses.
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::head::Framing;
+use super::framing::Framing;
 
 /// A chunk-size line (with its extensions) longer than this is refused.
 const MAX_CHUNK_LINE: usize = 4096;

@@ -14,8 +14,8 @@ use std::io;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::head::{has_token, parse_length};
-use super::socket::{chunk_tail, poll_write_buf, ChunkSize};
+use crate::h1::codec::{chunk_tail, poll_write_buf, ChunkSize};
+use crate::h1::codec::{has_token, parse_length};
 use crate::http::body::Body;
 use crate::http::relayed::RelayedFields;
 use crate::http::service::{stamped_by, Reply, Stamp};
