@@ -15,7 +15,7 @@ use http::{HeaderMap, Method, Uri, Version};
 use mpg_gateway::auth::credential::{parse_authorization, Credential};
 use mpg_gateway::auth::Scopes;
 use mpg_gateway::error::{AuthReason, GatewayError};
-use mpg_gateway::http::fields::FieldLines;
+use mpg_gateway::http_core::fields::FieldLines;
 use mpg_gateway::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use mpg_gateway::proxy::signature::{self, IdentitySigner};
 use mpg_gateway::ratelimit::{

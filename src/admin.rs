@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use crate::config::Settings;
 use crate::error::GatewayError;
-use crate::http::body::{self, Body, RequestBody};
-use crate::http::service::{ConnInfo, Handler, Refusal, Reply};
+use crate::http_core::body::{self, Body, RequestBody};
+use crate::http_core::service::{ConnInfo, Handler, Refusal, Reply};
 use crate::metrics::{metrics_handle, names};
 use crate::store::sql::SqlStore;
 

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use crate::http::body::{self, Body};
-use crate::http::service::Refusal;
+use crate::http_core::body::{self, Body};
+use crate::http_core::service::Refusal;
 use crate::logging::{Chain, Incident};
 use crate::metrics::names;
 use crate::store::StoreError;

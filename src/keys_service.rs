@@ -23,7 +23,7 @@ use crate::clock::unix_now;
 use crate::config::Operation;
 use crate::config::Settings;
 use crate::error::GatewayError;
-use crate::http::body::{self, Body};
+use crate::http_core::body::{self, Body};
 use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
 use crate::store::sql::SqlStore;
@@ -350,7 +350,7 @@ pub(crate) async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayEr
 
 fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     loop {
-        if e.is::<crate::http::body::TooLarge>() {
+        if e.is::<crate::http_core::body::TooLarge>() {
             return true;
         }
         match e.source() {

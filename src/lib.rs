@@ -3,7 +3,7 @@
 //! The modules form layers; each imports only from the layers below it
 //! (`tests/layers.rs` checks this):
 //!
-//! - **base:** `clock`, `ip`, [`secret`], [`metrics`] and [`http`] (bodies,
+//! - **base:** `clock`, `ip`, [`secret`], [`metrics`] and [`http_core`] (bodies,
 //!   header fields, the service types a listener and a handler share);
 //! - **parts:** [`tls`], [`config`], [`logging`], [`routes`], [`store`],
 //!   [`error`] (every refusal, a store error's among them), [`auth`],
@@ -16,7 +16,7 @@
 
 // base
 mod clock;
-pub mod http;
+pub mod http_core;
 mod ip;
 pub mod metrics;
 pub mod secret;

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 
 use crate::h1;
 use crate::h1::client::{self, BodyFraming, Conn, SendError};
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::http_core::service::{ConnInfo, Handler, Reply};
 
 /// Serves HTTP/1.1 requests on `io` with `handler`, through the gateway's
 /// own server loop (head parser, body decoder, keep-alive, pipelining,
@@ -165,7 +165,13 @@ pub async fn fetch(
     let host = HeaderValue::from_static("reference.test");
     let deadline = Instant::now() + Duration::from_secs(10);
     let sent = conn
-        .send(&parts, &host, crate::http::body::empty(), None, deadline)
+        .send(
+            &parts,
+            &host,
+            crate::http_core::body::empty(),
+            None,
+            deadline,
+        )
         .await;
     let (res, _) = match sent {
         Ok(sent) => sent,
@@ -192,9 +198,9 @@ fn with_relayed_fields(res: Response<client::Incoming>) -> Response<()> {
 /// A response head of `parts` with `relayed` in its header map.
 fn with_fields(
     parts: http::response::Parts,
-    relayed: Option<crate::http::relayed::RelayedFields>,
+    relayed: Option<crate::http_core::relayed::RelayedFields>,
 ) -> Response<()> {
-    let res = Response::from_parts(parts, crate::http::body::empty().relaying(relayed));
+    let res = Response::from_parts(parts, crate::http_core::body::empty().relaying(relayed));
     let (parts, _) = Reply::<()>::from(res).into_response().into_parts();
     Response::from_parts(parts, ())
 }
@@ -218,7 +224,7 @@ pub async fn admin_api(
     settings: &crate::config::Settings,
     request: Request<Bytes>,
 ) -> (http::StatusCode, Bytes) {
-    let req = request.map(crate::http::body::RequestBody::full);
+    let req = request.map(crate::http_core::body::RequestBody::full);
     let res = crate::admin::api::serve(store, settings, req, "127.0.0.1").await;
     let status = res.status();
     let body = res.into_body().collect().await.map(|c| c.to_bytes());

@@ -20,8 +20,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use mpg_gateway::http::body::RequestBody;
-use mpg_gateway::http::service::{ConnInfo, Handler, Reply};
+use mpg_gateway::http_core::body::RequestBody;
+use mpg_gateway::http_core::service::{ConnInfo, Handler, Reply};
 use mpg_gateway::wire;
 use proptest::prelude::*;
 use std::future::Future;
@@ -119,7 +119,7 @@ impl Handler for Recorder {
         async move {
             let (parts, body) = req.into_parts();
             recorder.record(&parts, body).await;
-            let mut res = Response::new(mpg_gateway::http::body::empty());
+            let mut res = Response::new(mpg_gateway::http_core::body::empty());
             *res.status_mut() = StatusCode::NOT_FOUND;
             res.into()
         }

@@ -20,7 +20,7 @@ use check::Krate;
 /// The layers, bottom first; within a layer, a module may use the modules
 /// before it. `lib` and `main` are the crate roots.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("base", &["clock", "ip", "secret", "metrics", "http"]),
+    ("base", &["clock", "ip", "secret", "metrics", "http_core"]),
     (
         "parts",
         &[

@@ -13,7 +13,7 @@ use super::json_response;
 use super::render;
 use crate::config::Settings;
 use crate::error::{AuthReason, GatewayError};
-use crate::http::body::{self, Body, RequestBody};
+use crate::http_core::body::{self, Body, RequestBody};
 use crate::secret::{check_admin_token_format, hash_secret};
 use crate::store::sql::SqlStore;
 use crate::store::{Actor, AdminToken, LimitSpec, StoreError};
@@ -417,7 +417,7 @@ fn known_policy(settings: &Settings, policy: &str) -> Result<(), GatewayError> {
 
 /// The request body as a JSON object holding only `fields`.
 async fn object(body: RequestBody, fields: &[&str]) -> Result<Map<String, Value>, GatewayError> {
-    let body = Body::new(crate::http::body::Limited::new(body, MAX_BODY));
+    let body = Body::new(crate::http_core::body::Limited::new(body, MAX_BODY));
     let bytes: Bytes = crate::keys_service::read_body(body, MAX_BODY).await?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;

@@ -123,8 +123,8 @@ pub(crate) async fn build_limiter(settings: &Settings) -> Result<RateLimiter, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::body::RequestBody;
-    use crate::http::service::ConnInfo;
+    use crate::http_core::body::RequestBody;
+    use crate::http_core::service::ConnInfo;
 
     /// Every request's future is boxed (per HTTP/2 stream, per HTTP/1.1 request) and
     /// moved into its box whole: what only some routes await, such as a store query's

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Settings, TlsSettings};
-use crate::http::service::stopped;
+use crate::http_core::service::stopped;
 use crate::server::{serve, serve_behind, ListenerLimits, Proxies};
 use crate::tls::CertResolver;
 

@@ -318,14 +318,14 @@ fn keep_client_headers(p: &mut Problems, path: &str, names: &[String]) -> Vec<ht
     let mut kept = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let lower = name.to_ascii_lowercase();
-        match crate::http::fields::STACK_TRUSTED_FIELDS.contains(&lower.as_str()) {
+        match crate::http_core::fields::STACK_TRUSTED_FIELDS.contains(&lower.as_str()) {
             true => kept.push(http::HeaderName::from_bytes(lower.as_bytes()).ok()),
             false => {
                 p.add(
                     format!("{path}.keep_client_headers[{i}]"),
                     format!(
                         "{name:?} cannot be kept: only these client fields, removed by default, may be: {}",
-                        crate::http::fields::STACK_TRUSTED_FIELDS.join(", ")
+                        crate::http_core::fields::STACK_TRUSTED_FIELDS.join(", ")
                     ),
                 );
             }

@@ -367,7 +367,7 @@ pub struct RouteSettings {
     pub upstream: String,
     /// Index into `rate_limit.policies`; `None` = not limited.
     pub rate_limit: Option<usize>,
-    /// Client fields of [`STACK_TRUSTED_FIELDS`](crate::http::fields::STACK_TRUSTED_FIELDS)
+    /// Client fields of [`STACK_TRUSTED_FIELDS`](crate::http_core::fields::STACK_TRUSTED_FIELDS)
     /// this route passes on instead of removing.
     pub keep_client_headers: Vec<http::HeaderName>,
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use crate::cli::rfc3339;
 use crate::clock::unix_now;
 use crate::error::GatewayError;
-use crate::http::body::{self, Body, Limited, RequestBody};
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::http_core::body::{self, Body, Limited, RequestBody};
+use crate::http_core::service::{ConnInfo, Handler, Reply};
 
 mod input;
 

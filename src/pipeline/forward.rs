@@ -13,9 +13,9 @@ use super::table::{Destination, Pipeline, RouteEntry};
 use super::validate::Validated;
 use crate::config::Operation;
 use crate::error::{AuthReason, GatewayError};
-use crate::http::body::{Body, RequestBody};
-use crate::http::fields::CONTENT_DIGEST;
-use crate::http::service::ConnInfo;
+use crate::http_core::body::{Body, RequestBody};
+use crate::http_core::fields::CONTENT_DIGEST;
+use crate::http_core::service::ConnInfo;
 use crate::ip::Client;
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
@@ -44,7 +44,7 @@ impl Pipeline {
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
             let max_body = self.settings.server.limits.max_body_bytes;
-            let mut body = Body::new(crate::http::body::Limited::new(body, max_body));
+            let mut body = Body::new(crate::http_core::body::Limited::new(body, max_body));
             let upstream = match &entry.destination {
                 Destination::Builtin(op) => {
                     // Its own statement: a `?` inside the awaited expression would
@@ -224,11 +224,14 @@ async fn digest_body(
     }
     let bytes = crate::keys_service::read_body(body, max_body).await?;
     if bytes.is_empty() {
-        return Ok((crate::http::body::full(bytes), None));
+        return Ok((crate::http_core::body::full(bytes), None));
     }
     let digest = crate::proxy::signature::content_digest(&bytes);
     if let Ok(value) = http::HeaderValue::from_str(&digest) {
         head.headers.insert(CONTENT_DIGEST, value);
     }
-    Ok((crate::http::body::full(bytes), Some(digest.into_bytes())))
+    Ok((
+        crate::http_core::body::full(bytes),
+        Some(digest.into_bytes()),
+    ))
 }

@@ -20,7 +20,7 @@ pub use table::{Pipeline, TableError};
 
 use record::{method_label, request_id, status_label};
 
-use crate::http::body::RequestBody;
+use crate::http_core::body::RequestBody;
 use http::header::{HeaderValue, CONTENT_LENGTH};
 use http::{request, Method, Request, Response, StatusCode};
 use http_body::Body as _;
@@ -30,8 +30,8 @@ use std::time::Instant;
 
 use crate::auth::Principal;
 use crate::error::GatewayError;
-use crate::http::body::Body;
-use crate::http::service::{ConnInfo, Reply};
+use crate::http_core::body::Body;
+use crate::http_core::service::{ConnInfo, Reply};
 use crate::ip::Client;
 use crate::ratelimit::Decision;
 

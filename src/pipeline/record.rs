@@ -1,7 +1,7 @@
 //! What the request wrapper records of every request: its id (the client's
 //! when sane, else a new one) and its bounded metric labels.
 use super::stamp::RequestId;
-use crate::http::fields::X_REQUEST_ID;
+use crate::http_core::fields::X_REQUEST_ID;
 use crate::secret::looks_like_secret;
 
 /// The client's `X-Request-Id` when it is sane (1–128 of `[A-Za-z0-9._:-]`,

@@ -3,8 +3,8 @@
 use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
-use crate::http::fields::{F_REQUEST_ID, X_REQUEST_ID};
-use crate::http::service::Stamp;
+use crate::http_core::fields::{F_REQUEST_ID, X_REQUEST_ID};
+use crate::http_core::service::Stamp;
 use crate::ratelimit::Decision;
 
 /// A request's id (`X-Request-Id`): the client's when it is sane, else 32

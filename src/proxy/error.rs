@@ -1,7 +1,7 @@
 //! Why forwarding a request failed, as the pipeline maps it to a response
 //! and the health rules count it against a target (or not).
 use crate::h1::client::ClientError;
-use crate::http::body::BoxError;
+use crate::http_core::body::BoxError;
 
 /// Why forwarding failed.
 #[derive(Debug, thiserror::Error)]

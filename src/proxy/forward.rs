@@ -11,7 +11,7 @@ use super::headers::{sanitize_response, Added};
 use super::stream::{ResponseBody, Slot, TakeOnPoll, TargetHold};
 use super::upstream::Upstream;
 use crate::h1::client::{Conn, Incoming};
-use crate::http::body::Body;
+use crate::http_core::body::Body;
 
 /// RFC 9110 §9.2.2: methods whose repetition has the same effect as one request.
 fn idempotent(m: &Method) -> bool {
@@ -40,7 +40,7 @@ fn attempt_body(body: &mut Option<Body>, slot: Option<&Slot>) -> Body {
     match (body.take(), slot) {
         (Some(b), _) => b,
         (None, Some(slot)) => TakeOnPoll::from_slot(slot),
-        (None, None) => crate::http::body::empty(),
+        (None, None) => crate::http_core::body::empty(),
     }
 }
 

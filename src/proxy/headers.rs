@@ -6,8 +6,8 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST};
 
 use crate::auth::Scopes;
-use crate::http::fields::{field, Field, FieldLines, F_REQUEST_ID, X_REQUEST_ID};
-use crate::http::hop_by_hop::{connection_named, hop_by_hop_present, HOP_BY_HOP};
+use crate::http_core::fields::{field, Field, FieldLines, F_REQUEST_ID, X_REQUEST_ID};
+use crate::http_core::hop_by_hop::{connection_named, hop_by_hop_present, HOP_BY_HOP};
 
 /// `X-Mpg-Organization-Id`
 pub const X_MPG_ORGANIZATION_ID: HeaderName = HeaderName::from_static("x-mpg-organization-id");
@@ -119,7 +119,7 @@ fn starts_with_folded(name: &str, prefix: &str) -> bool {
 /// the upstream), and `Proxy` itself (httpoxy, CVE-2016-5385: a CGI-style
 /// upstream reads it as `HTTP_PROXY` and sends its own requests through
 /// the client's proxy); and the fields of
-/// [`STACK_TRUSTED_FIELDS`](crate::http::fields::STACK_TRUSTED_FIELDS),
+/// [`STACK_TRUSTED_FIELDS`](crate::http_core::fields::STACK_TRUSTED_FIELDS),
 /// which a route may keep.
 pub(crate) fn is_spoofable(name: &HeaderName) -> bool {
     let n = name.as_str();

@@ -303,7 +303,7 @@ pub(crate) async fn active_check(
             async move {
                 let req = http::Request::get(http::Uri::from(path.clone()))
                     .header(http::header::USER_AGENT, "mpg-gateway-health")
-                    .body(crate::http::body::empty())
+                    .body(crate::http_core::body::empty())
                     .ok()?;
                 let (mut parts, body) = req.into_parts();
                 let deadline = std::time::Instant::now() + timeout;

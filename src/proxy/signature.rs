@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 
 use super::headers::{Added, F_AUTH, F_KEY_ID, F_ORGANIZATION_ID, F_ROLE, F_SCOPES, F_USER_ID};
-use crate::http::fields::{Field, F_REQUEST_ID};
+use crate::http_core::fields::{Field, F_REQUEST_ID};
 
 /// The fields the signature covers, in the order of the message, which is
 /// also the order [`Added::each`] gives them in.
@@ -180,7 +180,7 @@ impl IdentitySigner {
 mod tests {
     use super::*;
     use crate::auth::Scopes;
-    use crate::http::fields::FieldLines;
+    use crate::http_core::fields::FieldLines;
     use crate::proxy::headers::{ForwardedFor, Identity};
     use http::{HeaderMap, HeaderValue};
 

@@ -17,7 +17,7 @@ use tokio::time::Sleep;
 
 use super::health::Targets;
 use crate::h1::client::Incoming;
-use crate::http::body::{Body, BoxError};
+use crate::http_core::body::{Body, BoxError};
 
 /// Where the request body waits until the connection to a target polls it.
 pub(crate) type Slot = Arc<Mutex<Option<Body>>>;

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::config::HttpUpstreamSettings;
-use crate::http::body::BoxError;
+use crate::http_core::body::BoxError;
 use crate::tls::pem::{load_identity, load_roots};
 
 /// A SHA-256 of the files `s`'s connector reads (`ca_file`, then

@@ -14,8 +14,8 @@ use super::headers::Added;
 use super::target::Target;
 use super::tls_client::TimeoutConnector;
 use crate::h1::client::{self, ClientError, Conn, Incoming, SendError};
-use crate::http::body::Body;
-use crate::http::fields::FieldLines;
+use crate::http_core::body::Body;
+use crate::http_core::fields::FieldLines;
 
 pub(super) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 pub(super) type HttpClient = Client<Connector, Body>;
@@ -109,14 +109,14 @@ fn classify_sent(e: ClientError) -> UpstreamError {
     if let ClientError::TimedOut = e {
         return UpstreamError::Timeout;
     }
-    if source_chain_has::<crate::http::body::TooLarge>(&e) {
+    if source_chain_has::<crate::http_core::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     UpstreamError::Reset(Box::new(e))
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
-    if source_chain_has::<crate::http::body::TooLarge>(&e) {
+    if source_chain_has::<crate::http_core::body::TooLarge>(&e) {
         return UpstreamError::BodyTooLarge;
     }
     if e.is_connect() {

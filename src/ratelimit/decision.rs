@@ -23,7 +23,7 @@ use std::io::Write;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
-use crate::http::fields::{field, Field};
+use crate::http_core::fields::{field, Field};
 
 /// A limiter's answer for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

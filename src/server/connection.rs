@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::h2::serve_h2;
 use super::limits::{head_backstop, ListenerLimits};
 use crate::h1;
-use crate::http::service::{ConnInfo, Handler};
+use crate::http_core::service::{ConnInfo, Handler};
 
 /// What serving one accepted connection takes besides its stream: the
 /// listener's HTTP/2 settings and limits, who the connection is, the handler,

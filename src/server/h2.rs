@@ -16,8 +16,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::limits::{head_backstop, ListenerLimits};
-use crate::http::body::{read_before_answer, Body, RequestBody, Unread, DRAIN_MAX_BYTES};
-use crate::http::service::{ConnInfo, Handler, Reply};
+use crate::http_core::body::{read_before_answer, Body, RequestBody, Unread, DRAIN_MAX_BYTES};
+use crate::http_core::service::{ConnInfo, Handler, Reply};
 
 /// hyper's HTTP/2 server (HTTP/1.1 is [`crate::h1`]'s).
 pub(super) fn h2_builder(limits: &ListenerLimits) -> http2::Builder<TokioExecutor> {
@@ -121,7 +121,7 @@ struct Tracked {
 
 impl http_body::Body for Tracked {
     type Data = bytes::Bytes;
-    type Error = crate::http::body::BoxError;
+    type Error = crate::http_core::body::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -345,7 +345,7 @@ mod tests {
         async fn handle(&self, _: Request<RequestBody>, _: Arc<ConnInfo>) -> Reply {
             let first = crate::clock::now();
             std::thread::sleep(Duration::from_millis(2));
-            let mut res = Response::new(crate::http::body::empty());
+            let mut res = Response::new(crate::http_core::body::empty());
             if crate::clock::now() != first {
                 *res.status_mut() = StatusCode::CONFLICT;
             }

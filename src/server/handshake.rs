@@ -3,7 +3,7 @@
 use tokio_rustls::TlsAcceptor;
 
 use super::connection::{serve_connection, Accepted};
-use crate::http::service::Handler;
+use crate::http_core::service::Handler;
 use crate::metrics::names;
 
 /// The TLS handshake (by `first_request_by`, the first request's deadline
@@ -20,7 +20,7 @@ pub(super) async fn serve_tls<H: Handler>(
     let handshaken = tokio::select! {
         biased;
         handshaken = handshake => handshaken,
-        () = crate::http::service::stopped(accepted.stop.clone()) => {
+        () = crate::http_core::service::stopped(accepted.stop.clone()) => {
             tracing::debug!(%peer, "TLS handshake abandoned: shutting down");
             return;
         }

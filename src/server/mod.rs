@@ -21,7 +21,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-use crate::http::service::{ConnInfo, Handler};
+use crate::http_core::service::{ConnInfo, Handler};
 use crate::metrics::names;
 use connection::{serve_connection, Accepted};
 use h2::h2_builder;

@@ -84,7 +84,7 @@ pub(super) async fn read_client(
             Ok(Err(e)) => Err(e),
             Err(_) => Err(HeaderError::TimedOut),
         },
-        () = crate::http::service::stopped(stop) => Err(HeaderError::Draining),
+        () = crate::http_core::service::stopped(stop) => Err(HeaderError::Draining),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Why an exchange on a connection to a target failed.
 use std::io;
 
-use crate::http::body::{Body, BoxError};
+use crate::http_core::body::{Body, BoxError};
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]

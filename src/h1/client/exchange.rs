@@ -18,8 +18,8 @@ use super::incoming::{BodyFraming, Incoming, Kind, Reader};
 use super::request::{encode_head, stream_body, write_some, BodyWriter, Streamed};
 use super::response::take_response;
 use crate::h1::codec::{after_queued_tasks, poll_read_more, Decoder, Framing};
-use crate::http::body::Body;
-use crate::http::fields::FieldLines;
+use crate::http_core::body::Body;
+use crate::http_core::fields::FieldLines;
 
 /// A response head (status line and header fields) longer than this is refused.
 const MAX_HEAD: usize = 256 * 1024;

@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use super::conn::Conn;
 use super::error::ClientError;
 use crate::h1::codec::{poll_read_more, Decoder, Framing};
-use crate::http::body::BoxError;
-use crate::http::relayed::RelayedFields;
+use crate::http_core::body::BoxError;
+use crate::http_core::relayed::RelayedFields;
 
 /// How a response body ends.
 pub(crate) enum BodyFraming {

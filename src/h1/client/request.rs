@@ -18,8 +18,8 @@ use super::error::ClientError;
 use super::response::final_head_ready;
 use super::socket::Io;
 use crate::h1::codec::{chunk_tail, poll_read_more, poll_write_buf, ChunkSize};
-use crate::http::body::Body;
-use crate::http::fields::FieldLines;
+use crate::http_core::body::Body;
+use crate::http_core::fields::FieldLines;
 
 /// How the request body streams after the head: the framing's bookkeeping.
 pub(super) struct BodyWriter {

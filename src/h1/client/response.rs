@@ -10,8 +10,8 @@ use std::mem::MaybeUninit;
 use super::error::ClientError;
 use super::incoming::{BodyFraming, Incoming, Kind};
 use crate::h1::codec::{ends_in_chunked, has_token, parse_length, Framing};
-use crate::http::hop_by_hop::{connection_named, hop_by_hop_name};
-use crate::http::relayed::{FieldAt, RelayedFields};
+use crate::http_core::hop_by_hop::{connection_named, hop_by_hop_name};
+use crate::http_core::relayed::{FieldAt, RelayedFields};
 
 /// Response header fields at most.
 const MAX_HEADERS: usize = 128;
@@ -307,11 +307,12 @@ mod tests {
 
     /// `res` as the gateway's server passes it to hyper: its relayed fields
     /// in the header map.
-    fn with_relayed_in_map(res: Response<Incoming>) -> Response<crate::http::body::Body> {
+    fn with_relayed_in_map(res: Response<Incoming>) -> Response<crate::http_core::body::Body> {
         let (parts, mut body) = res.into_parts();
         let relayed = body.take_relayed();
-        let body = crate::http::body::empty().relaying(relayed);
-        crate::http::service::Reply::<()>::from(Response::from_parts(parts, body)).into_response()
+        let body = crate::http_core::body::empty().relaying(relayed);
+        crate::http_core::service::Reply::<()>::from(Response::from_parts(parts, body))
+            .into_response()
     }
 
     fn response(

@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, Notify};
 use super::response::send;
 use crate::h1::codec::read_more;
 use crate::h1::codec::Decoder;
-use crate::http::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
-use crate::http::service::{Reply, Stamp};
+use crate::http_core::body::{BoxError, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
+use crate::http_core::service::{Reply, Stamp};
 
 /// The request body's side of the connection while the handler runs.
 pub(super) struct Feed {

@@ -1,7 +1,7 @@
 //! Request heads: parsed with `httparse`, framed as RFC 9112 says (the
 //! rules as hyper's, which the adversarial tests pin).
 use crate::h1::codec::{ends_in_chunked, has_token, parse_request_length, Framing};
-use crate::http::fields::field_name;
+use crate::http_core::fields::field_name;
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};

@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::clock;
 use crate::h1::codec::{after_queued_tasks, read_more, Decoder, Framing};
-use crate::http::body::RequestBody;
-use crate::http::service::{ConnInfo, Handler, Refusal, Reply};
+use crate::http_core::body::RequestBody;
+use crate::http_core::service::{ConnInfo, Handler, Refusal, Reply};
 use body::{discard, drive, Feed, Rest};
 pub(crate) use head::parse_head;
 use head::{Head, HeadError};
@@ -106,7 +106,7 @@ where
     // Shutdown, watched by one future for the connection's life: a
     // `changed()` made for each wait would add and remove a waiter in the
     // channel on every request.
-    let stopping = crate::http::service::stopped(stop.clone());
+    let stopping = crate::http_core::service::stopped(stop.clone());
     tokio::pin!(stopping);
     // Set once the drain has been seen while waiting for a request: the
     // connection then closes at `deadline`, which is no later than
@@ -192,7 +192,7 @@ where
         let head_request = req.method() == Method::HEAD;
         let http10 = req.version() == Version::HTTP_10;
         // A body the handler answered before reading to its end: read past
-        // after the answer (see `crate::http::body::DRAIN_MAX_BYTES`).
+        // after the answer (see `crate::http_core::body::DRAIN_MAX_BYTES`).
         let mut unread = None;
         let res = match framing {
             Framing::Empty => {

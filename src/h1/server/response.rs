@@ -16,9 +16,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::h1::codec::{chunk_tail, poll_write_buf, ChunkSize};
 use crate::h1::codec::{has_token, parse_length};
-use crate::http::body::Body;
-use crate::http::relayed::RelayedFields;
-use crate::http::service::{stamped_by, Reply, Stamp};
+use crate::http_core::body::Body;
+use crate::http_core::relayed::RelayedFields;
+use crate::http_core::service::{stamped_by, Reply, Stamp};
 
 /// A first body piece up to this size, ready when the head is, is copied
 /// behind the head so that both go out in one plain write (see
@@ -343,7 +343,7 @@ fn write_date(head: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::service::FixedStamp;
+    use crate::http_core::service::FixedStamp;
     use bytes::Bytes;
     use http::{HeaderValue, Response};
 
@@ -413,7 +413,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_small_ready_body_goes_out_behind_the_head_in_one_plain_write() {
-        let writes = writes_of(crate::http::body::full("{\"ok\":true}"), false).await;
+        let writes = writes_of(crate::http_core::body::full("{\"ok\":true}"), false).await;
         assert_eq!(writes.len(), 1, "one write");
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 1, "one buffer, not I/O vectors");
@@ -426,7 +426,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_ready_body_goes_out_beside_the_head_uncopied() {
         let big = vec![b'x'; COALESCE + 1];
-        let writes = writes_of(crate::http::body::full(big.clone()), false).await;
+        let writes = writes_of(crate::http_core::body::full(big.clone()), false).await;
         assert_eq!(writes.len(), 1, "one write");
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 2, "head and body as two I/O vectors");
@@ -436,7 +436,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_chunked_first_piece_is_copied_with_its_framing() {
-        let stream = futures_util::stream::iter([Ok::<_, crate::http::body::BoxError>(
+        let stream = futures_util::stream::iter([Ok::<_, crate::http_core::body::BoxError>(
             http_body::Frame::data(Bytes::from_static(b"hello")),
         )]);
         let body = Body::new(http_body_util::StreamBody::new(stream));
@@ -451,7 +451,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_answer_is_the_head_alone() {
-        let writes = writes_of(crate::http::body::full("{}"), true).await;
+        let writes = writes_of(crate::http_core::body::full("{}"), true).await;
         assert_eq!(writes.len(), 1);
         let (pieces, bytes) = &writes[0];
         assert_eq!(*pieces, 1);
@@ -462,7 +462,7 @@ mod tests {
 
     #[tokio::test]
     async fn stamped_fields_are_written_once_over_the_maps() {
-        let mut res = Response::new(crate::http::body::full("{}"));
+        let mut res = Response::new(crate::http_core::body::full("{}"));
         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = res.headers_mut();
         h.insert(

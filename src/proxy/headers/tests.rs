@@ -147,7 +147,7 @@ fn client_addresses_of_both_families_become_header_values() {
         .unwrap();
     let forwarded_for = |ip: IpAddr| {
         let rid = HeaderValue::from_static("r");
-        let conn = crate::http::service::ConnInfo::new((ip, 1).into(), false);
+        let conn = crate::http_core::service::ConnInfo::new((ip, 1).into(), false);
         let fwd = ForwardedFor {
             chain: conn.source_ip(),
             proto: "http",
@@ -242,7 +242,7 @@ fn underscore_spellings_and_method_overrides_are_removed() {
 
 #[test]
 fn fields_some_stacks_trust_are_removed_unless_the_route_keeps_one() {
-    let fields = crate::http::fields::STACK_TRUSTED_FIELDS;
+    let fields = crate::http_core::fields::STACK_TRUSTED_FIELDS;
     let mut pairs: Vec<(String, &str)> = fields.iter().map(|f| (f.to_string(), "x")).collect();
     // Also spelled with `_`, and lookalikes that are not on the list.
     pairs.push(("x_middleware_subrequest".into(), "x"));

@@ -1,5 +1,5 @@
 use super::*;
-use crate::http::body::{Body, Limited};
+use crate::http_core::body::{Body, Limited};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, StreamBody};
@@ -18,7 +18,9 @@ fn cfg(addr: std::net::SocketAddr, timeout_ms: u64) -> HttpUpstreamSettings {
 }
 
 fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(crate::http::body::empty()).unwrap()
+    Request::get(path)
+        .body(crate::http_core::body::empty())
+        .unwrap()
 }
 
 /// `req` through `up`, as the pipeline sends it (no added fields).
@@ -79,7 +81,7 @@ async fn forwards_and_strips_hop_headers_from_the_response() {
     assert_eq!(res.status(), 200);
     // The length is the body's size (both servers write it from there).
     assert_eq!(http_body::Body::size_hint(res.body()).exact(), Some(2));
-    let res = crate::http::service::Reply::<()>::from(res).into_response();
+    let res = crate::http_core::service::Reply::<()>::from(res).into_response();
     assert!(!res.headers().contains_key("x-hop"));
     assert!(!res.headers().contains_key("connection"));
     assert_eq!(res.headers()["retry-after"], "3");

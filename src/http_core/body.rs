@@ -9,7 +9,7 @@ mod request;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
-use crate::http::relayed::RelayedFields;
+use crate::http_core::relayed::RelayedFields;
 pub(crate) use drain::{read_before_answer, Unread, DRAIN_IDLE, DRAIN_MAX_BYTES, DRAIN_TIME};
 pub use limited::{Limited, TooLarge};
 pub use request::RequestBody;

@@ -15,12 +15,12 @@
 //! as when the gateway replaced it in a map. The HTTP/1.1 writer writes the
 //! relayed fields first, then the map's ([`RelayedFields::write_to`]); for
 //! HTTP/2 (hyper's server) and for anything else that reads a response's
-//! headers, [`into_header_map`](crate::http::service::into_header_map) folds them into the map first.
+//! headers, [`into_header_map`](crate::http_core::service::into_header_map) folds them into the map first.
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::http::fields::field_name;
+use crate::http_core::fields::field_name;
 
 /// Where a relayed field's name and value lie in the head: name start and
 /// end, value start and end.
@@ -152,7 +152,7 @@ mod tests {
         let mut map = HeaderMap::new();
         map.insert("content-type", HeaderValue::from_static("application/json"));
         let stamp = || {
-            crate::http::service::FixedStamp::new(&[
+            crate::http_core::service::FixedStamp::new(&[
                 ("x-request-id", "ours"),
                 ("x-ratelimit-limit", "100"),
             ])
@@ -160,16 +160,17 @@ mod tests {
 
         let mut out = Vec::new();
         let stamp_now = stamp();
-        let stamped = crate::http::service::stamped_by(&stamp_now);
+        let stamped = crate::http_core::service::stamped_by(&stamp_now);
         assert!(relayed(head).write_to(&map, stamped, &mut out));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "Server: up\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nDate: Tue\r\n"
         );
 
-        let mut res = http::Response::new(crate::http::body::empty().relaying(Some(relayed(head))));
+        let mut res =
+            http::Response::new(crate::http_core::body::empty().relaying(Some(relayed(head))));
         *res.headers_mut() = map;
-        let reply = crate::http::service::Reply {
+        let reply = crate::http_core::service::Reply {
             res,
             stamp: stamp(),
         };

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use crate::http::body::{Body, RequestBody};
+use crate::http_core::body::{Body, RequestBody};
 use crate::ip::ClientAddr;
 
 /// What the pipeline knows about the connection a request came on.
@@ -109,7 +109,7 @@ impl Refusal {
                 format!("request header fields exceed {limit} bytes\n")
             }
         };
-        let mut res = Response::new(crate::http::body::full(text));
+        let mut res = Response::new(crate::http_core::body::full(text));
         *res.status_mut() = self.status();
         res.headers_mut().insert(
             http::header::CONTENT_TYPE,

@@ -40,7 +40,7 @@ pub(crate) struct Field {
 /// A `static` [`Field`] named `$field` for the constant name `$name`.
 macro_rules! field {
     ($vis:vis $field:ident, $name:ident, $line:literal) => {
-        $vis static $field: $crate::http::fields::Field = $crate::http::fields::Field {
+        $vis static $field: $crate::http_core::fields::Field = $crate::http_core::fields::Field {
             name: $name,
             line: $line,
         };

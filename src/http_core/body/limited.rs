@@ -74,7 +74,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::body::full;
+    use crate::http_core::body::full;
     use http_body::Body as _;
 
     #[tokio::test]
