@@ -75,12 +75,7 @@ pub(super) async fn stream_body(
     mut writer: BodyWriter,
     deadline: Instant,
 ) -> Result<Streamed, ClientError> {
-    // The piece being written: chunk-size line (or nothing), data, CRLF or
-    // the last chunk.
-    let mut line = Vec::new();
-    let mut data = Bytes::new();
-    let mut tail: &'static [u8] = b"";
-    let mut line_at = 0;
+    let mut piece = Piece::default();
     let mut ended = false;
     poll_fn(|cx| loop {
         // An answer before the body has gone ends the upload.
@@ -97,34 +92,13 @@ pub(super) async fn stream_body(
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
             Poll::Pending => {}
         }
-        if line_at < line.len() || !data.is_empty() || !tail.is_empty() {
-            let out = (&line[line_at..]).chain(&data[..]).chain(tail);
-            let n = match poll_write_buf(&mut inner.io, cx, &out) {
-                Poll::Ready(Ok(n)) if n > 0 => n,
-                Poll::Ready(result) => {
-                    // A target that answered and closed without reading the
-                    // rest resets the connection; its answer is still there.
-                    while let Poll::Ready(Ok(1..)) =
-                        poll_read_more(&mut inner.io, cx, &mut inner.buf)
-                    {}
-                    if final_head_ready(&mut inner.buf)? {
-                        return Poll::Ready(Ok(Streamed::AnsweredEarly));
-                    }
-                    let e = result
-                        .err()
-                        .unwrap_or_else(|| io::ErrorKind::WriteZero.into());
-                    return Poll::Ready(Err(e.into()));
-                }
+        if !piece.is_empty() {
+            let written = poll_write_buf(&mut inner.io, cx, &piece.as_buf());
+            match written {
+                Poll::Ready(Ok(n)) if n > 0 => piece.advance(n),
+                Poll::Ready(result) => return Poll::Ready(write_failed(inner, cx, result)),
                 Poll::Pending => return poll_expired(&mut inner.timer, deadline, cx),
-            };
-            let mut n = n;
-            let from_line = n.min(line.len() - line_at);
-            line_at += from_line;
-            n -= from_line;
-            let from_data = n.min(data.len());
-            data.advance(from_data);
-            n -= from_data;
-            tail = &tail[n.min(tail.len())..];
+            }
             continue;
         }
         if ended {
@@ -132,22 +106,17 @@ pub(super) async fn stream_body(
         }
         match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let Ok(piece) = frame.into_data() else {
+                let Ok(data) = frame.into_data() else {
                     continue; // trailers are not sent over HTTP/1.1
                 };
-                let end = body.is_end_stream();
-                writer.check(piece.len(), end)?;
-                line.clear();
-                line_at = 0;
-                writer.frame(&mut line, piece.len());
-                tail = writer.tail(piece.is_empty(), end);
-                data = piece;
-                ended = end;
+                ended = body.is_end_stream();
+                writer.check(data.len(), ended)?;
+                piece.frame(&mut writer, data, ended);
             }
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ClientError::Body(e))),
             Poll::Ready(None) => {
                 writer.check(0, true)?;
-                tail = writer.tail(true, true);
+                piece.tail = writer.tail(true, true);
                 ended = true;
             }
             // Everything so far has gone: it is the client whose bytes are
@@ -160,6 +129,69 @@ pub(super) async fn stream_body(
         }
     })
     .await
+}
+
+/// A write of a streamed body that failed or wrote nothing. A target that
+/// answered and closed without reading the rest resets the connection; its
+/// answer may still be there to read, and is then relayed.
+fn write_failed(
+    inner: &mut Inner,
+    cx: &mut std::task::Context<'_>,
+    result: io::Result<usize>,
+) -> Result<Streamed, ClientError> {
+    while let Poll::Ready(Ok(1..)) = poll_read_more(&mut inner.io, cx, &mut inner.buf) {}
+    if final_head_ready(&mut inner.buf)? {
+        return Ok(Streamed::AnsweredEarly);
+    }
+    let e = result
+        .err()
+        .unwrap_or_else(|| io::ErrorKind::WriteZero.into());
+    Err(e.into())
+}
+
+/// The piece of a streamed body being written: its chunk-size line (or
+/// nothing), its data, then CRLF or the last chunk; each part as far as it
+/// has gone.
+#[derive(Default)]
+struct Piece {
+    line: Vec<u8>,
+    line_at: usize,
+    data: Bytes,
+    tail: &'static [u8],
+}
+
+impl Piece {
+    /// Whether all of it has gone.
+    fn is_empty(&self) -> bool {
+        self.line_at == self.line.len() && self.data.is_empty() && self.tail.is_empty()
+    }
+
+    /// What is left to write, as one buffer.
+    fn as_buf(&self) -> impl Buf + '_ {
+        (&self.line[self.line_at..])
+            .chain(&self.data[..])
+            .chain(self.tail)
+    }
+
+    /// `n` more bytes have gone.
+    fn advance(&mut self, mut n: usize) {
+        let from_line = n.min(self.line.len() - self.line_at);
+        self.line_at += from_line;
+        n -= from_line;
+        let from_data = n.min(self.data.len());
+        self.data.advance(from_data);
+        n -= from_data;
+        self.tail = &self.tail[n.min(self.tail.len())..];
+    }
+
+    /// The next piece: `data` as `writer` frames it (the last if `end`).
+    fn frame(&mut self, writer: &mut BodyWriter, data: Bytes, end: bool) {
+        self.line.clear();
+        self.line_at = 0;
+        writer.frame(&mut self.line, data.len());
+        self.tail = writer.tail(data.is_empty(), end);
+        self.data = data;
+    }
 }
 
 /// Writes some of `buf` ([`poll_write_buf`]) by `deadline`: how many bytes went.
