@@ -169,7 +169,7 @@ pub async fn fetch(
             &parts,
             &host,
             crate::http_core::body::empty(),
-            None,
+            None::<&(dyn crate::http_core::fields::FieldLines + Sync)>,
             deadline,
         )
         .await;

@@ -15,7 +15,6 @@ use super::target::Target;
 use super::tls_client::TimeoutConnector;
 use crate::h1::client::{self, ClientError, Conn, Incoming, SendError};
 use crate::http_core::body::Body;
-use crate::http_core::fields::FieldLines;
 
 pub(super) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 pub(super) type HttpClient = Client<Connector, Body>;
@@ -77,7 +76,6 @@ impl Transport {
                         }
                     }
                 };
-                let added = added.map(|a| a as &(dyn FieldLines + Sync));
                 match conn.send(parts, &target.host, body, added, deadline).await {
                     Ok(sent) => return Ok(sent),
                     // A kept-alive connection the target had closed: nothing

@@ -36,12 +36,12 @@ impl Conn {
     /// connection comes back with the response when the response is already
     /// whole and the connection can carry another request; otherwise the
     /// response body owns it until it ends.
-    pub(crate) async fn send(
+    pub(crate) async fn send<A: FieldLines + Sync + ?Sized>(
         mut self,
         parts: &http::request::Parts,
         host: &HeaderValue,
         mut body: Body,
-        added: Option<&(dyn FieldLines + Sync)>,
+        added: Option<&A>,
         deadline: Instant,
     ) -> Result<(Response<Incoming>, Option<Conn>), SendError> {
         let head_request = parts.method == Method::HEAD;

@@ -216,12 +216,12 @@ pub(super) async fn write_some<B: Buf>(
 /// The request line, its header fields and the fields added to it ([`FieldLines`]),
 /// framed for `length` (`None`: chunked). `Content-Length` and
 /// `Transfer-Encoding` are the framing's own.
-pub(super) fn encode_head(
+pub(super) fn encode_head<A: FieldLines + ?Sized>(
     out: &mut Vec<u8>,
     parts: &http::request::Parts,
     host: &HeaderValue,
     length: Option<u64>,
-    added: Option<&(dyn FieldLines + Sync)>,
+    added: Option<&A>,
 ) {
     let path = parts
         .uri
@@ -305,7 +305,7 @@ mod tests {
             .unwrap()
             .into_parts();
         let mut out = Vec::new();
-        encode_head(
+        encode_head::<dyn FieldLines>(
             &mut out,
             &parts,
             &HeaderValue::from_static("t:1"),
@@ -328,7 +328,7 @@ mod tests {
             .into_parts();
         let mut out = Vec::new();
         let host = HeaderValue::from_static("t:1");
-        encode_head(&mut out, &parts, &host, Some(0), None);
+        encode_head::<dyn FieldLines>(&mut out, &parts, &host, Some(0), None);
         let head = String::from_utf8(out).unwrap();
         assert_eq!(head.matches("cookie").count(), 1, "{head}");
         assert!(head.contains("\r\ncookie: a=1; b=2; c=3\r\n"), "{head}");
@@ -350,7 +350,7 @@ mod tests {
             }
             let (parts, ()) = b.body(()).unwrap().into_parts();
             let mut out = Vec::new();
-            encode_head(
+            encode_head::<dyn FieldLines>(
                 &mut out,
                 &parts,
                 &HeaderValue::from_static("t:1"),
