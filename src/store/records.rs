@@ -177,22 +177,7 @@ pub struct AdminToken {
 mod tests {
     use super::*;
 
-    fn record() -> ApiKeyRecord {
-        ApiKeyRecord {
-            id: "key_abc".into(),
-            name: "ci".into(),
-            organization_id: "acme".into(),
-            user_id: "alice".into(),
-            scopes: vec!["clusters:read".into(), "clusters:write".into()],
-            prefix: "AbCdEfGh".into(),
-            created_at: 0,
-            expires_at: Some(100),
-            revoked_at: None,
-            last_used_at: None,
-            replaced_by: None,
-            rate_limit: None,
-        }
-    }
+    use crate::store::testing::api_key_record as record;
 
     #[test]
     fn status_revoked_wins_over_expired() {

@@ -1,7 +1,7 @@
 //! Test helpers: a throw-away SQLite file or PostgreSQL database per test,
 //! the macros that run a suite function on each backend, and the seed most
 //! store tests start from.
-use super::{NewApiKey, SqlStore, StoreConfig};
+use super::{ApiKeyRecord, NewApiKey, SqlStore, StoreConfig};
 use sqlx::AssertSqlSafe;
 use sqlx::{Connection, Executor, PgConnection};
 use std::time::Duration;
@@ -175,4 +175,23 @@ fn with_database_replaces_the_path() {
         "postgres://u@h:5432/x?sslmode=disable"
     );
     assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+}
+
+/// An active key of `alice` in `acme`, created at 0 and expiring at 100,
+/// with two scopes: the record the unit tests start from.
+pub(crate) fn api_key_record() -> ApiKeyRecord {
+    ApiKeyRecord {
+        id: "key_abc".into(),
+        name: "ci".into(),
+        organization_id: "acme".into(),
+        user_id: "alice".into(),
+        scopes: vec!["clusters:read".into(), "clusters:write".into()],
+        prefix: "AbCdEfGh".into(),
+        created_at: 0,
+        expires_at: Some(100),
+        revoked_at: None,
+        last_used_at: None,
+        replaced_by: None,
+        rate_limit: None,
+    }
 }

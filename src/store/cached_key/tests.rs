@@ -4,18 +4,8 @@ use crate::store::ApiKeyRecord;
 fn auth(scopes: &[&str], role: Option<&str>) -> ApiKeyAuth {
     ApiKeyAuth {
         key: ApiKeyRecord {
-            id: "key_abc".into(),
-            name: "ci".into(),
-            organization_id: "acme".into(),
-            user_id: "alice".into(),
             scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
-            prefix: "AbCdEfGh".into(),
-            created_at: 0,
-            expires_at: Some(100),
-            revoked_at: None,
-            last_used_at: None,
-            replaced_by: None,
-            rate_limit: None,
+            ..crate::store::testing::api_key_record()
         },
         role: role.map(str::to_owned),
         org_limits: Vec::new(),
