@@ -8,8 +8,17 @@ use tracing_subscriber::EnvFilter;
 /// expression: the filter's regex engine builds a DFA whose size can grow
 /// exponentially with the pattern, so a short value could hold the process
 /// for seconds at start and at every reload.
+///
+/// Each comma-separated directive is trimmed first: tracing-subscriber
+/// (0.3.23) walks a directive's trimmed text but slices the untrimmed one,
+/// so a directive with a leading space and a non-ASCII character panicked
+/// (`"info, ams\u{4a0}=debug"`). It splits on commas itself, so splitting
+/// here the same way changes no filter.
 pub fn log_filter(level: &str) -> Result<EnvFilter, ParseError> {
-    EnvFilter::builder().with_regex(false).parse(level)
+    let trimmed: Vec<&str> = level.split(',').map(str::trim).collect();
+    EnvFilter::builder()
+        .with_regex(false)
+        .parse(trimmed.join(","))
 }
 
 #[cfg(test)]
@@ -23,6 +32,12 @@ mod tests {
         assert!(log_filter("info,access=off,mpg_gateway=debug").is_ok());
         assert!(log_filter("[request{path=\"/v1\"}]=debug").is_ok());
         assert!(log_filter("info,=").is_err());
+    }
+
+    #[test]
+    fn a_spaced_directive_with_a_non_ascii_character_is_refused_not_a_panic() {
+        assert!(log_filter("    t, ams\u{4a0}=:rw").is_err());
+        assert!(log_filter(" info , mpg_gateway=debug ").is_ok());
     }
 
     /// A field value that would make a regex DFA blow up is taken as text,
