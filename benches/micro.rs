@@ -359,6 +359,7 @@ fn header_rewrite(c: &mut Criterion) {
         identity: Some(id),
         forwarded: fwd,
         request_id: request_id.as_bytes(),
+        traceparent: None,
         signature: None,
     };
     let mut g = c.benchmark_group("headers");

@@ -222,6 +222,16 @@ impl GatewayError {
         }
     }
 
+    /// `details.reason` of a 401 or of a 403 refusing the request itself:
+    /// what a trace records of the refusal, beside [`Self::name`].
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::Unauthorized(reason) => Some(reason.as_str()),
+            GatewayError::ForbiddenRequest { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+
     /// `message` and `details` for the client. Never includes a source chain.
     fn message_and_details(&self) -> (Cow<'static, str>, Option<Value>) {
         match self {

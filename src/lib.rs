@@ -5,7 +5,7 @@
 //!
 //! - **base:** `clock`, `ip`, [`secret`], [`metrics`] and [`http_core`] (bodies,
 //!   header fields, the service types a listener and a handler share);
-//! - **parts:** [`tls`], [`config`], [`logging`], [`routes`], [`store`],
+//! - **parts:** [`tls`], [`config`], [`logging`], [`trace`], [`routes`], [`store`],
 //!   [`error`] (every refusal, a store error's among them), [`auth`],
 //!   [`ratelimit`] and the HTTP/1.1 codec (`h1`);
 //! - **serving:** [`proxy`], [`server`], [`keys_service`] and [`pipeline`],
@@ -31,6 +31,7 @@ pub mod ratelimit;
 pub mod routes;
 pub mod store;
 pub mod tls;
+pub mod trace;
 
 // serving
 pub mod keys_service;

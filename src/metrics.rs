@@ -70,6 +70,9 @@ pub mod names {
     /// Counter: fetches of the identity provider's key set by `outcome`
     /// (`ok`, `error`: unreachable or not 200, `invalid`: a document refused).
     pub const JWKS_REFRESHES: &str = "mpg_jwks_refreshes_total";
+    /// Counter: finished spans that never reached the collector: the export
+    /// queue was full, or their batch failed to export.
+    pub const TRACE_SPANS_DROPPED: &str = "mpg_trace_spans_dropped_total";
 }
 
 /// The process-wide Prometheus recorder (installed once).

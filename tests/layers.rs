@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "tls",
             "config",
             "logging",
+            "trace",
             "routes",
             "store",
             "error",

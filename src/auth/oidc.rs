@@ -158,6 +158,8 @@ impl Oidc {
     /// Fetches the key set and puts it in use; on any failure the set in
     /// use stays, and the error is logged (naming what was wrong) and counted.
     pub async fn refresh(&self) -> Result<(), String> {
+        // A span only when a request waits on the fetch (an unknown `kid`).
+        let mut span = crate::trace::child("jwks.fetch", opentelemetry::trace::SpanKind::Client);
         let result = self.fetch_key_set().await;
         let outcome = match &result {
             Ok(keys) => {
@@ -174,6 +176,12 @@ impl Oidc {
             }
         };
         metrics::counter!(JWKS_REFRESHES, "outcome" => outcome).increment(1);
+        if let Some(span) = span.as_mut() {
+            span.set("mpg.jwks.outcome", outcome);
+            if outcome != "ok" {
+                span.fail(format!("key set {outcome}"));
+            }
+        }
         match result {
             Ok(keys) => {
                 let old = self.keys.swap(Some(Arc::new(keys)));

@@ -17,6 +17,7 @@ mod server;
 mod settings;
 mod signing;
 mod store;
+mod tracing;
 mod upstream;
 mod validate;
 
@@ -28,6 +29,7 @@ pub use oidc::fetch_url_problem;
 pub use raw::{AuthMode, BackendErrorPolicy, Balance, LogFormat, PolicyKey, PolicyMode};
 pub use settings::*;
 pub use signing::SigningKeys;
+pub use tracing::{OtlpProtocol, TracingSettings};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

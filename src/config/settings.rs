@@ -18,6 +18,8 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// `[log]`
     pub log: LogSettings,
+    /// `[tracing]`
+    pub tracing: TracingSettings,
     /// `[store]`
     pub store: StoreSettings,
     /// `[auth]`

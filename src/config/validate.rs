@@ -13,12 +13,14 @@ use super::routes::{route_settings, RouteTargets};
 use super::server::{admin_settings, server_settings};
 use super::signing::Env;
 use super::store::store_settings;
+use super::tracing::{tracing_settings, RawTracing};
 use super::*;
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "server",
     "admin",
     "log",
+    "tracing",
     "store",
     "auth",
     "rate_limit",
@@ -56,6 +58,7 @@ pub(super) fn validate_with_env(
     let server = server_settings(&mut p, raw.server, tls_files);
     let admin = admin_settings(&mut p, raw.admin, tls_files);
     let log = log_settings(&mut p, raw.log);
+    let tracing = tracing_settings(&mut p, raw.tracing);
     let store = store_settings(&mut p, raw.store);
     let auth = AuthSettings {
         oidc: raw.auth.oidc.and_then(|raw| oidc_settings(&mut p, raw)),
@@ -87,6 +90,7 @@ pub(super) fn validate_with_env(
             server,
             admin,
             log,
+            tracing,
             store,
             auth,
             rate_limit,
@@ -131,6 +135,7 @@ struct RawSections {
     server: RawServer,
     admin: RawAdmin,
     log: RawLog,
+    tracing: RawTracing,
     store: RawStore,
     auth: RawAuth,
     rate_limit: RawRateLimit,
@@ -146,6 +151,7 @@ impl RawSections {
             server: p.section(table, "server"),
             admin: p.section(table, "admin"),
             log: p.section(table, "log"),
+            tracing: p.section(table, "tracing"),
             store: p.section(table, "store"),
             auth: p.section(table, "auth"),
             rate_limit: p.section(table, "rate_limit"),

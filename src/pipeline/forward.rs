@@ -20,6 +20,8 @@ use crate::ip::Client;
 use crate::proxy::headers::{sanitize_request, Added, ForwardedFor, Identity};
 use crate::proxy::upstream::UpstreamError;
 use crate::routes::named_host;
+use crate::trace::RequestTrace;
+use opentelemetry::KeyValue;
 
 /// Where a request came from, as stage 6 passes it on: the connection, the
 /// client it speaks for, and the request's id.
@@ -27,6 +29,8 @@ pub(super) struct Origin<'a> {
     pub(super) conn: &'a ConnInfo,
     pub(super) client: &'a Client<'a>,
     pub(super) request_id: &'a RequestId,
+    /// The request's trace, when `[tracing]` exports.
+    pub(super) trace: Option<&'a RequestTrace>,
 }
 
 impl Pipeline {
@@ -59,6 +63,7 @@ impl Pipeline {
                 conn,
                 client,
                 request_id,
+                trace,
             } = origin;
             // Taken out of the map (no copy): the upstream gets the target's
             // own. Stage 1 checked it (and `:authority`) for X-Forwarded-Host.
@@ -82,8 +87,20 @@ impl Pipeline {
                     host,
                 },
                 request_id: request_id.as_bytes(),
+                traceparent: None,
                 signature: None,
             };
+            // The upstream call's span: its id is the parent the target sees.
+            let traceparent;
+            if let Some(t) = trace {
+                traceparent = t.open_upstream(|| {
+                    vec![
+                        KeyValue::new("http.request.method", head.method.to_string()),
+                        KeyValue::new("mpg.upstream", entry.route.upstream.clone()),
+                    ]
+                });
+                added.traceparent = Some(&traceparent);
+            }
             // Signed once, over the fields and the path as the transports
             // send them (a retry sends the same), with a nonce of the
             // gateway's and the body's digest.
@@ -104,7 +121,13 @@ impl Pipeline {
                 .as_ref()
                 .map(|h| (h, crate::clock::now()));
             let result = upstream.forward(head, body, Some(&added)).await;
-            count_outcome(entry, &result, handed_over);
+            let outcome = count_outcome(entry, &result, handed_over);
+            if let Some(t) = trace {
+                t.end_upstream(match &result {
+                    Ok(res) => Ok(res.status().as_u16()),
+                    Err(_) => Err(outcome),
+                });
+            }
             result.map_err(|e| upstream_error(entry, max_body, e))
         }
     }
@@ -153,13 +176,14 @@ impl Pipeline {
 }
 
 /// Counts the upstream's outcome on the route's counter, and records the
-/// latency of an answer when the route keeps that histogram.
+/// latency of an answer when the route keeps that histogram. Returns the
+/// outcome's label.
 #[inline]
 fn count_outcome(
     entry: &RouteEntry,
     result: &Result<Response<Body>, UpstreamError>,
     handed_over: Option<(&metrics::Histogram, Instant)>,
-) {
+) -> &'static str {
     let outcome = match result {
         Ok(_) => {
             if let Some((histogram, at)) = handed_over {
@@ -180,6 +204,7 @@ fn count_outcome(
         Err(UpstreamError::Reset(_) | UpstreamError::Config(_)) => "error",
     };
     entry.upstream_outcomes.increment(outcome);
+    outcome
 }
 
 /// The gateway's error for an upstream's failure on `entry`.

@@ -34,6 +34,7 @@ use crate::http_core::body::Body;
 use crate::http_core::service::{ConnInfo, Reply};
 use crate::ip::Client;
 use crate::ratelimit::Decision;
+use crate::trace::{RequestTrace, ServerSpan, Tracer};
 
 /// What the wrapper needs to know about a request after the stages ran.
 struct Outcome {
@@ -45,6 +46,10 @@ struct Outcome {
     organization: Option<String>,
     /// A shadow policy would have refused it (stage 3).
     shadow_limited: bool,
+    /// The stage running, or the one that refused (for the trace).
+    stage: &'static str,
+    /// The refusal's or failure's name and reason, if the stages failed.
+    failed: Option<(&'static str, Option<&'static str>)>,
 }
 
 // === impl Outcome ===
@@ -59,6 +64,8 @@ impl Outcome {
             principal: None,
             organization: None,
             shadow_limited: false,
+            stage: "route",
+            failed: None,
         }
     }
 }
@@ -72,6 +79,7 @@ struct Answered<'a> {
     conn: &'a ConnInfo,
     client: &'a Client<'a>,
     request_id: &'a RequestId,
+    trace: Option<&'a RequestTrace>,
     out: &'a Outcome,
     res: &'a Response<Body>,
 }
@@ -111,10 +119,26 @@ impl Pipeline {
                 &client_ip.header,
                 &client_ip.trusted_proxies,
             );
-            let stages = this.stages(&mut head, body, &conn, &client, &request_id, &mut out);
-            let mut res = match stages.await {
+            // The caller's trace continued, or one started: only when
+            // `[tracing]` exports.
+            let trace = this.tracer.as_ref().map(|t| t.start(&mut head.headers));
+            let stages = this.stages(
+                &mut head,
+                body,
+                (&conn, &client, &request_id, trace.as_ref()),
+                &mut out,
+            );
+            // A sampled request's stages run with its recording current.
+            let result = match trace.as_ref().and_then(|t| t.recording.clone()) {
+                Some(recording) => recording.scope(stages).await,
+                None => stages.await,
+            };
+            let mut res = match result {
                 Ok(res) => res,
-                Err(err) => this.rescue(err, &request_id),
+                Err(err) => {
+                    out.failed = Some((err.name(), err.reason()));
+                    this.rescue(err, &request_id)
+                }
             };
             if head_request {
                 res = without_body(res);
@@ -126,9 +150,13 @@ impl Pipeline {
                 conn: &conn,
                 client: &client,
                 request_id: &request_id,
+                trace: trace.as_ref(),
                 out: &out,
                 res: &res,
             });
+            if let Some((tracer, trace)) = this.tracer.as_ref().zip(trace) {
+                this.finish_trace(tracer, trace, &head, method, &request_id, &out, &res);
+            }
             // The request id moved into the stamp, not cloned: a clone of a
             // client's id allocates.
             let stamp = ReplyStamp {
@@ -153,9 +181,12 @@ impl Pipeline {
         &'a self,
         head: &'a mut request::Parts,
         body: RequestBody,
-        conn: &'a ConnInfo,
-        client: &'a Client<'a>,
-        request_id: &'a RequestId,
+        (conn, client, request_id, trace): (
+            &'a ConnInfo,
+            &'a Client<'a>,
+            &'a RequestId,
+            Option<&'a RequestTrace>,
+        ),
         out: &'a mut Outcome,
     ) -> impl Future<Output = Result<Response<Body>, GatewayError>> + 'a {
         async move {
@@ -163,6 +194,7 @@ impl Pipeline {
             let (index, path_param) = self.route(head, body.size_hint().exact())?;
             out.route = Some(index);
             let entry = &self.routes[index];
+            out.stage = "authenticate";
             // 2. Identity first: every later decision depends on who is asking.
             let (principal, taken) = self
                 .authenticate(
@@ -175,6 +207,7 @@ impl Pipeline {
                 .await?;
             out.principal = principal;
             let principal = out.principal.as_ref();
+            out.stage = "rate_limit";
             // 3. Limit before validation, so malformed requests still spend tokens
             //    (the decision may have come with the guard's, in stage 2).
             out.shadow_limited = match taken {
@@ -191,19 +224,23 @@ impl Pipeline {
                     .await?
                 }
             };
+            out.stage = "validate";
             // 4. Validate the organization the request is for (and the key it names).
             let mut validated = self.validate(entry, head, path_param).await?;
             out.organization = validated.organization.take();
+            out.stage = "authorize";
             // 5. Authorize: the right organization, then the route's scope.
             let grant = match principal {
                 Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
                 None => None,
             };
+            out.stage = "forward";
             // 6. Forward to the upstream (or the built-in key service).
             let origin = forward::Origin {
                 conn,
                 client,
                 request_id,
+                trace,
             };
             self.forward(entry, head, body, grant, validated, origin)
                 .await
@@ -221,9 +258,16 @@ impl Pipeline {
             conn,
             client,
             request_id,
+            trace,
             out,
             res,
         } = *a;
+        // Hex on the stack, only when tracing.
+        let ids = trace.map(|t| (t.trace_id_hex(), t.span_id_hex()));
+        let (trace_id, span_id) = match &ids {
+            Some((t, s)) => (std::str::from_utf8(t).ok(), std::str::from_utf8(s).ok()),
+            None => (None, None),
+        };
         let route = out.route.map(|i| self.routes[i].route.path.as_str());
         let status = res.status().as_u16();
         let request_metrics = match out.route {
@@ -259,8 +303,46 @@ impl Pipeline {
             bytes_out = res.body().size_hint().exact(),
             // Only on the requests a shadow policy would have refused.
             shadow_limited = out.shadow_limited.then_some(true),
+            trace_id,
+            span_id,
             "request"
         );
+    }
+
+    /// Ends a request's trace: a sampled one's spans go to the exporter.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_trace(
+        &self,
+        tracer: &Tracer,
+        trace: RequestTrace,
+        head: &request::Parts,
+        method: &'static str,
+        request_id: &RequestId,
+        out: &Outcome,
+        res: &Response<Body>,
+    ) {
+        if !trace.sampled {
+            return;
+        }
+        let error = out.failed.map(|(name, reason)| match reason {
+            Some(r) => format!("{name}: {r}"),
+            None => name.to_owned(),
+        });
+        let server = ServerSpan {
+            method,
+            path: traced_path(head.uri.path()),
+            route: out.route.map(|i| self.routes[i].route.path.as_str()),
+            status: res.status().as_u16(),
+            organization_id: out
+                .organization
+                .as_deref()
+                .or_else(|| out.principal.as_ref().and_then(|p| p.home_organization())),
+            key_id: out.principal.as_ref().and_then(|p| p.key_id()),
+            refused_by: out.failed.map(|_| out.stage),
+            error: error.as_deref(),
+            request_id: request_id.as_str(),
+        };
+        tracer.finish(trace, &server);
     }
 
     /// The one place a refusal becomes a response; internals go to the log.
@@ -281,6 +363,16 @@ impl Pipeline {
             _ => {}
         }
         err.into_response()
+    }
+}
+
+/// The path as a span shows it: as sent, unless it holds what looks like a
+/// secret (a key pasted into a URL), which never leaves the gateway.
+fn traced_path(path: &str) -> &str {
+    if crate::routes::path_holds_secret(path) {
+        "[redacted]"
+    } else {
+        path
     }
 }
 

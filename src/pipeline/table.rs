@@ -16,6 +16,7 @@ use crate::routes::Router;
 use crate::store::cache::CachedKeyStore;
 use crate::store::sql::SqlStore;
 use crate::store::usage::UsageRecorder;
+use crate::trace::Tracer;
 
 /// Why the route table could not be compiled; each names the config part.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,9 @@ pub enum TableError {
     /// The identity provider's client could not be made.
     #[error("auth.oidc: {0}")]
     Oidc(String),
+    /// The trace exporter could not be made.
+    #[error("tracing: {0}")]
+    Tracing(String),
 }
 
 /// Where a route's requests go: an HTTP upstream, or the built-in key
@@ -109,6 +113,8 @@ pub struct Pipeline {
     pub(crate) client_ip_field: Option<http::HeaderName>,
     /// `[auth.oidc]`: the identity provider whose JWTs act as sessions.
     pub(crate) oidc: Option<Arc<Oidc>>,
+    /// `[tracing]` with an endpoint: the sampler and the span exporter.
+    pub(crate) tracer: Option<Tracer>,
 }
 
 // === impl Pipeline ===
@@ -140,6 +146,8 @@ impl Pipeline {
             routes.push(RouteEntry::new(&settings, &upstreams, i, route)?);
         }
         let oidc = Self::oidc(&settings, &keys, previous)?;
+        let tracer = Tracer::new(&settings.tracing, previous.and_then(|p| p.tracer.as_ref()))
+            .map_err(TableError::Tracing)?;
         let keys_service = KeysService::new(store.clone(), keys.clone(), settings.clone());
         let field = &settings.server.client_ip.header;
         let client_ip_field = (!crate::proxy::headers::is_spoofable(field)).then(|| field.clone());
@@ -162,6 +170,7 @@ impl Pipeline {
             ),
             client_ip_field,
             oidc,
+            tracer,
         })
     }
 

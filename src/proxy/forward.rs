@@ -132,6 +132,14 @@ impl Upstream {
                 tried.push(i);
             }
             let target = &self.targets.list[i];
+            crate::trace::upstream_attempt(|| {
+                let port = target.authority.port_u16();
+                let https = target.scheme == http::uri::Scheme::HTTPS;
+                (
+                    target.authority.host(),
+                    port.unwrap_or(if https { 443 } else { 80 }),
+                )
+            });
             let attempts_left = may_retry && attempts <= self.retries as usize;
             let this_body = attempt_body(&mut body, slot.as_ref());
             let head_by = self.head_by(now, deadline);
@@ -189,6 +197,7 @@ impl Upstream {
             return Err(self.refuse(Some(i), err));
         }
         self.retry_counter.increment(1);
+        crate::trace::upstream_retry(&err);
         let target = &self.targets.list[i];
         tracing::debug!(upstream = %self.name, target = %target.label, error = %err, "connect failed; retrying on another target");
         Ok(())

@@ -8,6 +8,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION
 use crate::auth::Scopes;
 use crate::http_core::fields::{field, Field, FieldLines, F_REQUEST_ID, X_REQUEST_ID};
 use crate::http_core::hop_by_hop::{connection_named, hop_by_hop_present, HOP_BY_HOP};
+use crate::trace::TRACEPARENT;
 
 /// `X-Mpg-Organization-Id`
 pub const X_MPG_ORGANIZATION_ID: HeaderName = HeaderName::from_static("x-mpg-organization-id");
@@ -214,6 +215,8 @@ pub struct Added<'a> {
     pub forwarded: ForwardedFor<'a>,
     /// `X-Request-Id`.
     pub request_id: &'a [u8],
+    /// `traceparent`: the gateway's span for the call, when it traces.
+    pub traceparent: Option<&'a [u8]>,
     /// `X-Mpg-Signature`, made from the fields above by
     /// [`IdentitySigner::sign`](super::signature::IdentitySigner::sign).
     pub signature: Option<&'a [u8]>,
@@ -233,6 +236,7 @@ field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
 field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
 field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
 field!(F_SIGNATURE, X_MPG_SIGNATURE, b"x-mpg-signature: ");
+field!(F_TRACEPARENT, TRACEPARENT, b"traceparent: ");
 
 /// Whether `value` is a valid header value: visible ASCII, space and tab.
 fn valid_value(value: &[u8]) -> bool {
@@ -279,6 +283,9 @@ impl Added<'_> {
         put(&F_FORWARDED_PROTO, self.forwarded.proto.as_bytes());
         if let Some(host) = self.forwarded.host {
             put(&F_FORWARDED_HOST, host.as_bytes());
+        }
+        if let Some(traceparent) = self.traceparent {
+            put(&F_TRACEPARENT, traceparent);
         }
         if let Some(signature) = self.signature {
             put(&F_SIGNATURE, signature);

@@ -217,6 +217,7 @@ mod tests {
             }),
             forwarded: forwarded(),
             request_id: b"r",
+            traceparent: None,
             signature: None,
         }
     }
@@ -243,6 +244,7 @@ mod tests {
             }),
             forwarded: forwarded(),
             request_id: b"rid-1",
+            traceparent: None,
             signature: None,
         };
         let signer = IdentitySigner::new(b"k3y").unwrap();
@@ -277,6 +279,7 @@ mod tests {
             identity: None,
             forwarded: forwarded(),
             request_id: b"r",
+            traceparent: None,
             signature: None,
         };
         let sig = signer.sign(&anonymous, (&Method::GET, "/p"), u64::MAX, &N, None);
@@ -331,6 +334,7 @@ mod tests {
             }),
             forwarded: forwarded(),
             request_id: b"r",
+            traceparent: None,
             signature: None,
         };
         let signer = IdentitySigner::new(b"k").unwrap();

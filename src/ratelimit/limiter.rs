@@ -499,8 +499,12 @@ impl Remote {
         // The request path's clock, read once per poll: the wait spans two polls, and a
         // reading per poll is exact to within one (microseconds).
         let started = crate::clock::now();
+        let mut span = redis_span();
         let decision = limiter.decide(policy, key, gcra, op).await;
         self.record_latency(started);
+        if let (Some(span), Err(e)) = (span.as_mut(), &decision) {
+            span.fail(&e.error);
+        }
         decision
     }
 
@@ -512,8 +516,12 @@ impl Remote {
     ) -> Result<(Decision, Option<Decision>), Failed> {
         let limiter = self.limiter().await.map_err(unattributed)?;
         let started = crate::clock::now();
+        let mut span = redis_span();
         let decisions = limiter.decide_then(first, then).await;
         self.record_latency(started);
+        if let (Some(span), Err(e)) = (span.as_mut(), &decisions) {
+            span.fail(&e.error);
+        }
         decisions
     }
 
@@ -625,3 +633,10 @@ fn probe_time(now: u64) -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+/// The trace span of a call to Redis, when the request is sampled.
+fn redis_span() -> Option<crate::trace::ChildSpan> {
+    let mut span = crate::trace::child("ratelimit.redis", opentelemetry::trace::SpanKind::Client)?;
+    span.set("db.system.name", "redis");
+    Some(span)
+}

@@ -22,6 +22,7 @@ fn added<'a>(
         identity,
         forwarded,
         request_id: request_id.as_bytes(),
+        traceparent: None,
         signature: None,
     }
 }

@@ -187,6 +187,7 @@ impl<T: Cached> Tier<T> {
             return self.stale_or(cached, now, circuit_open());
         }
         self.lookups.miss.increment(1);
+        let mut span = lookup_span();
         // A load started before the store went down waits out its timeout on
         // its own task; its callers are answered as soon as the breaker opens.
         let loaded = tokio::select! {
@@ -194,6 +195,7 @@ impl<T: Cached> Tier<T> {
             loaded = self.load(*hash) => loaded,
             () = self.breaker.opened() => Err(circuit_open()),
         };
+        end_lookup_span(span.as_mut(), &loaded);
         match loaded {
             Err(e) if e.is_unavailable() => {
                 self.stale_or(cached, Instant::from_std(crate::clock::now()), e)
@@ -226,7 +228,10 @@ impl<T: Cached> Tier<T> {
         let start_epoch = self.log.epoch();
         let breaker_epoch = self.breaker.epoch();
         let started = Instant::now();
-        match load.await {
+        let mut span = lookup_span();
+        let loaded = load.await;
+        end_lookup_span(span.as_mut(), &loaded);
+        match loaded {
             Ok(found) => {
                 self.breaker.succeeded();
                 let found = found.map(Arc::new);
@@ -304,4 +309,24 @@ fn circuit_open() -> StoreError {
     static OPEN: std::sync::LazyLock<Arc<CircuitOpen>> =
         std::sync::LazyLock::new(|| Arc::new(CircuitOpen));
     StoreError::Unreachable(OPEN.clone())
+}
+
+/// The trace span of a store lookup on a cache miss, when the request is
+/// sampled.
+fn lookup_span() -> Option<crate::trace::ChildSpan> {
+    crate::trace::child("store.lookup", opentelemetry::trace::SpanKind::Client)
+}
+
+/// Says on the lookup's span what the store answered.
+fn end_lookup_span<T>(
+    span: Option<&mut crate::trace::ChildSpan>,
+    loaded: &Result<Option<T>, StoreError>,
+) {
+    let Some(span) = span else {
+        return;
+    };
+    match loaded {
+        Ok(found) => span.set("mpg.store.found", found.is_some()),
+        Err(e) => span.fail(e),
+    }
 }

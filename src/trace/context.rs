@@ -1,0 +1,188 @@
+//! W3C Trace Context (<https://www.w3.org/TR/trace-context/>): the
+//! `traceparent` a request brings, and the one the gateway sends on.
+use http::header::{HeaderMap, HeaderName};
+
+/// `traceparent`
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// `tracestate`: passed on as it came when the `traceparent` is valid,
+/// removed with an invalid one (the spec's rule: its state belongs to a
+/// trace that is not continued).
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// The length of a version-00 `traceparent`.
+const TRACEPARENT_LEN: usize = 55;
+
+/// A valid incoming `traceparent`: the caller's trace and span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parent {
+    /// The trace the request belongs to.
+    pub trace_id: [u8; 16],
+    /// The caller's span, the gateway's server span's parent.
+    pub span_id: [u8; 8],
+    /// The caller sampled the trace (flag `01`).
+    pub sampled: bool,
+}
+
+/// What the request's `traceparent` fields hold: `Ok(None)` when there is
+/// none, `Err(())` when there is one the spec calls invalid (or more than
+/// one).
+pub fn parent_of(headers: &HeaderMap) -> Result<Option<Parent>, ()> {
+    let mut values = headers.get_all(TRACEPARENT).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(());
+    }
+    parse_traceparent(first.as_bytes()).map(Some).ok_or(())
+}
+
+/// Parses a `traceparent` value (Trace Context §3.2): version, trace id,
+/// parent id and flags in lower-case hex. Version `ff` and all-zero ids are
+/// invalid; a later version may carry more after a `-`, which is ignored.
+pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
+    if v.len() < TRACEPARENT_LEN || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let version = hex::<1>(&v[0..2])?[0];
+    match version {
+        0xff => return None,
+        0 if v.len() != TRACEPARENT_LEN => return None,
+        _ if v.len() > TRACEPARENT_LEN && v[TRACEPARENT_LEN] != b'-' => return None,
+        _ => {}
+    }
+    let trace_id = hex::<16>(&v[3..35])?;
+    let span_id = hex::<8>(&v[36..52])?;
+    let flags = hex::<1>(&v[53..55])?[0];
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(Parent {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// Lower-case hex digits into `N` bytes; upper case is invalid here.
+fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+/// The version-00 `traceparent` for `span_id` in `trace_id`.
+pub fn format_traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> [u8; 55] {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    ::hex::encode_to_slice(trace_id, &mut out[3..35]).expect("two digits a byte");
+    ::hex::encode_to_slice(span_id, &mut out[36..52]).expect("two digits a byte");
+    if sampled {
+        out[54] = b'1';
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use std::collections::HashMap;
+
+    /// What opentelemetry's own propagator makes of a value: the
+    /// independent reading the parser is held to.
+    fn sdk(value: &str) -> Option<Parent> {
+        let carrier = HashMap::from([("traceparent".to_string(), value.to_string())]);
+        let cx = TraceContextPropagator::new().extract(&carrier);
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then(|| Parent {
+            trace_id: sc.trace_id().to_bytes(),
+            span_id: sc.span_id().to_bytes(),
+            sampled: sc.is_sampled(),
+        })
+    }
+
+    #[test]
+    fn the_specs_example_parses() {
+        let v = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let p = parse_traceparent(v).unwrap();
+        assert_eq!(
+            ::hex::encode(p.trace_id),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(::hex::encode(p.span_id), "00f067aa0ba902b7");
+        assert!(p.sampled);
+        assert_eq!(
+            &format_traceparent(&p.trace_id, &p.span_id, true)[..],
+            &v[..]
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_refused_as_opentelemetry_refuses_them() {
+        let cases = [
+            // The spec's and the SDK's examples of invalid values.
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
+            "",
+        ];
+        for v in cases {
+            assert_eq!(parse_traceparent(v.as_bytes()), None, "{v}");
+            assert_eq!(sdk(v), None, "the SDK reads {v} as valid");
+        }
+        // Short fields: the spec wants exactly 32, 16 and 2 digits; the
+        // SDK reads fewer as numbers with leading zeros, and trims spaces.
+        for v in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b-01",
+        ] {
+            assert_eq!(parse_traceparent(v.as_bytes()), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn valid_values_read_as_opentelemetry_reads_them() {
+        let cases = [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03",
+            // A later version: longer, the rest after a `-` ignored.
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds",
+        ];
+        for v in cases {
+            let ours = parse_traceparent(v.as_bytes());
+            assert!(ours.is_some(), "{v}");
+            assert_eq!(ours, sdk(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_second_traceparent_makes_the_request_invalid() {
+        let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = HeaderMap::new();
+        assert_eq!(parent_of(&headers), Ok(None));
+        headers.append(TRACEPARENT, v.parse().unwrap());
+        assert!(parent_of(&headers).unwrap().is_some());
+        headers.append(TRACEPARENT, v.parse().unwrap());
+        assert_eq!(parent_of(&headers), Err(()));
+    }
+}

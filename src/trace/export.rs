@@ -1,0 +1,225 @@
+//! Sending finished spans to the collector: a bounded queue that a request
+//! never waits on, and one task per exporter that batches the queue and
+//! hands each batch to OpenTelemetry's OTLP exporter. The SDK's batch
+//! processor does the same but cannot say how many spans it dropped; this
+//! one counts them in `mpg_trace_spans_dropped_total`.
+use opentelemetry_otlp::{Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use opentelemetry_sdk::Resource;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+use crate::config::{OtlpProtocol as Protocol, TracingSettings};
+use crate::logging::Incident;
+use crate::metrics::names;
+
+/// Spans held for export at most; a span finished while the queue is full
+/// is dropped and counted.
+pub(super) const QUEUE: usize = 2048;
+/// Spans sent in one export call at most.
+const BATCH: usize = 512;
+/// How long a span waits for its batch to fill before the batch is sent.
+const LINGER: Duration = Duration::from_millis(500);
+/// How long one export may take before it is abandoned (and its spans
+/// counted as dropped).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the spans of one tracing configuration go.
+#[derive(Debug)]
+pub(super) struct Exporter {
+    queue: mpsc::Sender<SpanData>,
+    dropped: metrics::Counter,
+    /// What it was started with: a reload that changes none of it keeps it.
+    pub(super) endpoint: String,
+    pub(super) protocol: Protocol,
+    pub(super) service_name: String,
+}
+
+// === impl Exporter ===
+
+impl Exporter {
+    /// Builds the OTLP exporter for `s` and starts its task on the current
+    /// runtime. Nothing connects yet: a collector that is down is met (and
+    /// logged) at the first export.
+    pub(super) fn start(s: &TracingSettings, endpoint: &str) -> Result<Exporter, String> {
+        let mut otlp = otlp_exporter(s.protocol, endpoint)?;
+        let resource = Resource::builder()
+            .with_service_name(s.service_name.clone())
+            .with_attribute(opentelemetry::KeyValue::new(
+                "service.version",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .build();
+        otlp.set_resource(&resource);
+        let (queue, spans) = mpsc::channel(QUEUE);
+        let dropped = metrics::counter!(names::TRACE_SPANS_DROPPED);
+        tokio::spawn(run(spans, otlp, dropped.clone(), endpoint.to_owned()));
+        Ok(Exporter {
+            queue,
+            dropped,
+            endpoint: endpoint.to_owned(),
+            protocol: s.protocol,
+            service_name: s.service_name.clone(),
+        })
+    }
+
+    /// Queues `span`, or drops and counts it if the queue is full.
+    pub(super) fn send(&self, span: SpanData) {
+        if self.queue.try_send(span).is_err() {
+            self.dropped.increment(1);
+        }
+    }
+}
+
+/// The OTLP exporter for `protocol`. Over HTTP the spans go to
+/// `{endpoint}/v1/traces` (unless the endpoint already ends so), through
+/// hyper with TLS for `https://`; over gRPC to the endpoint itself.
+fn otlp_exporter(
+    protocol: Protocol,
+    endpoint: &str,
+) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    let built = match protocol {
+        Protocol::HttpProtobuf | Protocol::HttpJson => {
+            let wire = match protocol {
+                Protocol::HttpJson => OtlpProtocol::HttpJson,
+                _ => OtlpProtocol::HttpBinary,
+            };
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(wire)
+                .with_endpoint(traces_url(endpoint))
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_http_client(opentelemetry_http::hyper::HyperClient::new(
+                    connector()?,
+                    EXPORT_TIMEOUT,
+                    None,
+                ))
+                .build()
+        }
+        Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_protocol(OtlpProtocol::Grpc)
+            .with_endpoint(endpoint)
+            .with_timeout(EXPORT_TIMEOUT)
+            .build(),
+    };
+    built.map_err(|e| e.to_string())
+}
+
+/// The OTLP/HTTP traces address for a collector's base `endpoint`.
+pub(super) fn traces_url(endpoint: &str) -> String {
+    let base = endpoint.trim_end_matches('/');
+    if base.ends_with("/v1/traces") {
+        base.to_owned()
+    } else {
+        format!("{base}/v1/traces")
+    }
+}
+
+/// HTTP, or HTTPS with the system's roots.
+fn connector(
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
+{
+    use hyper_rustls::ConfigBuilderExt;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_native_roots()
+        .map_err(|e| format!("no system root certificates: {e}"))?
+        .with_no_client_auth();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
+}
+
+/// The exporter's task: batches of up to [`BATCH`] spans, each sent once
+/// it is full or its first span has waited [`LINGER`]. A failed or slow
+/// export loses its batch (counted), never the queue behind it. Ends, after
+/// sending what is queued, once every sender is gone (a reload replaced the
+/// configuration, or the gateway stopped).
+async fn run(
+    mut spans: mpsc::Receiver<SpanData>,
+    otlp: opentelemetry_otlp::SpanExporter,
+    dropped: metrics::Counter,
+    endpoint: String,
+) {
+    let incident = Incident::new();
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        if spans.recv_many(&mut batch, BATCH).await == 0 {
+            break;
+        }
+        let linger = tokio::time::sleep(LINGER);
+        tokio::pin!(linger);
+        while batch.len() < BATCH {
+            let room = BATCH - batch.len();
+            tokio::select! {
+                n = spans.recv_many(&mut batch, room) => if n == 0 { break },
+                () = &mut linger => break,
+            }
+        }
+        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+        let n = sent.len() as u64;
+        let result = match tokio::time::timeout(EXPORT_TIMEOUT, otlp.export(sent)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer in {} s", EXPORT_TIMEOUT.as_secs())),
+        };
+        let now = crate::logging::now_ms();
+        match result {
+            Ok(()) => {
+                if let Some(recovery) = incident.recovered(now) {
+                    recovery.log(
+                        tracing::Level::INFO,
+                        &Collector(&endpoint),
+                        "span batches lost",
+                    );
+                }
+            }
+            Err(cause) => {
+                dropped.increment(n);
+                if let Some(line) = incident.failed(now) {
+                    line.log(
+                        tracing::Level::WARN,
+                        &Collector(&endpoint),
+                        "span batches lost",
+                        &cause,
+                    );
+                }
+            }
+        }
+    }
+    let _ = otlp.shutdown();
+}
+
+/// The subject of the exporter's incident lines.
+struct Collector<'a>(&'a str);
+
+impl std::fmt::Display for Collector<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "trace collector {}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_traces_path_is_added_once() {
+        assert_eq!(traces_url("http://c:4318"), "http://c:4318/v1/traces");
+        assert_eq!(traces_url("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(
+            traces_url("http://c:4318/v1/traces"),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(traces_url("https://c/otlp"), "https://c/otlp/v1/traces");
+    }
+}
