@@ -30,6 +30,18 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// The operation's name in a trace.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Check => "check",
+            Op::Peek => "peek",
+            Op::Consume => "consume",
+            Op::Refund => "refund",
+        }
+    }
+}
+
+impl Op {
     /// The op's code in the Redis script's arguments.
     pub(crate) fn code(self) -> u64 {
         match self {

@@ -499,7 +499,7 @@ impl Remote {
         // The request path's clock, read once per poll: the wait spans two polls, and a
         // reading per poll is exact to within one (microseconds).
         let started = crate::clock::now();
-        let mut span = redis_span();
+        let mut span = redis_span(op.name());
         let decision = limiter.decide(policy, key, gcra, op).await;
         self.record_latency(started);
         if let (Some(span), Err(e)) = (span.as_mut(), &decision) {
@@ -516,7 +516,7 @@ impl Remote {
     ) -> Result<(Decision, Option<Decision>), Failed> {
         let limiter = self.limiter().await.map_err(unattributed)?;
         let started = crate::clock::now();
-        let mut span = redis_span();
+        let mut span = redis_span("guard_then_check");
         let decisions = limiter.decide_then(first, then).await;
         self.record_latency(started);
         if let (Some(span), Err(e)) = (span.as_mut(), &decisions) {
@@ -635,8 +635,11 @@ fn probe_time(now: u64) -> u64 {
 mod tests;
 
 /// The trace span of a call to Redis, when the request is sampled.
-fn redis_span() -> Option<crate::trace::ChildSpan> {
+/// `op` says which: `check`, `peek`, `consume`, `refund` (the auth-failure
+/// guard's), or `guard_then_check`.
+fn redis_span(op: &'static str) -> Option<crate::trace::ChildSpan> {
     let mut span = crate::trace::child("ratelimit.redis", opentelemetry::trace::SpanKind::Client)?;
     span.set("db.system.name", "redis");
+    span.set("mpg.ratelimit.op", op);
     Some(span)
 }

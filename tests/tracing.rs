@@ -1,0 +1,783 @@
+//! OpenTelemetry tracing end to end: a real gateway exports to a collector
+//! in the test, which decodes what arrives (OTLP protobuf with the
+//! `opentelemetry-proto` types, OTLP JSON, or OTLP over gRPC), and a real
+//! upstream records the `traceparent` it gets.
+mod common;
+
+use bytes::Bytes;
+use common::scale::{metric_sum, metrics, redis_url, within, RedisPrefix};
+use common::*;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// One span as the collector received it.
+#[derive(Debug, Clone, Default)]
+struct Span {
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    name: String,
+    /// OTLP's `SpanKind`: 2 server, 3 client.
+    kind: i32,
+    attributes: BTreeMap<String, String>,
+    /// OTLP's status code: 0 unset, 1 ok, 2 error.
+    status: i32,
+    status_message: String,
+    events: Vec<(String, BTreeMap<String, String>)>,
+    service: String,
+}
+
+/// An OTLP receiver on 127.0.0.1:0: HTTP/1.1 and HTTP/2 (gRPC), protobuf
+/// or JSON bodies.
+struct Collector {
+    addr: SocketAddr,
+    spans: Arc<Mutex<Vec<Span>>>,
+    /// What each export arrived as: `protobuf`, `json` or `grpc`.
+    encodings: Arc<Mutex<Vec<&'static str>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    async fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let encodings: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let (s, e) = (spans.clone(), encodings.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (s, e) = (s.clone(), e.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (s, e) = (s.clone(), e.clone());
+                        async move { Ok::<_, std::convert::Infallible>(receive(req, s, e).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Collector {
+            addr,
+            spans,
+            encodings,
+            task,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// The spans of `trace_id`, once `n` of them have arrived (10 s at most).
+    async fn trace(&self, trace_id: &str, n: usize) -> Vec<Span> {
+        let of = || -> Vec<Span> {
+            self.spans()
+                .into_iter()
+                .filter(|s| s.trace_id == trace_id)
+                .collect()
+        };
+        let arrived = within(Duration::from_secs(10), || async { of().len() >= n }).await;
+        assert!(
+            arrived.is_some(),
+            "trace {trace_id}: {} spans arrived, not {n}: {:#?}",
+            of().len(),
+            self.spans()
+        );
+        of()
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Reply = Response<http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>>;
+
+async fn receive(
+    req: Request<Incoming>,
+    spans: Arc<Mutex<Vec<Span>>>,
+    encodings: Arc<Mutex<Vec<&'static str>>>,
+) -> Reply {
+    let path = req.uri().path().to_owned();
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let (encoding, got) = if content_type.starts_with("application/grpc") {
+        assert_eq!(
+            path,
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        // One gRPC message: a flag byte, a 4-byte length, the protobuf.
+        let message = ExportTraceServiceRequest::decode(&body[5..]).unwrap();
+        ("grpc", from_proto(message))
+    } else if content_type == "application/json" {
+        assert_eq!(path, "/v1/traces");
+        ("json", from_json(&serde_json::from_slice(&body).unwrap()))
+    } else {
+        assert_eq!(path, "/v1/traces");
+        assert_eq!(content_type, "application/x-protobuf");
+        let message = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+        ("protobuf", from_proto(message))
+    };
+    encodings.lock().unwrap().push(encoding);
+    spans.lock().unwrap().extend(got);
+    if encoding == "grpc" {
+        // An empty ExportTraceServiceResponse, then `grpc-status: 0`.
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let frames = vec![
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(frames));
+        return Response::builder()
+            .header("content-type", "application/grpc")
+            .body(BodyExt::boxed(body))
+            .unwrap();
+    }
+    Response::builder()
+        .header("content-type", content_type)
+        .body(BodyExt::boxed(Full::new(Bytes::new())))
+        .unwrap()
+}
+
+fn from_proto(message: ExportTraceServiceRequest) -> Vec<Span> {
+    let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+        .as_ref()
+        .and_then(|v| v.value.as_ref())
+    {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        Some(AnyValue::IntValue(i)) => i.to_string(),
+        Some(AnyValue::BoolValue(b)) => b.to_string(),
+        other => format!("{other:?}"),
+    };
+    let map = |kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+        kvs.iter()
+            .map(|kv| (kv.key.clone(), text(&kv.value)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let mut out = Vec::new();
+    for rs in message.resource_spans {
+        let service = rs
+            .resource
+            .as_ref()
+            .map(|r| map(&r.attributes))
+            .and_then(|a| a.get("service.name").cloned())
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for s in ss.spans {
+                let status = s.status.clone().unwrap_or_default();
+                out.push(Span {
+                    trace_id: hex::encode(&s.trace_id),
+                    span_id: hex::encode(&s.span_id),
+                    parent: hex::encode(&s.parent_span_id),
+                    name: s.name.clone(),
+                    kind: s.kind,
+                    attributes: map(&s.attributes),
+                    status: status.code,
+                    status_message: status.message,
+                    events: s
+                        .events
+                        .iter()
+                        .map(|e| (e.name.clone(), map(&e.attributes)))
+                        .collect(),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// OTLP/JSON: ids in hex, names in lowerCamelCase, enums as numbers.
+fn from_json(v: &Value) -> Vec<Span> {
+    let map = |kvs: &Value| {
+        kvs.as_array()
+            .into_iter()
+            .flatten()
+            .map(|kv| {
+                let value = &kv["value"];
+                let text = value["stringValue"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .or_else(|| value["intValue"].as_str().map(str::to_owned))
+                    .or_else(|| value["intValue"].as_i64().map(|i| i.to_string()))
+                    .or_else(|| value["boolValue"].as_bool().map(|b| b.to_string()))
+                    .unwrap_or_else(|| value.to_string());
+                (kv["key"].as_str().unwrap().to_owned(), text)
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let mut out = Vec::new();
+    for rs in v["resourceSpans"].as_array().unwrap() {
+        let service = map(&rs["resource"]["attributes"])
+            .get("service.name")
+            .cloned()
+            .unwrap_or_default();
+        for ss in rs["scopeSpans"].as_array().unwrap() {
+            for s in ss["spans"].as_array().unwrap() {
+                out.push(Span {
+                    trace_id: s["traceId"].as_str().unwrap().to_lowercase(),
+                    span_id: s["spanId"].as_str().unwrap().to_lowercase(),
+                    parent: s["parentSpanId"].as_str().unwrap_or("").to_lowercase(),
+                    name: s["name"].as_str().unwrap().to_owned(),
+                    kind: s["kind"].as_i64().unwrap_or(0) as i32,
+                    attributes: map(&s["attributes"]),
+                    status: s["status"]["code"].as_i64().unwrap_or(0) as i32,
+                    status_message: s["status"]["message"].as_str().unwrap_or("").to_owned(),
+                    events: s["events"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|e| {
+                            (
+                                e["name"].as_str().unwrap().to_owned(),
+                                map(&e["attributes"]),
+                            )
+                        })
+                        .collect(),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
+
+/// A gateway exporting every new trace to `collector` with `protocol`.
+fn traced(up: &MockUpstream, endpoint: &str, protocol: &str, ratio: f64) -> TestConfig {
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.set("tracing.otlp_endpoint", endpoint);
+    cfg.set("tracing.protocol", protocol);
+    cfg.set("tracing.sample_ratio", ratio);
+    cfg.set("tracing.service_name", "gateway-under-test");
+    cfg
+}
+
+/// The upstream's `traceparent` of its last request, split in its parts.
+fn upstream_traceparent(up: &MockUpstream) -> (String, String, String) {
+    let seen = up.last();
+    let values: Vec<_> = seen.headers.get_all("traceparent").iter().collect();
+    assert_eq!(values.len(), 1, "the upstream got {values:?}");
+    let v = values[0].to_str().unwrap();
+    let parts: Vec<&str> = v.split('-').collect();
+    assert_eq!(parts.len(), 4, "{v}");
+    assert_eq!(parts[0], "00", "{v}");
+    (parts[1].into(), parts[2].into(), parts[3].into())
+}
+
+/// The access-log line of the request with `request_id`.
+fn access_line(gw: &Gateway, request_id: &str) -> Value {
+    gw.log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"] == "request" && v["request_id"] == request_id)
+        .unwrap_or_else(|| panic!("no access line for {request_id}:\n{}", gw.log_text()))
+}
+
+async fn access_line_soon(gw: &Gateway, request_id: &str) -> Value {
+    let found = within(Duration::from_secs(5), || async {
+        gw.log_text().contains(request_id)
+    })
+    .await;
+    assert!(found.is_some(), "no access line for {request_id}");
+    access_line(gw, request_id)
+}
+
+#[tokio::test]
+async fn a_request_through_a_cache_miss_redis_and_an_upstream_exports_its_span_tree() {
+    let collector = Collector::start().await;
+    let up = MockUpstream::start().await;
+    let prefix = RedisPrefix::new();
+    let mut cfg = traced(&up, &collector.endpoint(), "http/protobuf", 1.0);
+    cfg.redis(&redis_url(), &prefix.0);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+
+    // A fresh key: the cache misses and the store is asked.
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&seed.key)
+        .header("x-request-id", "traced-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let (trace_id, call_span, flags) = upstream_traceparent(&up);
+    assert_eq!(flags, "01", "a sampled trace is passed on sampled");
+
+    let spans = collector.trace(&trace_id, 6).await;
+    let by_name = |n: &str| -> Span {
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == n).collect();
+        assert_eq!(found.len(), 1, "spans named {n}: {spans:#?}");
+        found[0].clone()
+    };
+    let server = by_name("request");
+    assert_eq!(server.kind, 2, "SERVER");
+    assert_eq!(server.parent, "", "a new trace's root");
+    assert_eq!(server.service, "gateway-under-test");
+    let a = &server.attributes;
+    assert_eq!(a["http.request.method"], "GET");
+    assert_eq!(a["url.path"], "/api/v1/clusters", "no query");
+    assert_eq!(a["http.route"], "/api/v1/clusters");
+    assert_eq!(a["http.response.status_code"], "200");
+    assert_eq!(a["mpg.organization_id"], "acme");
+    assert_eq!(a["mpg.key_id"], seed.key_id);
+    assert_eq!(a["mpg.request_id"], "traced-1");
+    assert!(!a.contains_key("mpg.refused_by"), "{a:?}");
+    assert_eq!(server.status, 0, "unset: nothing failed");
+
+    let lookup = by_name("store.lookup");
+    assert_eq!(lookup.parent, server.span_id);
+    assert_eq!(lookup.attributes["mpg.store.found"], "true");
+    // On a cache miss: an auth-failure token taken before the lookup and
+    // given back after it, then the decision.
+    let redis: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "ratelimit.redis")
+        .collect();
+    let ops: Vec<&str> = redis
+        .iter()
+        .map(|s| s.attributes["mpg.ratelimit.op"].as_str())
+        .collect();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    for op in ["check", "refund"] {
+        assert!(ops.contains(&op), "{ops:?}");
+    }
+    for r in &redis {
+        assert_eq!(r.parent, server.span_id);
+        assert_eq!(r.kind, 3, "CLIENT");
+        assert_eq!(r.attributes["db.system.name"], "redis");
+    }
+    let call = by_name("upstream");
+    assert_eq!(call.parent, server.span_id);
+    assert_eq!(call.kind, 3, "CLIENT");
+    assert_eq!(
+        call.span_id, call_span,
+        "the upstream's parent is the call's span"
+    );
+    assert_eq!(call.attributes["server.address"], "127.0.0.1");
+    assert_eq!(call.attributes["server.port"], up.addr.port().to_string());
+    assert_eq!(call.attributes["http.response.status_code"], "200");
+    for s in &spans {
+        assert_eq!(s.trace_id, trace_id);
+    }
+    // Nothing of the secret reaches the collector.
+    let everything = format!("{spans:?}");
+    assert!(!everything.contains(&seed.key), "the key was exported");
+
+    // The access-log line names the trace and the server span.
+    let line = access_line_soon(&gw, "traced-1").await;
+    assert_eq!(line["trace_id"], trace_id.as_str());
+    assert_eq!(line["span_id"], server.span_id.as_str());
+
+    // The key is cached now: a second request has no lookup span.
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&seed.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let (second, _, _) = upstream_traceparent(&up);
+    assert_ne!(second, trace_id, "each request starts its own trace");
+    let spans = collector.trace(&second, 3).await;
+    let ops: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.name == "ratelimit.redis")
+        .map(|s| s.attributes["mpg.ratelimit.op"].as_str())
+        .collect();
+    assert_eq!(
+        ops,
+        ["guard_then_check"],
+        "a cached key: the guard and the decision in one call"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let names: Vec<String> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == second)
+        .map(|s| s.name)
+        .collect();
+    assert!(
+        !names.contains(&"store.lookup".to_string()),
+        "{names:?} {spans:?}"
+    );
+    assert_eq!(collector.encodings.lock().unwrap()[0], "protobuf");
+}
+
+#[tokio::test]
+async fn a_callers_sampled_trace_is_continued_whatever_the_ratio() {
+    let collector = Collector::start().await;
+    let up = MockUpstream::start().await;
+    let cfg = traced(&up, &collector.endpoint(), "http/json", 0.0);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&seed.key)
+        .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+        .header("tracestate", "vendor=abc,other=1")
+        .header("x-request-id", "continued")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let (trace_id, call_span, flags) = upstream_traceparent(&up);
+    assert_eq!(trace_id, caller_trace);
+    assert_ne!(
+        call_span, caller_span,
+        "the upstream's parent is the gateway's span"
+    );
+    assert_eq!(flags, "01");
+    assert_eq!(
+        up.last().headers["tracestate"],
+        "vendor=abc,other=1",
+        "a valid trace's state passes on"
+    );
+    let spans = collector.trace(caller_trace, 2).await;
+    let server = spans.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(
+        server.parent, caller_span,
+        "the gateway's span is the caller's child"
+    );
+    let call = spans.iter().find(|s| s.name == "upstream").unwrap();
+    assert_eq!(call.parent, server.span_id);
+    assert_eq!(call.span_id, call_span);
+    assert_eq!(collector.encodings.lock().unwrap()[0], "json");
+    let line = access_line_soon(&gw, "continued").await;
+    assert_eq!(line["trace_id"], caller_trace);
+}
+
+#[tokio::test]
+async fn an_unsampled_or_invalid_traceparent_is_never_passed_on_as_it_came() {
+    let collector = Collector::start().await;
+    let up = MockUpstream::start().await;
+    let cfg = traced(&up, &collector.endpoint(), "http/protobuf", 1.0);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    let get = |traceparent: &'static str| {
+        client()
+            .get(gw.url(CLUSTERS))
+            .bearer_auth(&seed.key)
+            .header("traceparent", traceparent)
+            .header("tracestate", "vendor=abc")
+    };
+
+    // The caller did not sample: the trace goes on unsampled, nothing exported.
+    let unsampled = "00-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb-00";
+    assert_eq!(get(unsampled).send().await.unwrap().status(), 200);
+    let (trace_id, span, flags) = upstream_traceparent(&up);
+    assert_eq!(trace_id, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    assert_ne!(span, "bbbbbbbbbbbbbbbb");
+    assert_eq!(flags, "00");
+
+    // Invalid (upper-case hex): a new trace, sampled by the ratio; the
+    // caller's state goes with the value it belonged to.
+    let invalid = "00-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA-BBBBBBBBBBBBBBBB-01";
+    assert_eq!(get(invalid).send().await.unwrap().status(), 200);
+    let (new_trace, _, flags) = upstream_traceparent(&up);
+    assert_ne!(new_trace.to_lowercase(), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    assert_eq!(flags, "01");
+    assert!(
+        up.last().headers.get("tracestate").is_none(),
+        "an invalid trace's state was passed on"
+    );
+    collector.trace(&new_trace, 2).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        collector
+            .spans()
+            .iter()
+            .all(|s| s.trace_id != "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+        "an unsampled trace was exported"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_names_its_stage_and_sets_the_span_status() {
+    let collector = Collector::start().await;
+    let up = MockUpstream::start().await;
+    let cfg = traced(&up, &collector.endpoint(), "grpc", 1.0);
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:write");
+    let gw = Gateway::start(&path);
+    let caller_trace = "0af7651916cd43dd8448eb211c80319c";
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth("mpg_notarealkeynotarealkeynotarealkey00")
+        .header(
+            "traceparent",
+            format!("00-{caller_trace}-b7ad6b7169203331-01"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    // A scope the key lacks: refused by the authorize stage.
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&seed.key)
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319d-b7ad6b7169203331-01",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    let spans = collector.trace(caller_trace, 1).await;
+    let server = spans.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(server.attributes["mpg.refused_by"], "authenticate");
+    assert_eq!(server.attributes["http.response.status_code"], "401");
+    assert_eq!(server.status, 2, "ERROR");
+    assert!(server.status_message.contains("Unauthorized"), "{server:?}");
+    assert!(!format!("{spans:?}").contains("mpg_notarealkey"));
+    let spans = collector.trace("0af7651916cd43dd8448eb211c80319d", 2).await;
+    let server = spans.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(server.attributes["mpg.refused_by"], "authorize");
+    assert_eq!(server.attributes["http.response.status_code"], "403");
+    assert_eq!(server.status, 2);
+    assert!(
+        spans.iter().all(|s| s.name != "upstream"),
+        "a refused request reached the upstream"
+    );
+    assert!(collector
+        .encodings
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|e| *e == "grpc"));
+}
+
+#[tokio::test]
+async fn retries_are_events_of_the_upstream_span() {
+    let collector = Collector::start().await;
+    let up = MockUpstream::start().await;
+    // A target that refuses connections, then the real one.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    let mut cfg = traced(&up, &collector.endpoint(), "http/protobuf", 1.0);
+    cfg.set(
+        "upstreams.clusters.targets",
+        vec![format!("http://{dead}"), format!("http://{}", up.addr)],
+    );
+    cfg.set("upstreams.clusters.retries", 1);
+    cfg.set("upstreams.clusters.balance", "round_robin");
+    let path = cfg.write();
+    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+    let gw = Gateway::start(&path);
+    let mut retried = None;
+    for _ in 0..4 {
+        let res = client()
+            .get(gw.url(CLUSTERS))
+            .bearer_auth(&seed.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let (trace_id, _, _) = upstream_traceparent(&up);
+        let spans = collector.trace(&trace_id, 2).await;
+        let call = spans.iter().find(|s| s.name == "upstream").unwrap().clone();
+        if !call.events.is_empty() {
+            retried = Some(call);
+            break;
+        }
+    }
+    let call = retried.expect("no request went to the dead target first");
+    let (name, attrs) = &call.events[0];
+    assert_eq!(name, "retry");
+    assert_eq!(attrs["server.port"], dead.port().to_string());
+    assert!(attrs.contains_key("error.message"), "{attrs:?}");
+    assert_eq!(call.attributes["server.port"], up.addr.port().to_string());
+}
+
+/// A collector that accepts connections and never answers.
+async fn silent_collector() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_collector_down_or_silent_changes_nothing_for_clients() {
+    let up = MockUpstream::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = closed.local_addr().unwrap();
+    drop(closed);
+    let (silent, _task) = silent_collector().await;
+    for endpoint in [format!("http://{down}"), format!("http://{silent}")] {
+        let mut cfg = traced(&up, &endpoint, "http/protobuf", 1.0);
+        cfg.set("rate_limit.policies.default.requests", 100_000);
+        cfg.admin_on();
+        let path = cfg.write();
+        let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
+        let gw = Gateway::start(&path);
+        let c = client();
+        let started = Instant::now();
+        for _ in 0..300 {
+            let res = c
+                .get(gw.url(CLUSTERS))
+                .bearer_auth(&seed.key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{endpoint}");
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "{endpoint}: 300 requests took {took:?}"
+        );
+        if endpoint.contains(&down.to_string()) {
+            // Each failed batch is counted as dropped spans.
+            let admin = gw.admin.unwrap();
+            let counted = within(Duration::from_secs(10), || async {
+                metric_sum(&metrics(admin).await, "mpg_trace_spans_dropped_total", &[]) > 0.0
+            })
+            .await;
+            assert!(
+                counted.is_some(),
+                "no dropped spans counted:\n{}",
+                gw.log_text()
+            );
+            assert!(
+                gw.log_text().contains("trace collector"),
+                "the lost exports were not logged"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_spans_and_counts_them() {
+    let up = MockUpstream::start().await;
+    let (silent, _task) = silent_collector().await;
+    let mut cfg = traced(&up, &format!("http://{silent}"), "http/protobuf", 1.0);
+    cfg.admin_on();
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    let path = cfg.write();
+    let gw = Gateway::start(&path);
+    // Two spans a request; the queue holds 2048 and one batch of 512 is
+    // stuck on the silent collector.
+    let c = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (c, url) = (c.clone(), gw.url("/public/ping"));
+        tasks.spawn(async move {
+            for _ in 0..250 {
+                assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let text = metrics(gw.admin.unwrap()).await;
+    let dropped = metric_sum(&text, "mpg_trace_spans_dropped_total", &[]);
+    // 4000 spans made; at most a batch in flight and a full queue held.
+    assert!(dropped >= 4000.0 - 2048.0 - 512.0, "dropped {dropped}");
+    assert!(dropped <= 4000.0, "dropped {dropped}");
+}
+
+#[tokio::test]
+async fn a_reload_applies_the_ratio_and_the_endpoint() {
+    let first = Collector::start().await;
+    let second = Collector::start().await;
+    let up = MockUpstream::start().await;
+    let mut cfg = traced(&up, &first.endpoint(), "http/protobuf", 0.0);
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    let path = cfg.write();
+    let gw = Gateway::start(&path);
+    let c = client();
+    assert_eq!(
+        c.get(gw.url("/public/ping")).send().await.unwrap().status(),
+        200
+    );
+    let (unsampled, _, flags) = upstream_traceparent(&up);
+    assert_eq!(flags, "00", "ratio 0 samples nothing");
+
+    cfg.set("tracing.sample_ratio", 1.0);
+    cfg.set("tracing.otlp_endpoint", second.endpoint());
+    cfg.write();
+    signal(gw.child.id(), "HUP");
+    let reloaded = within(Duration::from_secs(10), || async {
+        gw.log_text().contains("configuration reloaded")
+    })
+    .await;
+    assert!(reloaded.is_some(), "{}", gw.log_text());
+    assert_eq!(
+        c.get(gw.url("/public/ping")).send().await.unwrap().status(),
+        200
+    );
+    let (sampled, _, flags) = upstream_traceparent(&up);
+    assert_eq!(flags, "01");
+    second.trace(&sampled, 2).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(first.spans().is_empty(), "the old endpoint got spans");
+    assert!(second.spans().iter().all(|s| s.trace_id != unsampled));
+}
+
+#[tokio::test]
+async fn without_an_endpoint_traceparent_passes_through_and_nothing_is_logged_of_it() {
+    let up = MockUpstream::start().await;
+    let mut cfg = TestConfig::new(up.addr);
+    cfg.route("method = \"GET\"\npath = \"/public/ping\"\nauth = \"none\"\nupstream = \"clusters\"\nrate_limit = \"none\"");
+    let path = cfg.write();
+    let gw = Gateway::start(&path);
+    let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let res = client()
+        .get(gw.url("/public/ping"))
+        .header("traceparent", v)
+        .header("x-request-id", "untraced")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.last().headers["traceparent"], v);
+    let line = access_line_soon(&gw, "untraced").await;
+    assert!(line.get("trace_id").is_none_or(Value::is_null), "{line}");
+}
