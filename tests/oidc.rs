@@ -555,3 +555,53 @@ async fn provision_users_creates_the_tokens_user() {
         .await
     );
 }
+
+/// With tracing on, a JWT whose `kid` makes the gateway fetch the key set
+/// has that fetch as a child span of its request.
+#[tokio::test]
+async fn a_key_set_fetch_for_a_request_is_a_span_of_it() {
+    let collector = common::otlp::Collector::start().await;
+    let pki = Arc::new(Pki::new());
+    let mut idp = Idp::new(pki);
+    let mut c = claims("alice");
+    c["iss"] = idp.issuer().into();
+    let (jwks, tokens) = mint(json!({
+        "keys": [{"kid": "rsa-1", "type": "rsa"}, {"kid": "ec-2", "type": "ec"}],
+        "tokens": {"new": {"kid": "ec-2", "alg": "ES256", "claims": c}}
+    }));
+    idp.serve(&jwks_of(&jwks, &["rsa-1"]));
+    idp.start().await;
+    let endpoint = collector.endpoint();
+    let w = world(idp, false, true, |cfg| {
+        cfg.set("tracing.otlp_endpoint", endpoint);
+        cfg.set("tracing.sample_ratio", 1.0);
+    })
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            metrics_have(&w.gw, "mpg_jwks_refreshes_total{outcome=\"ok\"}").await
+        })
+        .await
+    );
+    // ec-2 is new to the gateway: this request waits for a fetch.
+    w.idp.serve(&jwks_of(&jwks, &["rsa-1", "ec-2"]));
+    let trace_id = "5b8efff798038103d269b633813fc60c";
+    let res = client()
+        .get(w.gw.url("/api/v1/api-keys?organization_id=acme"))
+        .bearer_auth(tokens["new"].as_str().unwrap())
+        .header("traceparent", format!("00-{trace_id}-eee19b7ec3c1b174-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let spans = collector.trace(trace_id, 2).await;
+    let server = spans.iter().find(|s| s.name == "request").unwrap();
+    let fetch = spans
+        .iter()
+        .find(|s| s.name == "jwks.fetch")
+        .unwrap_or_else(|| panic!("no fetch span: {spans:#?}"));
+    assert_eq!(fetch.parent, server.span_id);
+    assert_eq!(fetch.attributes["mpg.jwks.outcome"], "ok");
+    assert_eq!(fetch.status, 0);
+    assert!(!format!("{spans:?}").contains(tokens["new"].as_str().unwrap()));
+}

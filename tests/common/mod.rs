@@ -674,6 +674,9 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
 // === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
 pub mod scale;
 
+// === an OTLP receiver, for the tracing tests ===
+pub mod otlp;
+
 // === an HTTP/2 client (prior knowledge, the `h2` crate) ===
 pub mod h2c;
 
