@@ -681,3 +681,29 @@ fn a_port_in_use_is_named_with_its_setting_once() {
     let said = format!("cannot listen on {addr} (server.listen)");
     assert_eq!(err.matches(&said).count(), 1, "{err}");
 }
+
+#[test]
+fn check_config_names_each_bad_tracing_key() {
+    let mut cfg = config();
+    cfg.set("tracing.otlp_endpoint", "collector:4318");
+    cfg.set("tracing.sample_ratio", 2.0);
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    let lines = problem_lines(&err);
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].starts_with("  tracing.otlp_endpoint: "), "{err}");
+    assert!(lines[0].contains("http://"), "{err}");
+    assert!(
+        lines[1].starts_with("  tracing.sample_ratio: 2 is outside 0 to 1"),
+        "{err}"
+    );
+
+    let mut cfg = config();
+    cfg.set("tracing.protocol", "zipkin");
+    let (code, _, err) = cli(&cfg.write(), &["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    let lines = problem_lines(&err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("  tracing.protocol: "), "{err}");
+    assert!(lines[0].contains("grpc"), "{err}");
+}
