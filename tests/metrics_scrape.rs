@@ -28,7 +28,7 @@ async fn the_scrape_passes_promtool_and_carries_what_the_dashboard_and_alerts_na
 
     promtool_check_metrics(&page);
     let scrape = Scrape::parse(&page);
-    for (family, _) in &scrape.types {
+    for family in scrape.types.keys() {
         assert!(
             scrape.helped.contains(family),
             "{family} has no # HELP line:\n{page}"
