@@ -4,7 +4,8 @@
 //! then its page must pass `promtool check metrics`, describe every family,
 //! and carry every metric and label that the Grafana dashboard
 //! (`deploy/grafana/mpg-gateway.json`) and the alert rules
-//! (`deploy/prometheus/alerts.yml`) name.
+//! (`deploy/prometheus/alerts.yml`) name; and promtool must parse every
+//! query of the dashboard (CI checks the rules file with promtool itself).
 mod common;
 
 use common::scale::redis_url;
@@ -65,6 +66,7 @@ async fn the_scrape_passes_promtool_and_carries_what_the_dashboard_and_alerts_na
     }
 
     let mut exprs = dashboard_exprs();
+    promtool_parses(&exprs);
     let alerts = alert_exprs();
     assert!(
         exprs.len() >= 30 && alerts.len() >= 6,
@@ -216,11 +218,48 @@ async fn scrape_after_traffic() -> String {
 }
 
 /// Runs `promtool check metrics` on `page`; fails on any problem it
-/// reports. Without promtool the test fails too (CI installs it), unless
-/// `MPG_SKIP_PROMTOOL=1`.
+/// reports.
 fn promtool_check_metrics(page: &str) {
+    if let Some((ok, said)) = promtool(&["check", "metrics"], page) {
+        assert!(
+            ok && said.trim().is_empty(),
+            "promtool check metrics:\n{said}\n--- the page:\n{page}"
+        );
+    }
+}
+
+/// Has promtool parse the dashboard's queries, as recording rules with
+/// Grafana's variables given values: a query Prometheus cannot parse fails.
+fn promtool_parses(exprs: &[String]) {
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in exprs.iter().enumerate() {
+        let expr = expr
+            .replace("$__rate_interval", "5m")
+            .replace("$instance", ".*")
+            .replace("$route", ".*");
+        // A JSON string is a YAML double-quoted scalar.
+        let expr = serde_json::to_string(&expr).unwrap();
+        rules.push_str(&format!(
+            "      - record: dashboard:{i}\n        expr: {expr}\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard.yml");
+    std::fs::write(&file, &rules).unwrap();
+    if let Some((ok, said)) = promtool(&["check", "rules", file.to_str().unwrap()], "") {
+        assert!(
+            ok,
+            "promtool check rules (the dashboard's queries):\n{said}\n{rules}"
+        );
+    }
+}
+
+/// Runs promtool with `input` on its standard input: whether it succeeded,
+/// and what it said. Without promtool the test fails (CI installs it),
+/// unless `MPG_SKIP_PROMTOOL=1`: then `None`.
+fn promtool(args: &[&str], input: &str) -> Option<(bool, String)> {
     let child = Command::new("promtool")
-        .args(["check", "metrics"])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -229,8 +268,8 @@ fn promtool_check_metrics(page: &str) {
         Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if std::env::var("MPG_SKIP_PROMTOOL").as_deref() == Ok("1") {
-                eprintln!("promtool not found; its check skipped (MPG_SKIP_PROMTOOL=1)");
-                return;
+                eprintln!("promtool not found; `promtool {args:?}` skipped (MPG_SKIP_PROMTOOL=1)");
+                return None;
             }
             panic!(
                 "promtool not found: install the `prometheus` package (apt-get install \
@@ -243,7 +282,7 @@ fn promtool_check_metrics(page: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(page.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let said = format!(
@@ -251,11 +290,7 @@ fn promtool_check_metrics(page: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {}\n{said}\n--- the page:\n{page}",
-        out.status
-    );
+    Some((out.status.success(), said))
 }
 
 /// What a page says: each family's type, which families have `# HELP`, and
