@@ -9,6 +9,9 @@ use std::time::Duration;
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod names {
+    /// Gauge: always 1, by `version` (the gateway's), so a query can join
+    /// any series to the version that produced it.
+    pub const BUILD_INFO: &str = "mpg_build_info";
     /// Counter: requests by `route` (template or `-`), `method`, `status`.
     pub const REQUESTS: &str = "mpg_requests_total";
     /// Histogram: request latency in seconds by `route`.
@@ -29,6 +32,8 @@ pub mod names {
     /// Gauge: "not found" key-cache entries (a bound of their own:
     /// `store.negative_cache_capacity` per tier).
     pub const CACHE_NEGATIVE_ENTRIES: &str = "mpg_key_cache_negative_entries";
+    /// Counter: key-cache lookups by `result` (`hit`, `stale`, `miss`).
+    pub const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
     /// Counter: store lookups that failed (unavailable or timeout).
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
     /// Gauge: 1 while the key store's circuit breaker is open (or probing), else 0.
@@ -72,15 +77,9 @@ pub mod names {
     /// Counter: fetches of the identity provider's key set by `outcome`
     /// (`ok`, `error`: unreachable or not 200, `invalid`: a document refused).
     pub const JWKS_REFRESHES: &str = "mpg_jwks_refreshes_total";
-    /// Counter: key-cache lookups by `result` (`hit`, `stale`, `miss`).
-    pub const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
-    /// Counter: finished trace spans dropped because the export queue was
-    /// full. Registered at 0 with the recorder, so the series exists before
-    /// the first drop.
+    /// Counter: finished spans that never reached the collector: the export
+    /// queue was full, or their batch failed to export.
     pub const TRACE_SPANS_DROPPED: &str = "mpg_trace_spans_dropped_total";
-    /// Gauge: always 1, by `version` (the gateway's), so a query can join
-    /// any series to the version that produced it.
-    pub const BUILD_INFO: &str = "mpg_build_info";
 }
 
 /// What a metric is: its kind, the labels it may carry and its `# HELP`
@@ -173,7 +172,7 @@ pub const DESCRIPTIONS: &[Description] = &[
     counter(names::RELOADS, &["result"], "Configuration reloads by result (ok, error: refused, the running configuration stays)."),
     counter(names::JWT_VERIFICATIONS, &["outcome"], "JWTs checked against the identity provider's key set, by outcome."),
     counter(names::JWKS_REFRESHES, &["outcome"], "Fetches of the identity provider's key set, by outcome (ok, error, invalid)."),
-    counter(names::TRACE_SPANS_DROPPED, &[], "Finished trace spans dropped because the export queue was full."),
+    counter(names::TRACE_SPANS_DROPPED, &[], "Finished trace spans that never reached the collector: the export queue was full, or their batch failed to export."),
     gauge(names::BUILD_INFO, &["version"], "Always 1, labelled with the running gateway's version."),
 ];
 
