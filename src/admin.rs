@@ -199,7 +199,7 @@ impl<C: Control> Admin<C> {
                 metrics::gauge!(names::CACHE_ENTRIES).set(status.cache_entries as f64);
                 metrics::gauge!(names::CACHE_NEGATIVE_ENTRIES)
                     .set(status.cache_negative_entries as f64);
-                let mut res = Response::new(body::full(self.metrics.render()));
+                let mut res = Response::new(body::full(crate::metrics::render(&self.metrics)));
                 res.headers_mut().insert(
                     CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -1,12 +1,17 @@
-//! Metrics: every metric's name, the process-wide Prometheus recorder, and
+//! Metrics: every metric's name and description, the process-wide
+//! Prometheus recorder, the `/metrics` page (with the process metrics), and
 //! [`CounterCache`], the per-request path's way to count without building a
 //! labelled key each time.
+use metrics::Unit;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod names {
+    /// Gauge: always 1, by `version` (the gateway's), so a query can join
+    /// any series to the version that produced it.
+    pub const BUILD_INFO: &str = "mpg_build_info";
     /// Counter: requests by `route` (template or `-`), `method`, `status`.
     pub const REQUESTS: &str = "mpg_requests_total";
     /// Histogram: request latency in seconds by `route`.
@@ -27,6 +32,8 @@ pub mod names {
     /// Gauge: "not found" key-cache entries (a bound of their own:
     /// `store.negative_cache_capacity` per tier).
     pub const CACHE_NEGATIVE_ENTRIES: &str = "mpg_key_cache_negative_entries";
+    /// Counter: key-cache lookups by `result` (`hit`, `stale`, `miss`).
+    pub const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
     /// Counter: store lookups that failed (unavailable or timeout).
     pub const STORE_ERRORS: &str = "mpg_store_errors_total";
     /// Gauge: 1 while the key store's circuit breaker is open (or probing), else 0.
@@ -75,6 +82,134 @@ pub mod names {
     pub const TRACE_SPANS_DROPPED: &str = "mpg_trace_spans_dropped_total";
 }
 
+/// What a metric is: its kind, the labels it may carry and its `# HELP`
+/// text, which the recorder is told once, when it is installed.
+#[derive(Debug, Clone, Copy)]
+pub struct Description {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Every label name its series may carry (a series may carry fewer).
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+/// A metric's Prometheus type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// Always in seconds.
+    Histogram,
+}
+
+const fn counter(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Description {
+    Description {
+        name,
+        kind: Kind::Counter,
+        labels,
+        help,
+    }
+}
+const fn gauge(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Description {
+    Description {
+        name,
+        kind: Kind::Gauge,
+        labels,
+        help,
+    }
+}
+const fn histogram(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Description {
+    Description {
+        name,
+        kind: Kind::Histogram,
+        labels,
+        help,
+    }
+}
+
+/// Every name in [`names`], described (a test checks none is missing). The
+/// `process_*` metrics are described by `metrics-process`.
+// One metric a line, as a table: rustfmt would break each into five.
+#[rustfmt::skip]
+pub const DESCRIPTIONS: &[Description] = &[
+    counter(names::REQUESTS, &["route", "method", "status"], "Requests answered, by route template (- when none matched), method and status."),
+    histogram(names::REQUEST_SECONDS, &["route"], "Seconds from a request's head read to its response head ready, the upstream's answer included, by route template."),
+    counter(names::AUTH, &["result", "reason"], "Authentication outcomes by result (ok, refused, error) and reason."),
+    counter(names::RATE_LIMIT, &["policy", "decision"], "Rate-limit decisions by policy and decision (allowed, limited); a shadow policy's limited requests were let through."),
+    counter(names::RATE_LIMIT_SHADOW_REFUSALS, &["policy"], "Requests a shadow policy would have refused and let through, by policy."),
+    counter(names::RATE_LIMIT_BACKEND_ERRORS, &["backend"], "Failed or timed-out calls to the shared rate-limit backend; those decisions follow on_backend_error."),
+    histogram(names::RATE_LIMIT_BACKEND_SECONDS, &["backend"], "Seconds per call to the shared rate-limit backend, failures included."),
+    counter(names::RATE_LIMIT_NODE_FALLBACKS, &["node"], "On a Redis Cluster, decisions that followed on_backend_error because the primary serving their key's slot was failing, by node."),
+    gauge(names::CACHE_ENTRIES, &[], "Key-cache entries, positive and negative."),
+    gauge(names::CACHE_NEGATIVE_ENTRIES, &[], "Key-cache entries that say no such key or token."),
+    counter(names::CACHE_LOOKUPS, &["result"], "Key-cache lookups by result (hit, stale, miss)."),
+    counter(names::CACHE_CLEARS, &["reason"], "Whole key-cache clears by the change follower, by reason (store_gap, change_log_pruned)."),
+    counter(names::STORE_ERRORS, &[], "Key-store lookups that failed or timed out."),
+    gauge(names::STORE_BREAKER_OPEN, &[], "1 while the key store's circuit breaker is open or probing, else 0."),
+    counter(names::STORE_BREAKER_TRANSITIONS, &["to"], "Key-store circuit breaker transitions, by the state entered (open, closed)."),
+    counter(names::STORE_BREAKER_PROBES, &["result"], "Probes of the key store while its circuit breaker is open, by result (ok, failed)."),
+    counter(names::CHANGES_PRUNED, &[], "Change-log records this instance deleted past the retention."),
+    histogram(names::STORE_SECONDS, &[], "Seconds per key-store query or commit, timeouts included."),
+    counter(names::UPSTREAM, &["upstream", "outcome"], "Requests handed to an upstream, by upstream and outcome (response, or the failure)."),
+    histogram(names::UPSTREAM_SECONDS, &["upstream"], "Seconds from a request's hand-over to its upstream to the response head, answers only, by upstream."),
+    counter(names::UPSTREAM_RETRIES, &["upstream"], "Extra attempts on another target after a connect failure, by upstream."),
+    counter(names::UPSTREAM_EJECTIONS, &["upstream", "target"], "Targets taken out of rotation, by upstream and target."),
+    gauge(names::UPSTREAM_TARGET_UP, &["upstream", "target"], "1 while a target is in rotation, 0 while it is ejected, by upstream and target."),
+    gauge(names::CONNECTIONS, &["listener"], "Open client connections, by listener."),
+    counter(names::TLS_HANDSHAKES, &["result"], "TLS handshakes by result (ok, error, timeout)."),
+    counter(names::RELOADS, &["result"], "Configuration reloads by result (ok, error: refused, the running configuration stays)."),
+    counter(names::JWT_VERIFICATIONS, &["outcome"], "JWTs checked against the identity provider's key set, by outcome."),
+    counter(names::JWKS_REFRESHES, &["outcome"], "Fetches of the identity provider's key set, by outcome (ok, error, invalid)."),
+    counter(names::TRACE_SPANS_DROPPED, &[], "Finished trace spans that never reached the collector: the export queue was full, or their batch failed to export."),
+    gauge(names::BUILD_INFO, &["version"], "Always 1, labelled with the running gateway's version."),
+];
+
+/// Tells the installed recorder every metric's description, sets the
+/// series that must exist from the start, and describes the process
+/// metrics.
+fn describe(process: &metrics_process::Collector) {
+    for d in DESCRIPTIONS {
+        match d.kind {
+            Kind::Counter => metrics::describe_counter!(d.name, Unit::Count, d.help),
+            Kind::Gauge => metrics::describe_gauge!(d.name, d.help),
+            Kind::Histogram => metrics::describe_histogram!(d.name, Unit::Seconds, d.help),
+        }
+    }
+    metrics::gauge!(names::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // At 0 from the start: a series that first appears at 1 shows no
+    // increase, so an alert on the first dropped span or refused reload
+    // would never fire.
+    metrics::counter!(names::TRACE_SPANS_DROPPED).increment(0);
+    for result in ["ok", "error"] {
+        metrics::counter!(names::RELOADS, "result" => result).increment(0);
+    }
+    process.describe();
+}
+
+/// The `/metrics` page: the process metrics read now, then every series.
+pub fn render(handle: &PrometheusHandle) -> String {
+    if let Some(process) = PROCESS.get() {
+        process.collect();
+    }
+    handle.render()
+}
+
+/// The process metrics' collector, set when this process's recorder is
+/// installed (never when another recorder was there first).
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+
 /// The process-wide Prometheus recorder (installed once).
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -90,6 +225,7 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             match builder.install_recorder() {
                 Ok(handle) => {
+                    describe(PROCESS.get_or_init(metrics_process::Collector::default));
                     let upkeep = handle.clone();
                     // Histograms need periodic upkeep when no exporter thread runs.
                     std::thread::spawn(move || loop {
@@ -182,6 +318,78 @@ impl<K: Labels> CounterCache<K> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// The values of the `pub const`s in `mod names`, read from this file.
+    fn names_in_source() -> Vec<&'static str> {
+        let source = include_str!("metrics.rs");
+        let start = source.find("pub mod names {").expect("mod names");
+        let end = start + source[start..].find("\n}\n").expect("end of mod names");
+        source[start..end]
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub const "))
+            .map(|l| l.split('"').nth(1).expect("a string constant"))
+            .collect()
+    }
+
+    #[test]
+    fn every_name_is_described_once_and_every_description_is_a_name() {
+        let names = names_in_source();
+        assert!(names.len() >= 30, "{names:?}");
+        for name in &names {
+            let n = DESCRIPTIONS.iter().filter(|d| d.name == *name).count();
+            assert_eq!(n, 1, "{name} is described {n} times");
+        }
+        for d in DESCRIPTIONS {
+            assert!(names.contains(&d.name), "{} is not in `names`", d.name);
+            assert!(!d.help.is_empty(), "{}", d.name);
+            assert!(d.name.starts_with("mpg_"), "{}", d.name);
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for d in DESCRIPTIONS {
+            let total = d.name.ends_with("_total");
+            match d.kind {
+                Kind::Counter => assert!(total, "counter {} must end in _total", d.name),
+                Kind::Gauge => assert!(!total, "gauge {} must not end in _total", d.name),
+                Kind::Histogram => {
+                    assert!(d.name.ends_with("_seconds"), "histogram {}", d.name)
+                }
+            }
+            assert!(
+                d.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{}",
+                d.name
+            );
+        }
+    }
+
+    #[test]
+    fn the_page_has_help_for_every_family_build_info_dropped_spans_and_process_metrics() {
+        let page = render(&metrics_handle());
+        assert!(
+            page.contains(&format!(
+                "mpg_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{page}"
+        );
+        assert!(
+            page.contains("\nmpg_trace_spans_dropped_total 0\n"),
+            "{page}"
+        );
+        for family in ["process_resident_memory_bytes", "process_cpu_seconds_total"] {
+            assert!(page.contains(&format!("# HELP {family} ")), "{page}");
+        }
+        for line in page.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let family = line.split(' ').next().unwrap();
+            assert!(
+                page.contains(&format!("# HELP {family} ")),
+                "{family}: {page}"
+            );
+        }
+    }
 
     #[test]
     fn labels_found_by_address_still_count_into_one_counter_per_text() {

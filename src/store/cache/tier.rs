@@ -13,6 +13,7 @@
 use super::breaker::{Breaker, CircuitOpen};
 use super::changes::{Cached, ChangeLog};
 use super::negative::Negatives;
+use crate::metrics::names::CACHE_LOOKUPS;
 use crate::secret::SecretHash;
 use crate::store::{Change, KeyStore, StoreError};
 use futures_util::future::BoxFuture;
@@ -38,8 +39,6 @@ pub struct CacheConfig {
     pub stale_if_error: Duration,
 }
 
-/// Counter: key-cache lookups by `result` (`hit`, `stale`, `miss`).
-pub(crate) const CACHE_LOOKUPS: &str = "mpg_key_cache_lookups_total";
 /// A load retried this often when invalidations keep racing it; the last
 /// result is then returned uncached.
 const MAX_LOAD_ATTEMPTS: u8 = 3;
