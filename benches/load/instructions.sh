@@ -15,6 +15,10 @@
 #   BACKEND=redis N=5000 benches/load/instructions.sh
 #       # the same with `[rate_limit] backend = "redis"` against a Redis of its
 #       # own (redis-server on a free port): the gateway's side of the shared limiter
+#   TRACE=0.05 N=5000 benches/load/instructions.sh
+#       # the same with `[tracing]` exporting at that sample_ratio (0 to 1) to the upstream
+#       # nginx, which takes each OTLP export as a collector's receiver would (200): the
+#       # export task's work counts, as it runs on the gateway's one worker
 #   CRED=session N=5000 benches/load/instructions.sh
 #   CRED=jwt N=5000 benches/load/instructions.sh
 #       # the same on a session route, with an opaque session token, or with an
@@ -27,7 +31,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
-BACKEND=${BACKEND:-local} H2=${H2:-} CRED=${CRED:-api_key}
+BACKEND=${BACKEND:-local} H2=${H2:-} CRED=${CRED:-api_key} TRACE=${TRACE:-}
 case "$CRED" in
   api_key|session) ;;
   jwt) command -v node >/dev/null || { echo "instructions.sh: CRED=jwt needs node" >&2; exit 1; } ;;
@@ -110,6 +114,10 @@ algorithms = ["ES256"]
 EOF
 fi
 
+if [ -n "$TRACE" ]; then
+  printf '[tracing]\notlp_endpoint = "http://127.0.0.1:%s"\nsample_ratio = %s\n' "$UP_PORT" "$TRACE" >>"$CFG"
+fi
+
 rm -f "$OUT" "$OUT".*
 valgrind --tool=callgrind --callgrind-out-file="$OUT" "$GW" run --config "$CFG" >"$WORK/gw.log" 2>&1 &
 VG=$!
@@ -131,7 +139,7 @@ callgrind_control -d "$VG" >/dev/null 2>&1
 sleep 1
 # The dump after zeroing is "$OUT.1" (callgrind numbers later parts).
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT.1")
-echo "$N requests${H2:+ over h2c}${RATE:+ at $RATE/s} ($BACKEND limiter, $CRED): $total instructions in the gateway's user space, $((total / N)) per request"
+echo "$N requests${H2:+ over h2c}${RATE:+ at $RATE/s} ($BACKEND limiter, $CRED${TRACE:+, traced at $TRACE}): $total instructions in the gateway's user space, $((total / N)) per request"
 echo "callgrind file: $OUT.1 (callgrind_annotate --threshold=100 $OUT.1)"
 # A Redis call that missed redis_timeout while counting sends a second of decisions to the
 # in-process limiter, which costs less: such a count is not the Redis path's.

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use super::authorize::Grant;
+use super::record::method_label;
 use super::stamp::RequestId;
 use super::table::{Destination, Pipeline, RouteEntry};
 use super::validate::Validated;
@@ -95,8 +96,8 @@ impl Pipeline {
             if let Some(t) = trace {
                 traceparent = t.open_upstream(|| {
                     vec![
-                        KeyValue::new("http.request.method", head.method.to_string()),
-                        KeyValue::new("mpg.upstream", entry.route.upstream.clone()),
+                        KeyValue::new("http.request.method", method_label(&head.method)),
+                        KeyValue::new("mpg.upstream", entry.traced.1.clone()),
                     ]
                 });
                 added.traceparent = Some(&traceparent);

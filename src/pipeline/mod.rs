@@ -34,7 +34,7 @@ use crate::http_core::body::Body;
 use crate::http_core::service::{ConnInfo, Reply};
 use crate::ip::Client;
 use crate::ratelimit::Decision;
-use crate::trace::{RequestTrace, ServerSpan, Tracer};
+use crate::trace::{Hex, RequestTrace, ServerSpan, Tracer};
 
 /// What the wrapper needs to know about a request after the stages ran.
 struct Outcome {
@@ -122,16 +122,17 @@ impl Pipeline {
             // The caller's trace continued, or one started: only when
             // `[tracing]` exports.
             let trace = this.tracer.as_ref().map(|t| t.start(&mut head.headers));
-            let stages = this.stages(
-                &mut head,
-                body,
-                (&conn, &client, &request_id, trace.as_ref()),
-                &mut out,
-            );
+            let recording = trace.as_ref().and_then(|t| t.recording.clone());
+            // Made in the branch that awaits it: a future made before the
+            // branch is copied into it (every byte of it, per request).
+            let stages = || {
+                let origin = (&*conn, &client, &request_id, trace.as_ref());
+                this.stages(&mut head, body, origin, &mut out)
+            };
             // A sampled request's stages run with its recording current.
-            let result = match trace.as_ref().and_then(|t| t.recording.clone()) {
-                Some(recording) => recording.scope(stages).await,
-                None => stages.await,
+            let result = match recording {
+                Some(recording) => recording.scope(stages()).await,
+                None => stages().await,
             };
             let mut res = match result {
                 Ok(res) => res,
@@ -155,7 +156,7 @@ impl Pipeline {
                 res: &res,
             });
             if let Some((tracer, trace)) = this.tracer.as_ref().zip(trace) {
-                this.finish_trace(tracer, trace, &head, method, &request_id, &out, &res);
+                this.finish_trace(tracer, trace, &head, method, &out, &res);
             }
             // The request id moved into the stamp, not cloned: a clone of a
             // client's id allocates.
@@ -262,12 +263,7 @@ impl Pipeline {
             out,
             res,
         } = *a;
-        // Hex on the stack, only when tracing.
-        let ids = trace.map(|t| (t.trace_id_hex(), t.span_id_hex()));
-        let (trace_id, span_id) = match &ids {
-            Some((t, s)) => (std::str::from_utf8(t).ok(), std::str::from_utf8(s).ok()),
-            None => (None, None),
-        };
+
         let route = out.route.map(|i| self.routes[i].route.path.as_str());
         let status = res.status().as_u16();
         let request_metrics = match out.route {
@@ -303,21 +299,20 @@ impl Pipeline {
             bytes_out = res.body().size_hint().exact(),
             // Only on the requests a shadow policy would have refused.
             shadow_limited = out.shadow_limited.then_some(true),
-            trace_id,
-            span_id,
+            // In hex, written only if the line is.
+            trace_id = trace.map(|t| tracing::field::display(Hex(&t.trace_id))),
+            span_id = trace.map(|t| tracing::field::display(Hex(&t.span_id))),
             "request"
         );
     }
 
     /// Ends a request's trace: a sampled one's spans go to the exporter.
-    #[allow(clippy::too_many_arguments)]
     fn finish_trace(
         &self,
         tracer: &Tracer,
         trace: RequestTrace,
         head: &request::Parts,
         method: &'static str,
-        request_id: &RequestId,
         out: &Outcome,
         res: &Response<Body>,
     ) {
@@ -331,7 +326,7 @@ impl Pipeline {
         let server = ServerSpan {
             method,
             path: traced_path(head.uri.path()),
-            route: out.route.map(|i| self.routes[i].route.path.as_str()),
+            route: out.route.map(|i| self.routes[i].traced.0.clone()),
             status: res.status().as_u16(),
             organization_id: out
                 .organization
@@ -340,7 +335,6 @@ impl Pipeline {
             key_id: out.principal.as_ref().and_then(|p| p.key_id()),
             refused_by: out.failed.map(|_| out.stage),
             error: error.as_deref(),
-            request_id: request_id.as_str(),
         };
         tracer.finish(trace, &server);
     }

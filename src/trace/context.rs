@@ -27,6 +27,11 @@ pub struct Parent {
 /// none, `Err(())` when there is one the spec calls invalid (or more than
 /// one).
 pub fn parent_of(headers: &HeaderMap) -> Result<Option<Parent>, ()> {
+    // The usual request brings none: a look at the names present is
+    // cheaper than hashing this one to find it absent.
+    if !headers.keys().any(|k| k.as_str() == "traceparent") {
+        return Ok(None);
+    }
     let mut values = headers.get_all(TRACEPARENT).iter();
     let Some(first) = values.next() else {
         return Ok(None);
@@ -80,15 +85,54 @@ fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
     Some(out)
 }
 
+thread_local! {
+    /// The ids' generator: xoshiro (rand's `SmallRng`, as OpenTelemetry's
+    /// SDK uses), seeded once per thread from the system's generator. Ids
+    /// must be unique, not secret; a ChaCha draw per id would cost every
+    /// traced request hundreds of instructions.
+    static IDS: std::cell::RefCell<rand::rngs::SmallRng> =
+        std::cell::RefCell::new(rand::make_rng());
+}
+
+/// A new trace id (never all zeros).
+pub fn new_trace_id() -> [u8; 16] {
+    let id: u128 = IDS.with_borrow_mut(|r| rand::RngExt::random(r));
+    id.max(1).to_be_bytes()
+}
+
+/// A new span id (never all zeros).
+pub fn new_span_id() -> [u8; 8] {
+    let id: u64 = IDS.with_borrow_mut(|r| rand::RngExt::random(r));
+    id.max(1).to_be_bytes()
+}
+
 /// The version-00 `traceparent` for `span_id` in `trace_id`.
 pub fn format_traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> [u8; 55] {
     let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
-    ::hex::encode_to_slice(trace_id, &mut out[3..35]).expect("two digits a byte");
-    ::hex::encode_to_slice(span_id, &mut out[36..52]).expect("two digits a byte");
+    lower_hex(trace_id, &mut out[3..35]);
+    lower_hex(span_id, &mut out[36..52]);
     if sampled {
         out[54] = b'1';
     }
     out
+}
+
+/// Two lower-case hex digits a byte, from a table of every byte's pair:
+/// every traced request writes 24 bytes so.
+fn lower_hex(bytes: &[u8], out: &mut [u8]) {
+    const PAIRS: [[u8; 2]; 256] = {
+        let digits = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = [digits[i >> 4], digits[i & 15]];
+            i += 1;
+        }
+        t
+    };
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair.copy_from_slice(&PAIRS[usize::from(*b)]);
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +216,19 @@ mod tests {
             let ours = parse_traceparent(v.as_bytes());
             assert!(ours.is_some(), "{v}");
             assert_eq!(ours, sdk(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn traceparents_are_written_as_the_hex_crate_writes_them() {
+        for _ in 0..1000 {
+            let (t, s) = (new_trace_id(), new_span_id());
+            let want = format!("00-{}-{}-01", ::hex::encode(t), ::hex::encode(s));
+            assert_eq!(&format_traceparent(&t, &s, true)[..], want.as_bytes());
+            assert_eq!(
+                parse_traceparent(want.as_bytes()).map(|p| (p.trace_id, p.span_id)),
+                Some((t, s))
+            );
         }
     }
 

@@ -15,7 +15,8 @@ mod recording;
 mod sampler;
 
 pub use context::{
-    format_traceparent, parent_of, parse_traceparent, Parent, TRACEPARENT, TRACESTATE,
+    format_traceparent, new_span_id, new_trace_id, parent_of, parse_traceparent, Parent,
+    TRACEPARENT, TRACESTATE,
 };
 pub use recording::{child, upstream_attempt, upstream_retry, ChildSpan, Recording};
 pub use sampler::Sampler;
@@ -48,7 +49,7 @@ pub struct ServerSpan<'a> {
     /// The path without its query (already cleared of secrets).
     pub path: &'a str,
     /// The matched route's template.
-    pub route: Option<&'a str>,
+    pub route: Option<opentelemetry::StringValue>,
     /// The status answered.
     pub status: u16,
     /// The organization the request was for.
@@ -59,8 +60,6 @@ pub struct ServerSpan<'a> {
     pub refused_by: Option<&'static str>,
     /// Why it was refused (the error's name), or why it failed.
     pub error: Option<&'a str>,
-    /// The request id.
-    pub request_id: &'a str,
 }
 
 /// One request's trace: its ids, and its recording when it is sampled.
@@ -123,11 +122,11 @@ impl Tracer {
                 None
             }
         };
-        let trace_id = parent.map_or_else(rand::random, |p| p.trace_id);
+        let trace_id = parent.map_or_else(new_trace_id, |p| p.trace_id);
         let sampled = self.sampler.sampled(parent.as_ref(), &trace_id);
         RequestTrace {
             trace_id,
-            span_id: rand::random(),
+            span_id: new_span_id(),
             parent: parent.map(|p| p.span_id),
             sampled,
             recording: sampled.then(Arc::default),
@@ -198,17 +197,16 @@ impl Tracer {
 }
 
 fn server_attributes(s: &ServerSpan<'_>) -> Vec<KeyValue> {
-    let mut a = Vec::with_capacity(9);
+    let mut a = Vec::with_capacity(8);
     a.push(KeyValue::new("http.request.method", s.method));
     a.push(KeyValue::new("url.path", s.path.to_owned()));
-    if let Some(route) = s.route {
-        a.push(KeyValue::new("http.route", route.to_owned()));
+    if let Some(route) = &s.route {
+        a.push(KeyValue::new("http.route", route.clone()));
     }
     a.push(KeyValue::new(
         "http.response.status_code",
         i64::from(s.status),
     ));
-    a.push(KeyValue::new("mpg.request_id", s.request_id.to_owned()));
     if let Some(org) = s.organization_id {
         a.push(KeyValue::new("mpg.organization_id", org.to_owned()));
     }
@@ -230,7 +228,7 @@ impl RequestTrace {
     /// Opens the upstream call's client span; its `traceparent` is what the
     /// upstream gets.
     pub fn open_upstream(&self, attributes: impl FnOnce() -> Vec<KeyValue>) -> [u8; 55] {
-        let span_id: [u8; 8] = rand::random();
+        let span_id = new_span_id();
         if let Some(r) = &self.recording {
             r.open_call(span_id, attributes());
         }
@@ -244,18 +242,17 @@ impl RequestTrace {
             r.end_call(outcome);
         }
     }
+}
 
-    /// The trace id as 32 hex digits, for the access log.
-    pub fn trace_id_hex(&self) -> [u8; 32] {
-        let mut out = [0u8; 32];
-        ::hex::encode_to_slice(self.trace_id, &mut out).expect("two digits a byte");
-        out
-    }
+/// Bytes as lower-case hex, written where they are shown (the access log's
+/// trace and span ids): nothing is made for a line that is not written.
+pub struct Hex<'a>(pub &'a [u8]);
 
-    /// The server span's id as 16 hex digits, for the access log.
-    pub fn span_id_hex(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        ::hex::encode_to_slice(self.span_id, &mut out).expect("two digits a byte");
-        out
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = [0u8; 64];
+        let n = self.0.len().min(32) * 2;
+        ::hex::encode_to_slice(&self.0[..n / 2], &mut buf[..n]).expect("two digits a byte");
+        f.write_str(std::str::from_utf8(&buf[..n]).expect("hex is ASCII"))
     }
 }

@@ -111,7 +111,7 @@ pub fn child(name: &'static str, kind: SpanKind) -> Option<ChildSpan> {
         span: Ended {
             name,
             kind,
-            span_id: rand::random(),
+            span_id: super::context::new_span_id(),
             start: SystemTime::now(),
             end: SystemTime::UNIX_EPOCH,
             attributes: Vec::new(),
