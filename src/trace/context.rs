@@ -23,23 +23,35 @@ pub struct Parent {
     pub sampled: bool,
 }
 
-/// What the request's `traceparent` fields hold: `Ok(None)` when there is
-/// none, `Err(())` when there is one the spec calls invalid (or more than
-/// one).
-pub fn parent_of(headers: &HeaderMap) -> Result<Option<Parent>, ()> {
+/// What a request's `traceparent` fields hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Incoming {
+    /// None.
+    Absent,
+    /// One valid value: the caller's trace.
+    Valid(Parent),
+    /// One the spec calls invalid, or more than one.
+    Invalid,
+}
+
+/// What the request's `traceparent` fields hold.
+pub fn parent_of(headers: &HeaderMap) -> Incoming {
     // The usual request brings none: a look at the names present is
     // cheaper than hashing this one to find it absent.
     if !headers.keys().any(|k| k.as_str() == "traceparent") {
-        return Ok(None);
+        return Incoming::Absent;
     }
     let mut values = headers.get_all(TRACEPARENT).iter();
     let Some(first) = values.next() else {
-        return Ok(None);
+        return Incoming::Absent;
     };
     if values.next().is_some() {
-        return Err(());
+        return Incoming::Invalid;
     }
-    parse_traceparent(first.as_bytes()).map(Some).ok_or(())
+    match parse_traceparent(first.as_bytes()) {
+        Some(p) => Incoming::Valid(p),
+        None => Incoming::Invalid,
+    }
 }
 
 /// Parses a `traceparent` value (Trace Context §3.2): version, trace id,
@@ -96,13 +108,13 @@ thread_local! {
 
 /// A new trace id (never all zeros).
 pub fn new_trace_id() -> [u8; 16] {
-    let id: u128 = IDS.with_borrow_mut(|r| rand::RngExt::random(r));
+    let id: u128 = IDS.with_borrow_mut(rand::RngExt::random);
     id.max(1).to_be_bytes()
 }
 
 /// A new span id (never all zeros).
 pub fn new_span_id() -> [u8; 8] {
-    let id: u64 = IDS.with_borrow_mut(|r| rand::RngExt::random(r));
+    let id: u64 = IDS.with_borrow_mut(rand::RngExt::random);
     id.max(1).to_be_bytes()
 }
 
@@ -236,10 +248,10 @@ mod tests {
     fn a_second_traceparent_makes_the_request_invalid() {
         let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let mut headers = HeaderMap::new();
-        assert_eq!(parent_of(&headers), Ok(None));
+        assert_eq!(parent_of(&headers), Incoming::Absent);
         headers.append(TRACEPARENT, v.parse().unwrap());
-        assert!(parent_of(&headers).unwrap().is_some());
+        assert!(matches!(parent_of(&headers), Incoming::Valid(_)));
         headers.append(TRACEPARENT, v.parse().unwrap());
-        assert_eq!(parent_of(&headers), Err(()));
+        assert_eq!(parent_of(&headers), Incoming::Invalid);
     }
 }

@@ -15,7 +15,7 @@ mod recording;
 mod sampler;
 
 pub use context::{
-    format_traceparent, new_span_id, new_trace_id, parent_of, parse_traceparent, Parent,
+    format_traceparent, new_span_id, new_trace_id, parent_of, parse_traceparent, Incoming, Parent,
     TRACEPARENT, TRACESTATE,
 };
 pub use recording::{child, upstream_attempt, upstream_retry, ChildSpan, Recording};
@@ -111,12 +111,12 @@ impl Tracer {
     /// invalid one's `tracestate` with them.
     pub fn start(&self, headers: &mut http::HeaderMap) -> RequestTrace {
         let parent = match parent_of(headers) {
-            Ok(None) => None,
-            Ok(Some(p)) => {
+            Incoming::Absent => None,
+            Incoming::Valid(p) => {
                 headers.remove(TRACEPARENT);
                 Some(p)
             }
-            Err(()) => {
+            Incoming::Invalid => {
                 headers.remove(TRACEPARENT);
                 headers.remove(TRACESTATE);
                 None
