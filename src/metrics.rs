@@ -6,6 +6,7 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 use std::time::Duration;
+use Kind::{Counter, Gauge, Histogram};
 
 /// Metric names, in one place so dashboards and code agree.
 pub mod names {
@@ -102,38 +103,16 @@ pub enum Kind {
     Histogram,
 }
 
-const fn counter(
+/// One row of [`DESCRIPTIONS`].
+const fn d(
+    kind: Kind,
     name: &'static str,
     labels: &'static [&'static str],
     help: &'static str,
 ) -> Description {
     Description {
         name,
-        kind: Kind::Counter,
-        labels,
-        help,
-    }
-}
-const fn gauge(
-    name: &'static str,
-    labels: &'static [&'static str],
-    help: &'static str,
-) -> Description {
-    Description {
-        name,
-        kind: Kind::Gauge,
-        labels,
-        help,
-    }
-}
-const fn histogram(
-    name: &'static str,
-    labels: &'static [&'static str],
-    help: &'static str,
-) -> Description {
-    Description {
-        name,
-        kind: Kind::Histogram,
+        kind,
         labels,
         help,
     }
@@ -144,36 +123,36 @@ const fn histogram(
 // One metric a line, as a table: rustfmt would break each into five.
 #[rustfmt::skip]
 pub const DESCRIPTIONS: &[Description] = &[
-    counter(names::REQUESTS, &["route", "method", "status"], "Requests answered, by route template (- when none matched), method and status."),
-    histogram(names::REQUEST_SECONDS, &["route"], "Seconds from a request's head read to its response head ready, the upstream's answer included, by route template."),
-    counter(names::AUTH, &["result", "reason"], "Authentication outcomes by result (ok, refused, error) and reason."),
-    counter(names::RATE_LIMIT, &["policy", "decision"], "Rate-limit decisions by policy and decision (allowed, limited); a shadow policy's limited requests were let through."),
-    counter(names::RATE_LIMIT_SHADOW_REFUSALS, &["policy"], "Requests a shadow policy would have refused and let through, by policy."),
-    counter(names::RATE_LIMIT_BACKEND_ERRORS, &["backend"], "Failed or timed-out calls to the shared rate-limit backend; those decisions follow on_backend_error."),
-    histogram(names::RATE_LIMIT_BACKEND_SECONDS, &["backend"], "Seconds per call to the shared rate-limit backend, failures included."),
-    counter(names::RATE_LIMIT_NODE_FALLBACKS, &["node"], "On a Redis Cluster, decisions that followed on_backend_error because the primary serving their key's slot was failing, by node."),
-    gauge(names::CACHE_ENTRIES, &[], "Key-cache entries, positive and negative."),
-    gauge(names::CACHE_NEGATIVE_ENTRIES, &[], "Key-cache entries that say no such key or token."),
-    counter(names::CACHE_LOOKUPS, &["result"], "Key-cache lookups by result (hit, stale, miss)."),
-    counter(names::CACHE_CLEARS, &["reason"], "Whole key-cache clears by the change follower, by reason (store_gap, change_log_pruned)."),
-    counter(names::STORE_ERRORS, &[], "Key-store lookups that failed or timed out."),
-    gauge(names::STORE_BREAKER_OPEN, &[], "1 while the key store's circuit breaker is open or probing, else 0."),
-    counter(names::STORE_BREAKER_TRANSITIONS, &["to"], "Key-store circuit breaker transitions, by the state entered (open, closed)."),
-    counter(names::STORE_BREAKER_PROBES, &["result"], "Probes of the key store while its circuit breaker is open, by result (ok, failed)."),
-    counter(names::CHANGES_PRUNED, &[], "Change-log records this instance deleted past the retention."),
-    histogram(names::STORE_SECONDS, &[], "Seconds per key-store query or commit, timeouts included."),
-    counter(names::UPSTREAM, &["upstream", "outcome"], "Requests handed to an upstream, by upstream and outcome (response, or the failure)."),
-    histogram(names::UPSTREAM_SECONDS, &["upstream"], "Seconds from a request's hand-over to its upstream to the response head, answers only, by upstream."),
-    counter(names::UPSTREAM_RETRIES, &["upstream"], "Extra attempts on another target after a connect failure, by upstream."),
-    counter(names::UPSTREAM_EJECTIONS, &["upstream", "target"], "Targets taken out of rotation, by upstream and target."),
-    gauge(names::UPSTREAM_TARGET_UP, &["upstream", "target"], "1 while a target is in rotation, 0 while it is ejected, by upstream and target."),
-    gauge(names::CONNECTIONS, &["listener"], "Open client connections, by listener."),
-    counter(names::TLS_HANDSHAKES, &["result"], "TLS handshakes by result (ok, error, timeout)."),
-    counter(names::RELOADS, &["result"], "Configuration reloads by result (ok, error: refused, the running configuration stays)."),
-    counter(names::JWT_VERIFICATIONS, &["outcome"], "JWTs checked against the identity provider's key set, by outcome."),
-    counter(names::JWKS_REFRESHES, &["outcome"], "Fetches of the identity provider's key set, by outcome (ok, error, invalid)."),
-    counter(names::TRACE_SPANS_DROPPED, &[], "Finished trace spans that never reached the collector: the export queue was full, or their batch failed to export."),
-    gauge(names::BUILD_INFO, &["version"], "Always 1, labelled with the running gateway's version."),
+    d(Counter, names::REQUESTS, &["route", "method", "status"], "Requests answered, by route template (- when none matched), method and status."),
+    d(Histogram, names::REQUEST_SECONDS, &["route"], "Seconds from a request's head read to its response head ready, the upstream's answer included, by route template."),
+    d(Counter, names::AUTH, &["result", "reason"], "Authentication outcomes by result (ok, refused, error) and reason."),
+    d(Counter, names::RATE_LIMIT, &["policy", "decision"], "Rate-limit decisions by policy and decision (allowed, limited); a shadow policy's limited requests were let through."),
+    d(Counter, names::RATE_LIMIT_SHADOW_REFUSALS, &["policy"], "Requests a shadow policy would have refused and let through, by policy."),
+    d(Counter, names::RATE_LIMIT_BACKEND_ERRORS, &["backend"], "Failed or timed-out calls to the shared rate-limit backend; those decisions follow on_backend_error."),
+    d(Histogram, names::RATE_LIMIT_BACKEND_SECONDS, &["backend"], "Seconds per call to the shared rate-limit backend, failures included."),
+    d(Counter, names::RATE_LIMIT_NODE_FALLBACKS, &["node"], "On a Redis Cluster, decisions that followed on_backend_error because the primary serving their key's slot was failing, by node."),
+    d(Gauge, names::CACHE_ENTRIES, &[], "Key-cache entries, positive and negative."),
+    d(Gauge, names::CACHE_NEGATIVE_ENTRIES, &[], "Key-cache entries that say no such key or token."),
+    d(Counter, names::CACHE_LOOKUPS, &["result"], "Key-cache lookups by result (hit, stale, miss)."),
+    d(Counter, names::CACHE_CLEARS, &["reason"], "Whole key-cache clears by the change follower, by reason (store_gap, change_log_pruned)."),
+    d(Counter, names::STORE_ERRORS, &[], "Key-store lookups that failed or timed out."),
+    d(Gauge, names::STORE_BREAKER_OPEN, &[], "1 while the key store's circuit breaker is open or probing, else 0."),
+    d(Counter, names::STORE_BREAKER_TRANSITIONS, &["to"], "Key-store circuit breaker transitions, by the state entered (open, closed)."),
+    d(Counter, names::STORE_BREAKER_PROBES, &["result"], "Probes of the key store while its circuit breaker is open, by result (ok, failed)."),
+    d(Counter, names::CHANGES_PRUNED, &[], "Change-log records this instance deleted past the retention."),
+    d(Histogram, names::STORE_SECONDS, &[], "Seconds per key-store query or commit, timeouts included."),
+    d(Counter, names::UPSTREAM, &["upstream", "outcome"], "Requests handed to an upstream, by upstream and outcome (response, or the failure)."),
+    d(Histogram, names::UPSTREAM_SECONDS, &["upstream"], "Seconds from a request's hand-over to its upstream to the response head, answers only, by upstream."),
+    d(Counter, names::UPSTREAM_RETRIES, &["upstream"], "Extra attempts on another target after a connect failure, by upstream."),
+    d(Counter, names::UPSTREAM_EJECTIONS, &["upstream", "target"], "Targets taken out of rotation, by upstream and target."),
+    d(Gauge, names::UPSTREAM_TARGET_UP, &["upstream", "target"], "1 while a target is in rotation, 0 while it is ejected, by upstream and target."),
+    d(Gauge, names::CONNECTIONS, &["listener"], "Open client connections, by listener."),
+    d(Counter, names::TLS_HANDSHAKES, &["result"], "TLS handshakes by result (ok, error, timeout)."),
+    d(Counter, names::RELOADS, &["result"], "Configuration reloads by result (ok, error: refused, the running configuration stays)."),
+    d(Counter, names::JWT_VERIFICATIONS, &["outcome"], "JWTs checked against the identity provider's key set, by outcome."),
+    d(Counter, names::JWKS_REFRESHES, &["outcome"], "Fetches of the identity provider's key set, by outcome (ok, error, invalid)."),
+    d(Counter, names::TRACE_SPANS_DROPPED, &[], "Finished trace spans that never reached the collector: the export queue was full, or their batch failed to export."),
+    d(Gauge, names::BUILD_INFO, &["version"], "Always 1, labelled with the running gateway's version."),
 ];
 
 /// Tells the installed recorder every metric's description, sets the

@@ -23,6 +23,35 @@ fn traced(up: &MockUpstream, endpoint: &str, protocol: &str, ratio: f64) -> Test
     cfg
 }
 
+/// A traced gateway (with the shipped routes) in front of a recording
+/// upstream, exporting to a collector, and alice's key in acme with `scopes`.
+struct Traced {
+    collector: Collector,
+    up: MockUpstream,
+    gw: Gateway,
+    seed: Seed,
+    /// Its directory holds the store: it lives as long as the test.
+    _cfg: TestConfig,
+}
+
+impl Traced {
+    async fn start(protocol: &str, ratio: f64, scopes: &str) -> Traced {
+        let collector = Collector::start().await;
+        let up = MockUpstream::start().await;
+        let cfg = traced(&up, &collector.endpoint(), protocol, ratio);
+        let path = cfg.write();
+        let seed = seed(&path, "acme", "alice", "owner", scopes);
+        let gw = Gateway::start(&path);
+        Traced {
+            collector,
+            up,
+            gw,
+            seed,
+            _cfg: cfg,
+        }
+    }
+}
+
 /// The upstream's `traceparent` of its last request, split in its parts.
 fn upstream_traceparent(up: &MockUpstream) -> (String, String, String) {
     let seen = up.last();
@@ -179,12 +208,13 @@ async fn a_request_through_a_cache_miss_redis_and_an_upstream_exports_its_span_t
 
 #[tokio::test]
 async fn a_callers_sampled_trace_is_continued_whatever_the_ratio() {
-    let collector = Collector::start().await;
-    let up = MockUpstream::start().await;
-    let cfg = traced(&up, &collector.endpoint(), "http/json", 0.0);
-    let path = cfg.write();
-    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
-    let gw = Gateway::start(&path);
+    let Traced {
+        collector,
+        up,
+        gw,
+        seed,
+        ..
+    } = Traced::start("http/json", 0.0, "clusters:read").await;
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
     let res = client()
@@ -225,12 +255,13 @@ async fn a_callers_sampled_trace_is_continued_whatever_the_ratio() {
 
 #[tokio::test]
 async fn an_unsampled_or_invalid_traceparent_is_never_passed_on_as_it_came() {
-    let collector = Collector::start().await;
-    let up = MockUpstream::start().await;
-    let cfg = traced(&up, &collector.endpoint(), "http/protobuf", 1.0);
-    let path = cfg.write();
-    let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
-    let gw = Gateway::start(&path);
+    let Traced {
+        collector,
+        up,
+        gw,
+        seed,
+        ..
+    } = Traced::start("http/protobuf", 1.0, "clusters:read").await;
     let get = |traceparent: &'static str| {
         client()
             .get(gw.url(CLUSTERS))
@@ -271,12 +302,12 @@ async fn an_unsampled_or_invalid_traceparent_is_never_passed_on_as_it_came() {
 
 #[tokio::test]
 async fn a_refusal_names_its_stage_and_sets_the_span_status() {
-    let collector = Collector::start().await;
-    let up = MockUpstream::start().await;
-    let cfg = traced(&up, &collector.endpoint(), "grpc", 1.0);
-    let path = cfg.write();
-    let seed = seed(&path, "acme", "alice", "owner", "clusters:write");
-    let gw = Gateway::start(&path);
+    let Traced {
+        collector,
+        gw,
+        seed,
+        ..
+    } = Traced::start("grpc", 1.0, "clusters:write").await;
     let caller_trace = "0af7651916cd43dd8448eb211c80319c";
     let res = client()
         .get(gw.url(CLUSTERS))
@@ -519,4 +550,37 @@ async fn without_an_endpoint_traceparent_passes_through_and_nothing_is_logged_of
     assert_eq!(up.last().headers["traceparent"], v);
     let line = access_line_soon(&gw, "untraced").await;
     assert!(line.get("trace_id").is_none_or(Value::is_null), "{line}");
+}
+
+#[tokio::test]
+async fn spans_still_queued_at_a_stop_are_sent_before_exit() {
+    let Traced {
+        collector,
+        up,
+        mut gw,
+        seed,
+        _cfg,
+    } = Traced::start("http/protobuf", 1.0, "clusters:read").await;
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(&seed.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let (trace_id, _, _) = upstream_traceparent(&up);
+    // At once, before the export task's linger would send the batch (the
+    // wait off this thread, where the collector answers).
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let spans: Vec<Span> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == trace_id)
+        .collect();
+    let mut names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["request", "store.lookup", "upstream"], "sent before exit");
 }

@@ -70,11 +70,15 @@ pub struct Running {
 // === impl Running ===
 
 impl Running {
-    /// Stops accepting, drains in-flight requests (up to `shutdown_grace`), and waits.
+    /// Stops accepting, drains in-flight requests (up to `shutdown_grace`),
+    /// waits, then sends the spans still queued (5 s at most).
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+        if let Some(tracer) = &self.live.current().tracer {
+            tracer.flush(std::time::Duration::from_secs(5)).await;
         }
     }
 }

@@ -3,11 +3,12 @@
 //! hands each batch to OpenTelemetry's OTLP exporter. The SDK's batch
 //! processor does the same but cannot say how many spans it dropped; this
 //! one counts them in `mpg_trace_spans_dropped_total`.
+use futures_util::FutureExt;
 use opentelemetry_otlp::{Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use opentelemetry_sdk::Resource;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{OtlpProtocol as Protocol, TracingSettings};
 use crate::logging::Incident;
@@ -28,6 +29,8 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(super) struct Exporter {
     queue: mpsc::Sender<SpanData>,
+    /// Asks the task to send what is queued now, and to say when it has.
+    flushes: mpsc::UnboundedSender<oneshot::Sender<()>>,
     dropped: metrics::Counter,
     /// What it was started with: a reload that changes none of it keeps it.
     pub(super) endpoint: String,
@@ -52,15 +55,31 @@ impl Exporter {
             .build();
         otlp.set_resource(&resource);
         let (queue, spans) = mpsc::channel(QUEUE);
+        let (flushes, flush_requests) = mpsc::unbounded_channel();
         let dropped = metrics::counter!(names::TRACE_SPANS_DROPPED);
-        tokio::spawn(run(spans, otlp, dropped.clone(), endpoint.to_owned()));
+        let out = Outlet {
+            otlp,
+            dropped: dropped.clone(),
+            endpoint: endpoint.to_owned(),
+            incident: Incident::new(),
+        };
+        tokio::spawn(run(spans, flush_requests, out));
         Ok(Exporter {
             queue,
+            flushes,
             dropped,
             endpoint: endpoint.to_owned(),
             protocol: s.protocol,
             service_name: s.service_name.clone(),
         })
+    }
+
+    /// Sends what is queued now; returns once it is sent (or lost).
+    pub(super) async fn flush(&self) {
+        let (done, sent) = oneshot::channel();
+        if self.flushes.send(done).is_ok() {
+            let _ = sent.await;
+        }
     }
 
     /// Queues `span`, or drops and counts it if the queue is full.
@@ -141,62 +160,106 @@ fn connector(
 
 /// The exporter's task: batches of up to [`BATCH`] spans, each sent once
 /// it is full or its first span has waited [`LINGER`]. A failed or slow
-/// export loses its batch (counted), never the queue behind it. Ends, after
+/// export loses its batch (counted), never the queue behind it. A flush
+/// request sends everything queued at once, then answers. Ends, after
 /// sending what is queued, once every sender is gone (a reload replaced the
 /// configuration, or the gateway stopped).
 async fn run(
     mut spans: mpsc::Receiver<SpanData>,
+    mut flushes: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    out: Outlet,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        let flush = tokio::select! {
+            n = spans.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    break;
+                }
+                None
+            }
+            Some(done) = flushes.recv() => Some(done),
+        };
+        let flush = match flush {
+            Some(done) => Some(done),
+            None => linger(&mut spans, &mut flushes, &mut batch).await,
+        };
+        out.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+            .await;
+        if let Some(done) = flush {
+            while spans
+                .recv_many(&mut batch, BATCH)
+                .now_or_never()
+                .unwrap_or(0)
+                > 0
+            {
+                out.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                    .await;
+            }
+            let _ = done.send(());
+        }
+    }
+    let _ = out.otlp.shutdown();
+}
+
+/// Fills `batch` until it is full or [`LINGER`] has passed, or a flush is
+/// asked for (returned).
+async fn linger(
+    spans: &mut mpsc::Receiver<SpanData>,
+    flushes: &mut mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    batch: &mut Vec<SpanData>,
+) -> Option<oneshot::Sender<()>> {
+    let linger = tokio::time::sleep(LINGER);
+    tokio::pin!(linger);
+    while batch.len() < BATCH {
+        let room = BATCH - batch.len();
+        tokio::select! {
+            n = spans.recv_many(batch, room) => if n == 0 { break },
+            Some(done) = flushes.recv() => return Some(done),
+            () = &mut linger => break,
+        }
+    }
+    None
+}
+
+/// Where batches go: the OTLP exporter, with the count of spans lost and
+/// the collector's incident.
+struct Outlet {
     otlp: opentelemetry_otlp::SpanExporter,
     dropped: metrics::Counter,
     endpoint: String,
-) {
-    let incident = Incident::new();
-    let mut batch = Vec::with_capacity(BATCH);
-    loop {
-        if spans.recv_many(&mut batch, BATCH).await == 0 {
-            break;
+    incident: Incident,
+}
+
+impl Outlet {
+    /// Exports `batch` (if any); a failure or timeout counts its spans as
+    /// dropped and is logged as the collector's incident.
+    async fn send(&self, batch: Vec<SpanData>) {
+        if batch.is_empty() {
+            return;
         }
-        let linger = tokio::time::sleep(LINGER);
-        tokio::pin!(linger);
-        while batch.len() < BATCH {
-            let room = BATCH - batch.len();
-            tokio::select! {
-                n = spans.recv_many(&mut batch, room) => if n == 0 { break },
-                () = &mut linger => break,
-            }
-        }
-        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-        let n = sent.len() as u64;
-        let result = match tokio::time::timeout(EXPORT_TIMEOUT, otlp.export(sent)).await {
+        let n = batch.len() as u64;
+        let result = match tokio::time::timeout(EXPORT_TIMEOUT, self.otlp.export(batch)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no answer in {} s", EXPORT_TIMEOUT.as_secs())),
         };
         let now = crate::logging::now_ms();
+        let subject = Collector(&self.endpoint);
         match result {
             Ok(()) => {
-                if let Some(recovery) = incident.recovered(now) {
-                    recovery.log(
-                        tracing::Level::INFO,
-                        &Collector(&endpoint),
-                        "span batches lost",
-                    );
+                if let Some(recovery) = self.incident.recovered(now) {
+                    recovery.log(tracing::Level::INFO, &subject, "span batches lost");
                 }
             }
             Err(cause) => {
-                dropped.increment(n);
-                if let Some(line) = incident.failed(now) {
-                    line.log(
-                        tracing::Level::WARN,
-                        &Collector(&endpoint),
-                        "span batches lost",
-                        &cause,
-                    );
+                self.dropped.increment(n);
+                if let Some(line) = self.incident.failed(now) {
+                    line.log(tracing::Level::WARN, &subject, "span batches lost", &cause);
                 }
             }
         }
     }
-    let _ = otlp.shutdown();
 }
 
 /// The subject of the exporter's incident lines.

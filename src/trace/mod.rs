@@ -105,6 +105,12 @@ impl Tracer {
         }))
     }
 
+    /// Sends the spans queued now to the collector, waiting at most
+    /// `limit` (at exit, after the drain).
+    pub async fn flush(&self, limit: std::time::Duration) {
+        let _ = tokio::time::timeout(limit, self.exporter.flush()).await;
+    }
+
     /// The trace of a request with these header fields: the caller's
     /// `traceparent` continued when valid, else a new trace. The fields are
     /// taken out (the upstream gets the gateway's own `traceparent`), and an

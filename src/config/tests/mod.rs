@@ -6,7 +6,7 @@ mod oidc;
 mod server;
 mod upstreams;
 
-const MINIMAL: &str = r#"
+pub(super) const MINIMAL: &str = r#"
 [server]
 insecure_http = true
 [upstreams.clusters]
