@@ -64,6 +64,19 @@ fn upstream_traceparent(up: &MockUpstream) -> (String, String, String) {
     (parts[1].into(), parts[2].into(), parts[3].into())
 }
 
+/// GETs the clusters list with `key` (200 expected): the trace id of the
+/// `traceparent` the upstream got.
+async fn get_clusters(gw: &Gateway, up: &MockUpstream, key: &str) -> String {
+    let res = client()
+        .get(gw.url(CLUSTERS))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    upstream_traceparent(up).0
+}
+
 /// The access-log line of the request with `request_id`.
 fn access_line(gw: &Gateway, request_id: &str) -> Value {
     gw.log
@@ -172,14 +185,7 @@ async fn a_request_through_a_cache_miss_redis_and_an_upstream_exports_its_span_t
     assert_eq!(line["span_id"], server.span_id.as_str());
 
     // The key is cached now: a second request has no lookup span.
-    let res = client()
-        .get(gw.url(CLUSTERS))
-        .bearer_auth(&seed.key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let (second, _, _) = upstream_traceparent(&up);
+    let second = get_clusters(&gw, &up, &seed.key).await;
     assert_ne!(second, trace_id, "each request starts its own trace");
     let spans = collector.trace(&second, 3).await;
     let ops: Vec<&str> = spans
@@ -376,14 +382,7 @@ async fn retries_are_events_of_the_upstream_span() {
     let gw = Gateway::start(&path);
     let mut retried = None;
     for _ in 0..4 {
-        let res = client()
-            .get(gw.url(CLUSTERS))
-            .bearer_auth(&seed.key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-        let (trace_id, _, _) = upstream_traceparent(&up);
+        let trace_id = get_clusters(&gw, &up, &seed.key).await;
         let spans = collector.trace(&trace_id, 2).await;
         let call = spans.iter().find(|s| s.name == "upstream").unwrap().clone();
         if !call.events.is_empty() {
@@ -561,14 +560,7 @@ async fn spans_still_queued_at_a_stop_are_sent_before_exit() {
         seed,
         _cfg,
     } = Traced::start("http/protobuf", 1.0, "clusters:read").await;
-    let res = client()
-        .get(gw.url(CLUSTERS))
-        .bearer_auth(&seed.key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let (trace_id, _, _) = upstream_traceparent(&up);
+    let trace_id = get_clusters(&gw, &up, &seed.key).await;
     // At once, before the export task's linger would send the batch (the
     // wait off this thread, where the collector answers).
     let status = tokio::task::spawn_blocking(move || gw.terminate())
@@ -582,5 +574,9 @@ async fn spans_still_queued_at_a_stop_are_sent_before_exit() {
         .collect();
     let mut names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     names.sort();
-    assert_eq!(names, ["request", "store.lookup", "upstream"], "sent before exit");
+    assert_eq!(
+        names,
+        ["request", "store.lookup", "upstream"],
+        "sent before exit"
+    );
 }
