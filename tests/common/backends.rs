@@ -13,13 +13,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on now (bound once on 127.0.0.1:0, then released).
+/// A port nobody listens on now, for a server a test starts itself: taken
+/// below the kernel's ephemeral range (32768 and up), where no outgoing
+/// connection can take it between this check and the server's bind, and
+/// never the same twice in one test binary (a Redis Cluster node takes two).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // Each binary starts at its own place in the range.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id() % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// Runs `cmd` to completion within `limit` (killed past it); its output.
