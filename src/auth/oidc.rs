@@ -6,7 +6,7 @@
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -58,7 +58,9 @@ impl Oidc {
     /// The provider of `settings`, with no key set yet (see
     /// [`Oidc::spawn_refresh`]); its verified tokens are cached in `cache`.
     pub fn new(settings: OidcSettings, cache: CachedKeyStore) -> Result<Arc<Oidc>, String> {
-        let client = Client::builder(TokioExecutor::new()).build(connector(&settings)?);
+        let client = Client::builder(TokioExecutor::new()).build(
+            crate::tls::client::https_connector(settings.ca_file.as_deref(), FETCH_TIMEOUT)?,
+        );
         Ok(Arc::new(Oidc {
             settings,
             keys: ArcSwapOption::empty(),
@@ -296,28 +298,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// HTTPS with the system's roots or `ca_file`; plain HTTP passes through
-/// (the configuration allows it only to a loopback address).
-fn connector(s: &OidcSettings) -> Result<HttpsConnector<HttpConnector>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let config = match &s.ca_file {
-        Some(ca) => builder.with_root_certificates(crate::tls::pem::load_roots(ca)?),
-        None => builder
-            .with_native_roots()
-            .map_err(|e| format!("no system root certificates: {e}"))?,
-    }
-    .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(FETCH_TIMEOUT));
-    http.enforce_http(false);
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http))
 }

@@ -97,7 +97,7 @@ impl Pipeline {
                 traceparent = t.open_upstream(|| {
                     vec![
                         KeyValue::new("http.request.method", method_label(&head.method)),
-                        KeyValue::new("mpg.upstream", entry.traced.1.clone()),
+                        KeyValue::new("mpg.upstream", entry.traced_upstream.clone()),
                     ]
                 });
                 added.traceparent = Some(&traceparent);

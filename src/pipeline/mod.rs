@@ -316,7 +316,7 @@ impl Pipeline {
         out: &Outcome,
         res: &Response<Body>,
     ) {
-        if !trace.sampled {
+        if !trace.sampled() {
             return;
         }
         let error = out.failed.map(|(name, reason)| match reason {
@@ -326,7 +326,7 @@ impl Pipeline {
         let server = ServerSpan {
             method,
             path: traced_path(head.uri.path()),
-            route: out.route.map(|i| self.routes[i].traced.0.clone()),
+            route: out.route.map(|i| self.routes[i].traced_route.clone()),
             status: res.status().as_u16(),
             organization_id: out
                 .organization

@@ -68,9 +68,10 @@ pub(crate) struct RouteEntry {
     /// (the in-process key service, or no admin listener), so the request
     /// path reads no clock for it.
     pub(crate) upstream_latency: Option<metrics::Histogram>,
-    /// The route's template and upstream as trace attributes, made once:
-    /// a span takes a reference, not a copy.
-    pub(crate) traced: (opentelemetry::StringValue, opentelemetry::StringValue),
+    /// The route's template and its upstream's name as trace attribute
+    /// values, made once: a span takes a reference, not a copy.
+    pub(crate) traced_route: opentelemetry::StringValue,
+    pub(crate) traced_upstream: opentelemetry::StringValue,
 }
 
 /// The per-request metric handles of one route (or of requests no route matched).
@@ -286,10 +287,8 @@ impl RouteEntry {
             limit_counters,
             shadow_refusals,
             upstream_latency,
-            traced: (
-                std::sync::Arc::<str>::from(route.path.as_str()).into(),
-                std::sync::Arc::<str>::from(route.upstream.as_str()).into(),
-            ),
+            traced_route: Arc::<str>::from(route.path.as_str()).into(),
+            traced_upstream: Arc::<str>::from(route.upstream.as_str()).into(),
             upstream_outcomes: CounterCache::new(
                 move |outcome| metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome),
             ),

@@ -39,9 +39,7 @@ impl Op {
             Op::Refund => "refund",
         }
     }
-}
 
-impl Op {
     /// The op's code in the Redis script's arguments.
     pub(crate) fn code(self) -> u64 {
         match self {

@@ -3,6 +3,7 @@
 //! ALPN `h2` and `http/1.1`, session resumption by stateless tickets and a
 //! bounded session cache. The certificate sits behind a swappable resolver
 //! so a reload can replace it without touching open connections.
+pub mod client;
 pub mod pem;
 
 use arc_swap::ArcSwap;

@@ -7,14 +7,14 @@ pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// `tracestate`: passed on as it came when the `traceparent` is valid,
 /// removed with an invalid one (the spec's rule: its state belongs to a
 /// trace that is not continued).
-pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub(super) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The length of a version-00 `traceparent`.
 const TRACEPARENT_LEN: usize = 55;
 
 /// A valid incoming `traceparent`: the caller's trace and span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Parent {
+pub(super) struct Parent {
     /// The trace the request belongs to.
     pub trace_id: [u8; 16],
     /// The caller's span, the gateway's server span's parent.
@@ -25,7 +25,7 @@ pub struct Parent {
 
 /// What a request's `traceparent` fields hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Incoming {
+pub(super) enum Incoming {
     /// None.
     Absent,
     /// One valid value: the caller's trace.
@@ -35,7 +35,7 @@ pub enum Incoming {
 }
 
 /// What the request's `traceparent` fields hold.
-pub fn parent_of(headers: &HeaderMap) -> Incoming {
+pub(super) fn parent_of(headers: &HeaderMap) -> Incoming {
     // The usual request brings none: a look at the names present is
     // cheaper than hashing this one to find it absent.
     if !headers.keys().any(|k| k.as_str() == "traceparent") {
@@ -57,7 +57,7 @@ pub fn parent_of(headers: &HeaderMap) -> Incoming {
 /// Parses a `traceparent` value (Trace Context §3.2): version, trace id,
 /// parent id and flags in lower-case hex. Version `ff` and all-zero ids are
 /// invalid; a later version may carry more after a `-`, which is ignored.
-pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
+pub(super) fn parse_traceparent(v: &[u8]) -> Option<Parent> {
     if v.len() < TRACEPARENT_LEN || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
         return None;
     }
@@ -107,19 +107,23 @@ thread_local! {
 }
 
 /// A new trace id (never all zeros).
-pub fn new_trace_id() -> [u8; 16] {
+pub(super) fn new_trace_id() -> [u8; 16] {
     let id: u128 = IDS.with_borrow_mut(rand::RngExt::random);
     id.max(1).to_be_bytes()
 }
 
 /// A new span id (never all zeros).
-pub fn new_span_id() -> [u8; 8] {
+pub(super) fn new_span_id() -> [u8; 8] {
     let id: u64 = IDS.with_borrow_mut(rand::RngExt::random);
     id.max(1).to_be_bytes()
 }
 
 /// The version-00 `traceparent` for `span_id` in `trace_id`.
-pub fn format_traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> [u8; 55] {
+pub(super) fn format_traceparent(
+    trace_id: &[u8; 16],
+    span_id: &[u8; 8],
+    sampled: bool,
+) -> [u8; 55] {
     let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
     lower_hex(trace_id, &mut out[3..35]);
     lower_hex(span_id, &mut out[36..52]);

@@ -109,7 +109,7 @@ fn otlp_exporter(
                 .with_endpoint(traces_url(endpoint))
                 .with_timeout(EXPORT_TIMEOUT)
                 .with_http_client(opentelemetry_http::hyper::HyperClient::new(
-                    connector()?,
+                    crate::tls::client::https_connector(None, Duration::from_secs(5))?,
                     EXPORT_TIMEOUT,
                     None,
                 ))
@@ -133,29 +133,6 @@ pub(super) fn traces_url(endpoint: &str) -> String {
     } else {
         format!("{base}/v1/traces")
     }
-}
-
-/// HTTP, or HTTPS with the system's roots.
-fn connector(
-) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
-{
-    use hyper_rustls::ConfigBuilderExt;
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_native_roots()
-        .map_err(|e| format!("no system root certificates: {e}"))?
-        .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.set_connect_timeout(Some(Duration::from_secs(5)));
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http))
 }
 
 /// The exporter's task: batches of up to [`BATCH`] spans, each sent once

@@ -14,12 +14,8 @@ mod export;
 mod recording;
 mod sampler;
 
-pub use context::{
-    format_traceparent, new_span_id, new_trace_id, parent_of, parse_traceparent, Incoming, Parent,
-    TRACEPARENT, TRACESTATE,
-};
+pub use context::TRACEPARENT;
 pub use recording::{child, upstream_attempt, upstream_retry, ChildSpan, Recording};
-pub use sampler::Sampler;
 
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -30,8 +26,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::TracingSettings;
+use context::{format_traceparent, new_span_id, new_trace_id, parent_of, Incoming, TRACESTATE};
 use export::Exporter;
 use recording::Ended;
+use sampler::Sampler;
 
 /// The tracing of one configuration: its sampler and where its spans go.
 #[derive(Debug)]
@@ -71,11 +69,9 @@ pub struct RequestTrace {
     pub span_id: [u8; 8],
     /// The caller's span, when a valid `traceparent` named one.
     parent: Option<[u8; 8]>,
-    /// Whether the spans are recorded and exported.
-    pub sampled: bool,
-    /// The spans recorded while the request runs (sampled requests only).
+    /// The spans recorded while the request runs: `Some` exactly when the
+    /// request is sampled.
     pub recording: Option<Arc<Recording>>,
-    started: SystemTime,
 }
 
 // === impl Tracer ===
@@ -134,13 +130,7 @@ impl Tracer {
             trace_id,
             span_id: new_span_id(),
             parent: parent.map(|p| p.span_id),
-            sampled,
-            recording: sampled.then(Arc::default),
-            started: if sampled {
-                SystemTime::now()
-            } else {
-                SystemTime::UNIX_EPOCH
-            },
+            recording: sampled.then(|| Arc::new(Recording::started_now())),
         }
     }
 
@@ -158,16 +148,17 @@ impl Tracer {
             name: "request",
             kind: SpanKind::Server,
             span_id: trace.span_id,
-            start: trace.started,
+            start: recording.started,
             end: SystemTime::now(),
             attributes: server_attributes(server),
             events: Vec::new(),
+            // A refusal or failure of the stages, or an upstream's 5xx.
             status: match server.error {
-                Some(e) if server.refused_by.is_some() || server.status >= 500 => {
-                    Status::error(e.to_owned())
+                Some(e) => Status::error(e.to_owned()),
+                None if server.status >= 500 => {
+                    Status::error(format!("answered {}", server.status))
                 }
-                _ if server.status >= 500 => Status::error(format!("answered {}", server.status)),
-                _ => Status::Unset,
+                None => Status::Unset,
             },
         };
         self.exporter
@@ -238,7 +229,12 @@ impl RequestTrace {
         if let Some(r) = &self.recording {
             r.open_call(span_id, attributes());
         }
-        format_traceparent(&self.trace_id, &span_id, self.sampled)
+        format_traceparent(&self.trace_id, &span_id, self.sampled())
+    }
+
+    /// Whether the request's spans are recorded and exported.
+    pub fn sampled(&self) -> bool {
+        self.recording.is_some()
     }
 
     /// Ends the upstream call's span: the status the target answered, or

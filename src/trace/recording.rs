@@ -27,23 +27,51 @@ pub(super) struct Ended {
     pub(super) status: Status,
 }
 
-/// The upstream call's client span while it is open: its id is in the
-/// `traceparent` the targets get; the proxy notes each target tried.
-#[derive(Debug)]
-struct OpenCall {
-    span: Ended,
+impl Ended {
+    /// A span that starts now; its end is set when it ends.
+    fn open(
+        name: &'static str,
+        kind: SpanKind,
+        span_id: [u8; 8],
+        attributes: Vec<KeyValue>,
+    ) -> Self {
+        let start = SystemTime::now();
+        Ended {
+            name,
+            kind,
+            span_id,
+            start,
+            end: start,
+            attributes,
+            events: Vec::new(),
+            status: Status::Unset,
+        }
+    }
 }
 
 /// What a sampled request has recorded so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Recording {
+    /// When the request's server span began.
+    pub(super) started: SystemTime,
     ended: Mutex<Vec<Ended>>,
-    call: Mutex<Option<OpenCall>>,
+    /// The upstream call's client span while it is open: its id is in the
+    /// `traceparent` the targets get; the proxy notes each target tried.
+    call: Mutex<Option<Ended>>,
 }
 
 // === impl Recording ===
 
 impl Recording {
+    /// A recording whose server span begins now.
+    pub(super) fn started_now() -> Recording {
+        Recording {
+            started: SystemTime::now(),
+            ended: Mutex::default(),
+            call: Mutex::default(),
+        }
+    }
+
     /// Runs `fut` with this recording as the current one.
     pub fn scope<F: Future>(self: Arc<Self>, fut: F) -> impl Future<Output = F::Output> {
         CURRENT.scope(self, fut)
@@ -55,19 +83,12 @@ impl Recording {
 
     /// Opens the upstream call's client span.
     pub(super) fn open_call(&self, span_id: [u8; 8], attributes: Vec<KeyValue>) {
-        let start = SystemTime::now();
-        *lock(&self.call) = Some(OpenCall {
-            span: Ended {
-                name: "upstream",
-                kind: SpanKind::Client,
-                span_id,
-                start,
-                end: start,
-                attributes,
-                events: Vec::new(),
-                status: Status::Unset,
-            },
-        });
+        *lock(&self.call) = Some(Ended::open(
+            "upstream",
+            SpanKind::Client,
+            span_id,
+            attributes,
+        ));
     }
 
     /// Ends the upstream call's client span with the status the target
@@ -76,20 +97,20 @@ impl Recording {
         let Some(mut call) = lock(&self.call).take() else {
             return;
         };
-        call.span.end = SystemTime::now();
+        call.end = SystemTime::now();
         match outcome {
             Ok(status) => {
-                call.span.attributes.push(KeyValue::new(
+                call.attributes.push(KeyValue::new(
                     "http.response.status_code",
                     i64::from(status),
                 ));
                 if status >= 500 {
-                    call.span.status = Status::error(format!("the upstream answered {status}"));
+                    call.status = Status::error(format!("the upstream answered {status}"));
                 }
             }
-            Err(why) => call.span.status = Status::error(why.to_owned()),
+            Err(why) => call.status = Status::error(why.to_owned()),
         }
-        lock(&self.ended).push(call.span);
+        lock(&self.ended).push(call);
     }
 }
 
@@ -106,18 +127,10 @@ fn current() -> Option<Arc<Recording>> {
 /// export) when dropped; `None` when the request is not sampled.
 pub fn child(name: &'static str, kind: SpanKind) -> Option<ChildSpan> {
     let recording = current()?;
+    let span_id = super::context::new_span_id();
     Some(ChildSpan {
         recording,
-        span: Ended {
-            name,
-            kind,
-            span_id: super::context::new_span_id(),
-            start: SystemTime::now(),
-            end: SystemTime::UNIX_EPOCH,
-            attributes: Vec::new(),
-            events: Vec::new(),
-            status: Status::Unset,
-        },
+        span: Some(Ended::open(name, kind, span_id, Vec::new())),
     })
 }
 
@@ -125,38 +138,32 @@ pub fn child(name: &'static str, kind: SpanKind) -> Option<ChildSpan> {
 #[derive(Debug)]
 pub struct ChildSpan {
     recording: Arc<Recording>,
-    span: Ended,
+    /// `Some` until dropped.
+    span: Option<Ended>,
 }
 
 impl ChildSpan {
     /// Sets an attribute.
     pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
-        self.span.attributes.push(KeyValue::new(key, value));
+        if let Some(span) = &mut self.span {
+            span.attributes.push(KeyValue::new(key, value));
+        }
     }
 
     /// Marks the span failed, saying why.
     pub fn fail(&mut self, why: impl std::fmt::Display) {
-        self.span.status = Status::error(why.to_string());
+        if let Some(span) = &mut self.span {
+            span.status = Status::error(why.to_string());
+        }
     }
 }
 
 impl Drop for ChildSpan {
     fn drop(&mut self) {
-        let mut span = std::mem::replace(
-            &mut self.span,
-            Ended {
-                name: "",
-                kind: SpanKind::Internal,
-                span_id: [0; 8],
-                start: SystemTime::UNIX_EPOCH,
-                end: SystemTime::UNIX_EPOCH,
-                attributes: Vec::new(),
-                events: Vec::new(),
-                status: Status::Unset,
-            },
-        );
-        span.end = SystemTime::now();
-        lock(&self.recording.ended).push(span);
+        if let Some(mut span) = self.span.take() {
+            span.end = SystemTime::now();
+            lock(&self.recording.ended).push(span);
+        }
     }
 }
 
@@ -198,6 +205,6 @@ fn with_call(f: impl FnOnce(&mut Ended)) {
     };
     let mut call = lock(&recording.call);
     if let Some(call) = call.as_mut() {
-        f(&mut call.span);
+        f(call);
     }
 }

@@ -8,7 +8,7 @@ use super::context::Parent;
 /// of the SDK's `TraceIdRatioBased` (so every service with the same ratio
 /// keeps the same traces).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Sampler {
+pub(super) struct Sampler {
     /// Trace ids whose low 63 bits read below this are sampled.
     bound: u64,
     always: bool,
@@ -18,7 +18,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Samples `ratio` (0 to 1) of the traces the gateway starts.
-    pub fn new(ratio: f64) -> Sampler {
+    pub(super) fn new(ratio: f64) -> Sampler {
         Sampler {
             bound: (ratio.max(0.0) * (1u64 << 63) as f64) as u64,
             always: ratio >= 1.0,
@@ -27,7 +27,7 @@ impl Sampler {
 
     /// Whether the request's span is recorded and exported.
     #[inline]
-    pub fn sampled(&self, parent: Option<&Parent>, trace_id: &[u8; 16]) -> bool {
+    pub(super) fn sampled(&self, parent: Option<&Parent>, trace_id: &[u8; 16]) -> bool {
         match parent {
             Some(p) => p.sampled,
             None => self.always || root_sampled(self.bound, trace_id),
