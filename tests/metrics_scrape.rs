@@ -8,7 +8,7 @@
 //! query of the dashboard (CI checks the rules file with promtool itself).
 mod common;
 
-use common::scale::redis_url;
+use common::scale::{metrics, redis_url, RedisPrefix};
 use common::*;
 use mpg_gateway::metrics::{Kind, DESCRIPTIONS};
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,15 +151,11 @@ async fn scrape_after_traffic() -> String {
         .unwrap()
         .local_addr()
         .unwrap();
+    // Its keys are deleted when the scrape is done.
+    let prefix = RedisPrefix::new();
     let mut cfg = TestConfig::new(up.addr);
-    cfg.set("admin.enabled", true);
-    cfg.set("admin.listen", "127.0.0.1:0");
-    cfg.set("rate_limit.backend", "redis");
-    cfg.set("rate_limit.redis_url", redis_url());
-    cfg.set(
-        "rate_limit.redis_prefix",
-        format!("mpg-metrics-scrape:{}:{}:", std::process::id(), unix_now()),
-    );
+    cfg.admin_on();
+    cfg.redis(&redis_url(), &prefix.0);
     cfg.set("rate_limit.policies.tight.requests", 1);
     cfg.set("rate_limit.policies.tight.per", "1h");
     cfg.set("rate_limit.policies.tight.key", "client_ip");
@@ -208,13 +204,7 @@ async fn scrape_after_traffic() -> String {
     assert_eq!(get("/public/dead").send().await.unwrap().status(), 502);
     assert_eq!(get("/nowhere").send().await.unwrap().status(), 404);
 
-    let res = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    res.text().await.unwrap()
+    metrics(admin).await
 }
 
 /// Runs `promtool check metrics` on `page`; fails on any problem it
