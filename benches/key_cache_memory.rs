@@ -37,6 +37,7 @@ fn record(hash: &SecretHash) -> ApiKeyAuth {
             last_used_at: None,
             replaced_by: None,
             rate_limit: None,
+            controls: Default::default(),
         },
         role: Some("owner".into()),
         org_limits: Vec::new(),

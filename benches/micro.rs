@@ -71,6 +71,7 @@ fn key_record(i: usize) -> ApiKeyRecord {
         last_used_at: None,
         replaced_by: None,
         rate_limit: None,
+        controls: Default::default(),
     }
 }
 

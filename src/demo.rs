@@ -220,6 +220,7 @@ async fn seed(store: &crate::store::sql::SqlStore) -> Result<Seeded, Failure> {
         scopes: scopes.iter().map(|s| s.to_string()).collect(),
         expires_at: None,
         rate_limit: None,
+        controls: Default::default(),
     };
     let (write_key, _) = store
         .create_api_key(key("demo read-write", &["clusters:read", "clusters:write"]))

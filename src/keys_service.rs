@@ -16,7 +16,7 @@ pub mod render;
 
 pub(crate) use input::paging;
 pub use input::MAX_GRACE_SECONDS;
-use input::{grace_period, parse_future_time, rate_limit};
+use input::{create_controls, grace_period, key_update, only_fields, parse_future_time, rate_limit};
 
 use crate::auth::Principal;
 use crate::clock::unix_now;
@@ -30,8 +30,18 @@ use crate::store::sql::SqlStore;
 use crate::store::NewApiKey;
 use crate::store::{Actor, ApiKeyRecord, Change, StoreError};
 
-/// Longest key name accepted.
-const MAX_NAME_CHARS: usize = 100;
+/// The fields a create body may hold.
+const CREATE_FIELDS: [&str; 8] = [
+    "name",
+    "scopes",
+    "expires_at",
+    "rate_limit",
+    "enabled",
+    "ip_allow",
+    "meta",
+    "credits",
+];
+
 /// Who is calling, as established by the pipeline.
 pub struct Caller<'a> {
     /// The authenticated session (or key).
@@ -112,6 +122,10 @@ impl KeysService {
                 let key = own_key(&caller, key)?;
                 self.rotate(caller, key, req, now).await
             }
+            Operation::Update => {
+                let key = own_key(&caller, key)?;
+                self.update(caller, key, req, now).await
+            }
             Operation::Delete => {
                 let actor = caller.actor();
                 let id = own_key(&caller, key)?.id;
@@ -140,32 +154,8 @@ impl KeysService {
         let input = input
             .as_object()
             .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
-        for field in input.keys() {
-            if !matches!(
-                field.as_str(),
-                "name" | "scopes" | "expires_at" | "rate_limit"
-            ) {
-                // Never echo a credential pasted in the wrong place.
-                if looks_like_secret(field.bytes()) {
-                    return Err(GatewayError::bad_field("body", "holds an unknown field"));
-                }
-                return Err(GatewayError::bad_field(field.as_str(), "unknown field"));
-            }
-        }
-        let name = match input.get("name") {
-            Some(Value::String(s)) if s.trim().is_empty() => {
-                return Err(GatewayError::bad_field("name", "must not be empty"))
-            }
-            Some(Value::String(s)) if s.chars().count() > MAX_NAME_CHARS => {
-                return Err(GatewayError::bad_field(
-                    "name",
-                    "must be at most 100 characters",
-                ))
-            }
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => return Err(GatewayError::bad_field("name", "must be a string")),
-            None => return Err(GatewayError::bad_field("name", "is required")),
-        };
+        only_fields(input, "body", &CREATE_FIELDS)?;
+        let name = input::name(input.get("name"))?;
         let scopes = self.scopes(input.get("scopes"))?;
         let expires_at = match input.get("expires_at") {
             None | Some(Value::Null) => None,
@@ -178,6 +168,7 @@ impl KeysService {
             }
         };
         let rate_limit = rate_limit(input.get("rate_limit"))?;
+        let controls = create_controls(input)?;
         // A key can never carry more than its creator's role grants.
         let roles = &self.settings.roles;
         if let Some(missing) = scopes.iter().find(|s| !roles.allows(caller.role, s)) {
@@ -192,6 +183,7 @@ impl KeysService {
             scopes,
             expires_at,
             rate_limit,
+            controls,
         };
         let created = self.store.create_api_key_by(new, &caller.actor()).await;
         let (secret, record) = created.map_err(store_error)?;
@@ -238,6 +230,34 @@ impl KeysService {
         let mut body = render::api_key(&rotation.new, now);
         body["key"] = Value::String(rotation.secret);
         Ok(json_response(StatusCode::CREATED, &body))
+    }
+
+    /// `PATCH …/{id}`: changes any of the key's name, enabled flag, allowed
+    /// networks, metadata, own limit and credits; 200 with the record.
+    async fn update(
+        &self,
+        caller: Caller<'_>,
+        key: ApiKeyRecord,
+        req: Request<Body>,
+        now: i64,
+    ) -> Result<Response<Body>, GatewayError> {
+        let limit = self.settings.server.limits.max_body_bytes;
+        let bytes = read_body(req.into_body(), limit).await?;
+        let update = key_update(&bytes)?;
+        if key.status(now) == crate::store::KeyStatus::Revoked {
+            return Err(GatewayError::bad_field(
+                "id",
+                "names a revoked key, and a revoked key cannot change",
+            ));
+        }
+        let record = self
+            .store
+            .update_api_key_by(&key.id, &update, now, &caller.actor())
+            .await
+            .map_err(store_error)?
+            .ok_or(GatewayError::NotFound)?;
+        self.cache.invalidate(&Change::ApiKey { id: key.id });
+        Ok(json_response(StatusCode::OK, &render::api_key(&record, now)))
     }
 
     fn scopes(&self, value: Option<&Value>) -> Result<Vec<String>, GatewayError> {
@@ -477,6 +497,7 @@ mod tests {
             scopes: vec!["clusters:read".into()],
             expires_at: None,
             rate_limit: None,
+            controls: Default::default(),
         };
         let Ok((_, theirs)) = store.create_api_key(new).await else {
             panic!("create failed")

@@ -242,6 +242,7 @@ async fn keys(
                 scopes,
                 expires_at,
                 rate_limit,
+                controls: Default::default(),
             };
             let (secret, record) = store.create_api_key(new).await?;
             let mut v = api_key(&record, now);

@@ -9,7 +9,7 @@ pub enum BuiltinService {
     ApiKeys,
 }
 
-/// The seven endpoints of the key service.
+/// The eight endpoints of the key service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     /// `POST …/api-keys`
@@ -24,6 +24,8 @@ pub enum Operation {
     Rotate,
     /// `DELETE …/api-keys/{id}`
     Delete,
+    /// `PATCH …/api-keys/{id}`
+    Update,
     /// `GET …/audit-events`
     AuditList,
 }
@@ -53,6 +55,7 @@ impl Operation {
             return match m {
                 "GET" => Some(Operation::Get),
                 "DELETE" => Some(Operation::Delete),
+                "PATCH" => Some(Operation::Update),
                 _ => None,
             };
         }
@@ -79,6 +82,10 @@ mod tests {
         assert_eq!(
             op(Method::DELETE, "/api/v1/api-keys/{id}"),
             Some(Operation::Delete)
+        );
+        assert_eq!(
+            op(Method::PATCH, "/api/v1/api-keys/{id}"),
+            Some(Operation::Update)
         );
         assert_eq!(
             op(Method::POST, "/api/v1/api-keys/{id}/revoke"),

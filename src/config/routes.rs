@@ -13,7 +13,11 @@ use super::*;
 /// any organization's key), for the collection the one the request names.
 fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organization: &OrgSource) {
     let fits = match op {
-        Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
+        Operation::Get
+        | Operation::Revoke
+        | Operation::Rotate
+        | Operation::Delete
+        | Operation::Update => {
             matches!(organization, OrgSource::Key(name) if name == "id")
         }
         Operation::Create | Operation::List | Operation::AuditList => {
@@ -22,7 +26,11 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
     };
     if !fits {
         let want = match op {
-            Operation::Get | Operation::Revoke | Operation::Rotate | Operation::Delete => {
+            Operation::Get
+        | Operation::Revoke
+        | Operation::Rotate
+        | Operation::Delete
+        | Operation::Update => {
                 "must be \"key:id\" (the organization of the key the path names)"
             }
             Operation::Create | Operation::List | Operation::AuditList => {

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use crate::config::format_duration;
-use crate::store::{ApiKeyRecord, AuditEvent, LimitSpec};
+use crate::store::{ApiKeyRecord, AuditEvent, Credits, LimitSpec};
 
 /// Unix seconds as an RFC 3339 UTC string, or JSON null.
 pub fn rfc3339(at: Option<i64>) -> Value {
@@ -20,8 +20,10 @@ pub fn rfc3339(at: Option<i64>) -> Value {
 /// An API key at `now`: id, name, organization_id, user_id, scopes[],
 /// prefix, status, created_at, expires_at, revoked_at, last_used_at (RFC
 /// 3339 UTC or null), replaced_by (key id or null), rate_limit
-/// (`{"requests", "per"}` or null). Never the secret.
+/// (`{"requests", "per"}` or null), enabled, ip_allow (CIDRs or null), meta
+/// (an object or null) and credits (or null: unlimited). Never the secret.
 pub fn api_key(record: &ApiKeyRecord, now: i64) -> Value {
+    let c = &record.controls;
     json!({
         "id": record.id,
         "name": record.name,
@@ -36,6 +38,24 @@ pub fn api_key(record: &ApiKeyRecord, now: i64) -> Value {
         "last_used_at": rfc3339(record.last_used_at),
         "replaced_by": record.replaced_by,
         "rate_limit": record.rate_limit.as_ref().map(limit),
+        "enabled": c.enabled,
+        "ip_allow": c.ip_allow.as_ref().map(|nets| {
+            nets.iter().map(ToString::to_string).collect::<Vec<_>>()
+        }),
+        "meta": c.meta.as_deref().and_then(|m| serde_json::from_str::<Value>(m).ok()),
+        "credits": c.credits.as_ref().map(|cr| credits(cr, record.created_at, now)),
+    })
+}
+
+/// `{"remaining": N, "refill": {"amount": N, "interval": "1d"} or null}`,
+/// the count as it stands at `now` (a passed boundary refills it).
+pub fn credits(c: &Credits, created_at: i64, now: i64) -> Value {
+    json!({
+        "remaining": c.remaining_at(created_at, now),
+        "refill": c.refill.map(|r| json!({
+            "amount": r.amount,
+            "interval": format_duration(r.interval),
+        })),
     })
 }
 
@@ -61,6 +81,11 @@ pub fn audit_event(event: &AuditEvent) -> Value {
     if event.action == "api_key.rotated" {
         out["replaced_by"] = json!(event.subject);
     }
+    // An update names the fields it set (never their values).
+    if event.action == "api_key.updated" {
+        let fields = event.subject.as_deref().unwrap_or_default();
+        out["fields"] = json!(fields.split(',').filter(|f| !f.is_empty()).collect::<Vec<_>>());
+    }
     out
 }
 
@@ -83,7 +108,11 @@ mod tests {
         assert_eq!(j["prefix"], "AbCdEfGh");
         assert_eq!(j["replaced_by"], Value::Null);
         assert_eq!(j["rate_limit"], Value::Null);
-        assert_eq!(j.as_object().map(|o| o.len()), Some(13));
+        assert_eq!(j["enabled"], true);
+        assert_eq!(j["ip_allow"], Value::Null);
+        assert_eq!(j["meta"], Value::Null);
+        assert_eq!(j["credits"], Value::Null);
+        assert_eq!(j.as_object().map(|o| o.len()), Some(17));
         let mut limited = record();
         limited.rate_limit = LimitSpec::parse(10, "1m").ok();
         assert_eq!(

@@ -3,7 +3,9 @@
 //! cached key costs two allocations (this struct in its `Arc`, and its text)
 //! instead of a full record's nine; its name, prefix, timestamps and
 //! `replaced_by` are never read per request and are not kept.
-use super::{ApiKeyAuth, Change, KeyStatus, LimitSpec, OrgLimit};
+use ipnet::IpNet;
+
+use super::{ApiKeyAuth, Change, Credits, KeyStatus, LimitSpec, OrgLimit};
 
 /// An API key as the hot path sees it (built from an [`ApiKeyAuth`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +25,25 @@ pub struct CachedApiKey {
     rate_limit: Option<LimitSpec>,
     /// The organization's overrides of policy quotas (usually none: no allocation).
     org_limits: Box<[OrgLimit]>,
+    /// The key's controls, when any differs from the default (usually
+    /// none: no allocation, and one test of a pointer per request).
+    controls: Option<Box<Controls>>,
+}
+
+/// The controls of a key that has any, as the hot path reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Controls {
+    /// False: refused as `disabled`.
+    pub enabled: bool,
+    /// The networks the key works from; `None`: any.
+    pub ip_allow: Option<Box<[IpNet]>>,
+    /// `meta` as base64url (no padding) of its JSON text, ready for
+    /// `X-Mpg-Key-Meta`.
+    pub meta: Option<Box<str>>,
+    /// The key's credits as the store last had them.
+    pub credits: Option<Credits>,
+    /// The key's creation time: refill periods count from it.
+    pub created_at: i64,
 }
 
 impl CachedApiKey {
@@ -76,6 +97,12 @@ impl CachedApiKey {
     /// The key's organization's overrides of policy quotas.
     pub fn org_limits(&self) -> &[OrgLimit] {
         &self.org_limits
+    }
+
+    /// The key's controls, if any differs from the default.
+    #[inline]
+    pub fn controls(&self) -> Option<&Controls> {
+        self.controls.as_deref()
     }
 
     /// True when `change` may make this entry wrong.
@@ -137,8 +164,26 @@ impl From<&ApiKeyAuth> for CachedApiKey {
             member: auth.role.is_some(),
             rate_limit: key.rate_limit,
             org_limits: auth.org_limits.clone().into_boxed_slice(),
+            controls: controls(key),
         }
     }
+}
+
+/// The controls of `key` as cached: `None` when all are the defaults.
+fn controls(key: &super::ApiKeyRecord) -> Option<Box<Controls>> {
+    use base64::Engine as _;
+    let c = &key.controls;
+    if *c == super::KeyControls::default() {
+        return None;
+    }
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    Some(Box::new(Controls {
+        enabled: c.enabled,
+        ip_allow: c.ip_allow.clone().map(Vec::into_boxed_slice),
+        meta: c.meta.as_ref().map(|m| b64.encode(m).into_boxed_str()),
+        credits: c.credits,
+        created_at: key.created_at,
+    }))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! usage ([`UsageRecorder`]).
 pub mod cache;
 mod cached_key;
+pub mod controls;
 pub mod invalidation;
 mod limits;
 mod records;
@@ -17,7 +18,8 @@ pub(crate) mod testing;
 pub mod usage;
 
 pub use cache::{CacheConfig, CachedKeyStore};
-pub use cached_key::CachedApiKey;
+pub use cached_key::{CachedApiKey, Controls};
+pub use controls::{Credits, KeyControls, Refill};
 pub use invalidation::spawn_invalidation;
 pub use limits::{org_limit, LimitProblem, LimitSpec, OrgLimit, MAX_LIMIT_PER, MAX_LIMIT_REQUESTS};
 pub use records::{

@@ -5,7 +5,7 @@
 //! theirs to say (`keys_service/render.rs`, `admin/render.rs`).
 use serde::Serialize;
 
-use super::LimitSpec;
+use super::{KeyControls, LimitSpec};
 
 /// An organization as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub struct ApiKeyRecord {
     /// The key's own rate limit, used instead of the quota of policies keyed
     /// by credential; `None`: the policies' quotas.
     pub rate_limit: Option<LimitSpec>,
+    /// Enabled, allowed networks, metadata and credits.
+    pub controls: KeyControls,
 }
 
 /// Whether a key may be used now.

@@ -165,6 +165,7 @@ pub(crate) fn new_key(name: &str) -> NewApiKey {
         scopes: vec!["clusters:read".into(), "clusters:write".into()],
         expires_at: None,
         rate_limit: None,
+        controls: Default::default(),
     }
 }
 
@@ -193,5 +194,6 @@ pub(crate) fn api_key_record() -> ApiKeyRecord {
         last_used_at: None,
         replaced_by: None,
         rate_limit: None,
+        controls: Default::default(),
     }
 }

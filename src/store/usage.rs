@@ -146,6 +146,7 @@ mod tests {
             scopes: vec![],
             expires_at: None,
             rate_limit: None,
+            controls: Default::default(),
         };
         let Ok((_, rec)) = store.create_api_key(new).await else {
             panic!("create failed")

@@ -69,7 +69,7 @@ fn the_shipped_config_is_valid_apart_from_its_tls_files() {
         "self_signed = true",
     );
     let s = Settings::parse(&text).unwrap();
-    assert_eq!(s.routes.len(), 12);
+    assert_eq!(s.routes.len(), 13);
     assert!(matches!(
         s.upstreams["api-keys"],
         UpstreamSettings::Builtin(BuiltinService::ApiKeys)

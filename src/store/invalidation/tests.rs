@@ -70,6 +70,7 @@ async fn cached_key(db: &TestDb) -> (SqlStore, CachedKeyStore, String, String) {
         scopes: vec!["clusters:read".into()],
         expires_at: None,
         rate_limit: None,
+        controls: Default::default(),
     };
     let Ok((secret, rec)) = store.create_api_key(new).await else {
         panic!("create failed")
@@ -384,6 +385,7 @@ async fn postgres_revocation_arrives_by_notify() {
             scopes: vec![],
             expires_at: None,
             rate_limit: None,
+            controls: Default::default(),
         })
         .await
     else {

@@ -50,6 +50,13 @@ pub(super) enum Subject<'a> {
         /// Its successor.
         new: &'a str,
     },
+    /// A key and the names of the fields an update set, one comma apart.
+    KeyFields {
+        /// The key.
+        key: &'a str,
+        /// `name,enabled,…`
+        fields: &'a str,
+    },
     /// A user, policy or session, by its id or name.
     Other(&'a str),
     /// The organization itself.
@@ -67,6 +74,7 @@ pub(super) async fn record_event(
     let (key_id, other) = match subject {
         Subject::Key(id) => (Some(id), None),
         Subject::Rotated { old, new } => (Some(old), Some(new)),
+        Subject::KeyFields { key, fields } => (Some(key), Some(fields)),
         Subject::Other(what) => (None, Some(what)),
         Subject::Organization => (None, None),
     };

@@ -7,7 +7,8 @@ use super::list::{in_list, text_list};
 use super::{split_page, SqlStore};
 use crate::clock::unix_now;
 use crate::secret::{generate_api_key, generate_key_id, hash_secret};
-use crate::store::{ApiKeyRecord, Change, LimitSpec, StoreError};
+use crate::store::controls::{ip_allow_text, parse_cidr};
+use crate::store::{ApiKeyRecord, Change, Credits, KeyControls, LimitSpec, Refill, StoreError};
 use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use sqlx::Row;
@@ -27,13 +28,18 @@ pub struct NewApiKey {
     pub expires_at: Option<i64>,
     /// The key's own rate limit, if any.
     pub rate_limit: Option<LimitSpec>,
+    /// Enabled, allowed networks, metadata and credits (their period and
+    /// generation are set at creation).
+    pub controls: KeyControls,
 }
 
 /// Columns of an [`ApiKeyRecord`], in `record_from_row` order.
 pub(super) const KEY_COLUMNS: &str =
     "k.id, k.name, k.organization_id, k.user_id, k.scopes, k.prefix, \
      k.created_at, k.expires_at, k.revoked_at, k.last_used_at, k.replaced_by, \
-     k.rate_limit_requests, k.rate_limit_per_ms";
+     k.rate_limit_requests, k.rate_limit_per_ms, k.enabled, k.ip_allow, k.meta, \
+     k.credits_remaining, k.credits_refill_amount, k.credits_refill_secs, \
+     k.credits_period, k.credits_generation";
 
 /// Builds a record from a row selected with [`KEY_COLUMNS`].
 pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
@@ -54,7 +60,60 @@ pub(super) fn record_from_row(row: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error>
             row.try_get("rate_limit_requests")?,
             row.try_get("rate_limit_per_ms")?,
         ),
+        controls: controls_from_row(row)?,
     })
+}
+
+/// The controls of a row selected with [`KEY_COLUMNS`]. An `ip_allow` entry
+/// that does not parse (a hand-edited row) allows nothing rather than
+/// anything: the key fails closed.
+fn controls_from_row(row: &AnyRow) -> Result<KeyControls, sqlx::Error> {
+    let ip_allow: Option<String> = row.try_get("ip_allow")?;
+    let ip_allow = ip_allow.map(|text| {
+        text.split(',')
+            .map(parse_cidr)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_default()
+    });
+    let remaining: Option<i64> = row.try_get("credits_remaining")?;
+    let amount: Option<i64> = row.try_get("credits_refill_amount")?;
+    let secs: Option<i64> = row.try_get("credits_refill_secs")?;
+    let refill = match (amount, secs) {
+        (Some(amount), Some(secs)) if amount >= 0 && secs > 0 => Some(Refill {
+            amount: amount as u64,
+            interval: std::time::Duration::from_secs(secs as u64),
+        }),
+        _ => None,
+    };
+    let credits = match remaining {
+        Some(remaining) => Some(Credits {
+            remaining: remaining.max(0) as u64,
+            refill,
+            period: row.try_get("credits_period")?,
+            generation: row.try_get("credits_generation")?,
+        }),
+        None => None,
+    };
+    let enabled: i64 = row.try_get("enabled")?;
+    Ok(KeyControls {
+        enabled: enabled != 0,
+        ip_allow,
+        meta: row.try_get("meta")?,
+        credits,
+    })
+}
+
+/// The columns of a key's credits, as bound: remaining, refill amount,
+/// refill seconds, period, generation (all null but the last two: unlimited).
+pub(super) fn credit_columns(credits: Option<&Credits>) -> [Option<i64>; 3] {
+    match credits {
+        None => [None, None, None],
+        Some(c) => [
+            Some(c.remaining as i64),
+            c.refill.map(|r| r.amount as i64),
+            c.refill.map(|r| r.interval.as_secs() as i64),
+        ],
+    }
 }
 
 /// The key with this id, read on `conn` (a pooled connection or a
@@ -98,10 +157,15 @@ pub(super) async fn insert_key(
     record: &ApiKeyRecord,
     secret: &str,
 ) -> Result<(), StoreError> {
+    let controls = &record.controls;
+    let [remaining, amount, secs] = credit_columns(controls.credits.as_ref());
     sqlx::query(
         "INSERT INTO api_keys (id, key_hash, prefix, name, organization_id, user_id, \
-         scopes, created_at, expires_at, rate_limit_requests, rate_limit_per_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         scopes, created_at, expires_at, rate_limit_requests, rate_limit_per_ms, \
+         enabled, ip_allow, meta, credits_remaining, credits_refill_amount, \
+         credits_refill_secs, credits_period, credits_generation) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+         $17, $18, $19)",
     )
     .bind(&record.id)
     .bind(hash_secret(secret).to_hex())
@@ -114,6 +178,14 @@ pub(super) async fn insert_key(
     .bind(record.expires_at)
     .bind(record.rate_limit.map(|l| i64::from(l.requests.get())))
     .bind(record.rate_limit.as_ref().map(LimitSpec::per_millis))
+    .bind(i64::from(controls.enabled))
+    .bind(controls.ip_allow.as_deref().map(ip_allow_text))
+    .bind(controls.meta.as_deref())
+    .bind(remaining)
+    .bind(amount)
+    .bind(secs)
+    .bind(controls.credits.map_or(0, |c| c.period))
+    .bind(controls.credits.map_or(0, |c| c.generation))
     .execute(&mut *conn)
     .await
     .db()?;
@@ -148,6 +220,14 @@ impl SqlStore {
             return Err(StoreError::Invalid("scopes".into()));
         }
         let (secret, prefix) = generate_api_key();
+        let now = unix_now();
+        let mut controls = new.controls;
+        if let Some(c) = &mut controls.credits {
+            *c = Credits {
+                generation: 1,
+                ..Credits::new(c.remaining, c.refill, now, now)
+            };
+        }
         let record = ApiKeyRecord {
             id: generate_key_id(),
             name: new.name,
@@ -155,12 +235,13 @@ impl SqlStore {
             user_id: new.user_id,
             scopes: new.scopes,
             prefix,
-            created_at: unix_now(),
+            created_at: now,
             expires_at: new.expires_at,
             revoked_at: None,
             last_used_at: None,
             replaced_by: None,
             rate_limit: new.rate_limit,
+            controls,
         };
         let mut tx = self.begin().await?;
         self.timed(async {

@@ -20,8 +20,9 @@ pub(super) mod schema;
 mod accounts;
 mod members;
 mod removal;
-// API keys: their lifecycle, rotation, the auth lookups.
+// API keys: their lifecycle, updates, rotation, the auth lookups.
 mod key_lookup;
+mod key_update;
 mod keys;
 mod rotate;
 // Sessions, organizations' limits, admin tokens.
@@ -36,6 +37,7 @@ mod list;
 
 pub use audit::{spawn_audit_pruning, Actor};
 pub use changes::CHANGE_RETENTION;
+pub use key_update::{CreditsUpdate, KeyUpdate};
 pub use keys::NewApiKey;
 pub use migrate::StoreWaiting;
 pub use removal::Removed;

@@ -1,12 +1,12 @@
 //! Key rotation in [`SqlStore`]: a new key with the old one's name, owner,
-//! scopes, expiry and rate limit, and the old key marked `replaced_by` it and set to
+//! scopes, expiry, rate limit and controls, and the old key marked `replaced_by` it and set to
 //! expire at the end of the grace period, all in one transaction.
 use super::audit::{record_event, Actor, Subject};
 use super::error::Db;
 use super::keys::{insert_key, key_by_id};
 use super::SqlStore;
 use crate::secret::{generate_api_key, generate_key_id};
-use crate::store::{ApiKeyRecord, Change, KeyStatus, StoreError};
+use crate::store::{ApiKeyRecord, Change, Credits, KeyControls, KeyStatus, StoreError};
 
 /// What a rotation made: the new key's secret (shown once), the new key's
 /// record, and the old key's record as it now stands.
@@ -55,8 +55,23 @@ fn successor(old: &ApiKeyRecord, now: i64) -> (String, ApiKeyRecord) {
         last_used_at: None,
         replaced_by: None,
         rate_limit: old.rate_limit,
+        controls: successor_controls(old, now),
     };
     (secret, new)
+}
+
+/// The successor's controls: the old key's, its credits as they stand now
+/// (as last written back), refilled from the successor's creation.
+fn successor_controls(old: &ApiKeyRecord, now: i64) -> KeyControls {
+    let mut controls = old.controls.clone();
+    if let Some(c) = &mut controls.credits {
+        let left = c.remaining_at(old.created_at, now);
+        *c = Credits {
+            generation: 1,
+            ..Credits::new(left, c.refill, now, now)
+        };
+    }
+    controls
 }
 
 impl SqlStore {

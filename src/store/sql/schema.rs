@@ -201,6 +201,23 @@ const V9_POSTGRES: [&str; 2] = [
     "ALTER TABLE audit_events ADD COLUMN subject TEXT",
 ];
 
+/// Version 10, both dialects: a key's controls. `enabled` is 1 or 0;
+/// `ip_allow` its networks one comma apart (null: any); `meta` a JSON
+/// object's text; credits null for an unlimited key, else what is left in
+/// refill period `credits_period`, and the refill (both null: none).
+/// `credits_generation` grows each time the credits are set, so a count
+/// kept for an older setting (in Redis, in an instance) is replaced.
+const V10: [&str; 8] = [
+    "ALTER TABLE api_keys ADD COLUMN enabled BIGINT NOT NULL DEFAULT 1",
+    "ALTER TABLE api_keys ADD COLUMN ip_allow TEXT",
+    "ALTER TABLE api_keys ADD COLUMN meta TEXT",
+    "ALTER TABLE api_keys ADD COLUMN credits_remaining BIGINT",
+    "ALTER TABLE api_keys ADD COLUMN credits_refill_amount BIGINT",
+    "ALTER TABLE api_keys ADD COLUMN credits_refill_secs BIGINT",
+    "ALTER TABLE api_keys ADD COLUMN credits_period BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE api_keys ADD COLUMN credits_generation BIGINT NOT NULL DEFAULT 0",
+];
+
 /// Versions where SQLite rebuilds a table that PostgreSQL alters in place, so
 /// the two dialects' statements do not pair up one to one.
 #[cfg(test)]
@@ -252,6 +269,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 9,
         sqlite: &V9_SQLITE,
         postgres: &V9_POSTGRES,
+    },
+    Migration {
+        version: 10,
+        sqlite: &V10,
+        postgres: &V10,
     },
 ];
 

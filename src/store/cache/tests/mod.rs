@@ -142,6 +142,7 @@ fn key(id: &str, org: &str, user: &str, role: &str) -> ApiKeyAuth {
             last_used_at: None,
             replaced_by: None,
             rate_limit: None,
+            controls: Default::default(),
         },
         role: Some(role.into()),
         org_limits: vec![],

@@ -565,6 +565,7 @@ fn cursor_round_trips_and_rejects_garbage() {
         last_used_at: None,
         replaced_by: None,
         rate_limit: None,
+        controls: Default::default(),
     };
     let c = encode_cursor(&record);
     assert_eq!(decode_cursor(&c).ok(), Some((-5, "key_x.y".to_owned())));

@@ -39,6 +39,7 @@ async fn world(store: &SqlStore) -> (String, String, String, String, String) {
         scopes: vec!["clusters:read".into()],
         expires_at: None,
         rate_limit: None,
+        controls: Default::default(),
     };
     let mut ids = Vec::new();
     for (org, user) in [("acme", "alice"), ("globex", "alice"), ("acme", "bob")] {
