@@ -359,6 +359,7 @@ fn header_rewrite(c: &mut Criterion) {
     let added = Added {
         identity: Some(id),
         forwarded: fwd,
+        key_meta: None,
         request_id: request_id.as_bytes(),
         traceparent: None,
         signature: None,

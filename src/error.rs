@@ -34,6 +34,8 @@ pub enum AuthReason {
     NotYetValid,
     /// A valid JWT of a user the store does not know.
     UnknownUser,
+    /// An API key switched off (`enabled = false`).
+    Disabled,
 }
 
 // === impl AuthReason ===
@@ -50,6 +52,7 @@ impl AuthReason {
             AuthReason::WrongCredentialType => "wrong_credential_type",
             AuthReason::NotYetValid => "not_yet_valid",
             AuthReason::UnknownUser => "unknown_user",
+            AuthReason::Disabled => "disabled",
         }
     }
 }
@@ -116,6 +119,13 @@ pub enum GatewayError {
     TooManyRequests {
         /// Whole seconds, at least 1.
         retry_after: u64,
+    },
+    /// 429: the key's credits are used up (`details.reason =
+    /// "credits_exhausted"`); `Retry-After` until the next refill, if any.
+    #[error("credits exhausted")]
+    CreditsExhausted {
+        /// Whole seconds to the next refill; `None` without a refill.
+        retry_after: Option<u64>,
     },
     /// 500. The source is logged, never sent.
     #[error("internal error: {0}")]
@@ -194,7 +204,9 @@ impl GatewayError {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             }
             GatewayError::Conflict(_) => StatusCode::CONFLICT,
-            GatewayError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::TooManyRequests { .. } | GatewayError::CreditsExhausted { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             GatewayError::ServiceUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -214,7 +226,9 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => "PayloadTooLarge",
             GatewayError::HeaderFieldsTooLarge { .. } => "RequestHeaderFieldsTooLarge",
             GatewayError::Conflict(_) => "Conflict",
-            GatewayError::TooManyRequests { .. } => "TooManyRequests",
+            GatewayError::TooManyRequests { .. } | GatewayError::CreditsExhausted { .. } => {
+                "TooManyRequests"
+            }
             GatewayError::Internal(_) => "InternalError",
             GatewayError::BadGateway(_) => "BadGateway",
             GatewayError::ServiceUnavailable { .. } => "ServiceUnavailable",
@@ -228,6 +242,7 @@ impl GatewayError {
         match self {
             GatewayError::Unauthorized(reason) => Some(reason.as_str()),
             GatewayError::ForbiddenRequest { reason, .. } => Some(reason),
+            GatewayError::CreditsExhausted { .. } => Some("credits_exhausted"),
             _ => None,
         }
     }
@@ -255,6 +270,7 @@ impl GatewayError {
                     AuthReason::UnknownUser => {
                         "the credential names a user this service does not know"
                     }
+                    AuthReason::Disabled => "the API key is disabled",
                 };
                 (message.into(), Some(json!({ "reason": reason.as_str() })))
             }
@@ -295,6 +311,13 @@ impl GatewayError {
                 "rate limit exceeded".into(),
                 Some(json!({ "retry_after": retry_after })),
             ),
+            GatewayError::CreditsExhausted { retry_after } => {
+                let mut details = json!({ "reason": "credits_exhausted" });
+                if let Some(secs) = retry_after {
+                    details["retry_after"] = json!(secs);
+                }
+                ("the API key has no credits left".into(), Some(details))
+            }
             GatewayError::Internal(_) => ("internal error".into(), None),
             GatewayError::BadGateway(_) => {
                 ("the upstream service could not be reached".into(), None)
@@ -315,7 +338,7 @@ impl GatewayError {
         // 429 body differs only in one number. Tests pin both to `render`.
         match self {
             GatewayError::Unauthorized(reason) => {
-                static BODIES: [OnceLock<Bytes>; 8] = [const { OnceLock::new() }; 8];
+                static BODIES: [OnceLock<Bytes>; 9] = [const { OnceLock::new() }; 9];
                 BODIES[*reason as usize]
                     .get_or_init(|| self.render())
                     .clone()
@@ -353,6 +376,11 @@ impl GatewayError {
             GatewayError::TooManyRequests { retry_after }
             | GatewayError::ServiceUnavailable { retry_after, .. } => {
                 h.insert(RETRY_AFTER, HeaderValue::from((*retry_after).max(1)));
+            }
+            GatewayError::CreditsExhausted {
+                retry_after: Some(secs),
+            } => {
+                h.insert(RETRY_AFTER, HeaderValue::from((*secs).max(1)));
             }
             _ => {}
         }

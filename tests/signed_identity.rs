@@ -80,6 +80,11 @@ fn verify_signature(
     }
     message.extend_from_slice(digest.unwrap_or_default());
     message.push(b'\n');
+    // A key's metadata (`forward_key_meta`), when sent, is the last line.
+    if let Some(meta) = headers.get("x-mpg-key-meta") {
+        message.extend_from_slice(meta.as_bytes());
+        message.push(b'\n');
+    }
     let good = keys.iter().any(|key| {
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
             return false;
@@ -130,6 +135,7 @@ async fn signing_world(test: &str, http2: bool) -> (MockUpstream, TestConfig, Ga
     let up = MockUpstream::start().await;
     let mut cfg = TestConfig::new(up.addr);
     cfg.set("upstreams.clusters.http2", http2);
+    cfg.set("upstreams.clusters.forward_key_meta", true);
     cfg.set(
         "upstreams.clusters.sign_identity_key_env",
         key_variable(test, KEY),
@@ -239,7 +245,7 @@ async fn signed_request(
     .is_none());
     // Another body, or a body added to a request that had none.
     assert!(verify(&[key], &method, &path, &headers, b"{\"other\":1}").is_none());
-    for name in SIGNED.iter().chain(&["content-digest"]) {
+    for name in SIGNED.iter().chain(&["content-digest", "x-mpg-key-meta"]) {
         let mut changed = headers.clone();
         changed.insert(*name, http::HeaderValue::from_static("mallory"));
         assert!(
@@ -343,6 +349,30 @@ fn code_block<'a>(doc: &'a str, lang: &str) -> &'a str {
     &doc[start..start + len + 1]
 }
 
+/// A key of acme with `meta`, made through the API by an owner, bob.
+async fn key_with_meta(gw: &Gateway, path: &std::path::Path, meta: &Value) -> String {
+    admin_ok(path, &["users", "create", "--id", "bob"]).await;
+    admin_ok(
+        path,
+        &[
+            "members", "add", "--org", "acme", "--user", "bob", "--role", "owner",
+        ],
+    )
+    .await;
+    let session = admin_ok(path, &["sessions", "create", "--user", "bob"]).await;
+    let res = client()
+        .post(gw.url("/api/v1/api-keys?organization_id=acme"))
+        .bearer_auth(session["token"].as_str().unwrap())
+        .json(&json!({"name": "with meta", "scopes": ["clusters:read"], "meta": meta}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let record: Value = res.json().await.unwrap();
+    assert_eq!(record["meta"], *meta);
+    record["key"].as_str().unwrap().to_owned()
+}
+
 async fn every_request_to_the_upstream_is_signed(test: &str, http2: bool) {
     let (up, _cfg, gw, seed) = signing_world(test, http2).await;
     let mut captured = Vec::new();
@@ -351,6 +381,16 @@ async fn every_request_to_the_upstream_is_signed(test: &str, http2: bool) {
     let api_key = signed_request(&gw, &up, CLUSTERS, Some(&seed.key), None).await;
     assert_eq!(api_key["headers"]["x-mpg-key-id"], seed.key_id.as_str());
     captured.push(api_key);
+    // A key with metadata: `X-Mpg-Key-Meta`, base64url JSON, inside the signature.
+    let meta = json!({"plan": "pro", "account": "A-17"});
+    let meta_key = key_with_meta(&gw, &_cfg.write(), &meta).await;
+    let with_meta = signed_request(&gw, &up, CLUSTERS, Some(&meta_key), None).await;
+    let sent = with_meta["headers"]["x-mpg-key-meta"].as_str().unwrap();
+    let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(sent)
+        .unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&decoded).unwrap(), meta);
+    captured.push(with_meta);
     // A session: no key id.
     let session = signed_request(
         &gw,

@@ -43,6 +43,7 @@ pub async fn build(settings: Settings) -> Result<Pipeline, StartError> {
     spawn_audit_pruning(store.clone(), s.audit_retention);
     let usage = UsageRecorder::new(store.clone(), USAGE_FLUSH);
     let limiter = Arc::new(build_limiter(&settings).await?);
+    crate::ratelimit::credits::spawn_credit_writer(store.clone(), &limiter.credit_book());
     Ok(Pipeline::assemble(
         settings, store, keys, usage, limiter, None,
     )?)

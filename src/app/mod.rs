@@ -113,6 +113,7 @@ pub async fn start(
         gateway.limiter.backend(),
     );
     let usage = gateway.usage.clone();
+    let credits = (gateway.store.clone(), gateway.limiter.credit_book());
     let live = Arc::new(Live::new(gateway, config_path, resolver));
     let (listener, addr) = bind(listen, "server.listen").await?;
     let (tx, rx) = watch::channel(false);
@@ -142,6 +143,8 @@ pub async fn start(
     tasks.push(tokio::spawn(async move {
         serve_behind(listener, tls, limits, proxies, handler, stopped(rx)).await;
         usage.flush().await;
+        // What keys spent since the last write: at most a second's worth.
+        crate::ratelimit::credits::write_credits(&credits.0, &credits.1).await;
     }));
     Ok(Running {
         addr,

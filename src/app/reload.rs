@@ -128,7 +128,8 @@ impl Live {
         let limiter = if new.rate_limit == old.settings.rate_limit {
             old.limiter.clone()
         } else {
-            Arc::new(build_limiter(&new).await?)
+            let limiter = build_limiter(&new).await?;
+            Arc::new(limiter.with_credit_book(old.limiter.credit_book()))
         };
         let gateway = Pipeline::assemble(
             new,

@@ -40,6 +40,14 @@ impl Principal {
         }
     }
 
+    /// An API key's `meta` as base64url (for `X-Mpg-Key-Meta`), if it has one.
+    pub fn key_meta(&self) -> Option<&[u8]> {
+        match self {
+            Principal::ApiKey(k) => k.controls()?.meta.as_deref().map(str::as_bytes),
+            Principal::Session(_) => None,
+        }
+    }
+
     /// The organization an API key belongs to (sessions have none of their own).
     pub fn home_organization(&self) -> Option<&str> {
         match self {

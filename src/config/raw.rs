@@ -369,6 +369,7 @@ pub(crate) struct RawUpstream {
     pub(crate) sign_identity_key_env: Option<String>,
     pub(crate) sign_identity_previous_key_env: Option<String>,
     pub(crate) sign_content_digest: Option<bool>,
+    pub(crate) forward_key_meta: Option<bool>,
 }
 
 impl RawUpstream {
@@ -402,6 +403,7 @@ impl RawUpstream {
                 self.sign_identity_previous_key_env.is_some(),
             ),
             ("sign_content_digest", self.sign_content_digest.is_some()),
+            ("forward_key_meta", self.forward_key_meta.is_some()),
         ];
         set.iter().filter(|(_, s)| *s).map(|(k, _)| *k).collect()
     }
@@ -432,6 +434,7 @@ pub(crate) struct RawRoute {
     pub(crate) rate_limit: Option<String>,
     #[serde(default)]
     pub(crate) keep_client_headers: Vec<String>,
+    pub(crate) cost: Option<i64>,
 }
 
 mod opt_duration {

@@ -27,10 +27,10 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
     if !fits {
         let want = match op {
             Operation::Get
-        | Operation::Revoke
-        | Operation::Rotate
-        | Operation::Delete
-        | Operation::Update => {
+            | Operation::Revoke
+            | Operation::Rotate
+            | Operation::Delete
+            | Operation::Update => {
                 "must be \"key:id\" (the organization of the key the path names)"
             }
             Operation::Create | Operation::List | Operation::AuditList => {
@@ -138,6 +138,17 @@ pub(super) fn route_settings(
     }
     let rate_limit = policy_reference(p, path, raw.rate_limit.as_deref(), named.policies);
     let keep_client_headers = keep_client_headers(p, path, &raw.keep_client_headers);
+    let cost = match raw.cost {
+        None => 1,
+        Some(n @ 1..=MAX_ROUTE_COST) => n as u64,
+        Some(_) => {
+            p.add(
+                format!("{path}.cost"),
+                format!("must be a whole number from 1 to {MAX_ROUTE_COST}"),
+            );
+            1
+        }
+    };
     let (Reference::Found(_), Reference::Found(rate_limit)) = (upstream, rate_limit) else {
         return None;
     };
@@ -153,8 +164,12 @@ pub(super) fn route_settings(
         upstream: raw.upstream,
         rate_limit,
         keep_client_headers,
+        cost,
     })
 }
+
+/// Largest `cost` of a route.
+const MAX_ROUTE_COST: i64 = 1_000_000;
 
 /// `method`: an upper-case HTTP method.
 fn route_method(p: &mut Problems, path: &str, method: &str) -> Option<Method> {

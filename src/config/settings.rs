@@ -337,6 +337,8 @@ pub struct HttpUpstreamSettings {
     /// With `sign_identity`: send a request's body with its `Content-Digest`
     /// (SHA-256), inside the signature (`sign_content_digest`, default on).
     pub sign_content_digest: bool,
+    /// Send a key's `meta` as `X-Mpg-Key-Meta` (base64url JSON, signed).
+    pub forward_key_meta: bool,
 }
 
 /// Where a route finds the organization a request is for.
@@ -372,4 +374,6 @@ pub struct RouteSettings {
     /// Client fields of [`STACK_TRUSTED_FIELDS`](crate::http_core::fields::STACK_TRUSTED_FIELDS)
     /// this route passes on instead of removing.
     pub keep_client_headers: Vec<http::HeaderName>,
+    /// Credits a request spends, for a key that has credits (default 1).
+    pub cost: u64,
 }

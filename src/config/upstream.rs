@@ -109,6 +109,7 @@ fn http_settings(
         http2: raw.http2.unwrap_or(false),
         sign_identity,
         sign_content_digest: raw.sign_content_digest.unwrap_or(true),
+        forward_key_meta: raw.forward_key_meta.unwrap_or(false),
     })
 }
 

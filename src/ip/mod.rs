@@ -51,6 +51,8 @@ impl IpText {
 /// address.
 #[derive(Clone, Debug)]
 pub(crate) struct ClientAddr {
+    /// The address, IPv4-mapped IPv6 as IPv4.
+    ip: IpAddr,
     text: IpText,
     /// IPv6 only: the /64 prefix's text (`2001:db8:1:2::/64`).
     prefix: Option<Box<str>>,
@@ -64,6 +66,7 @@ impl ClientAddr {
             IpAddr::V6(v6) => Some(v6_prefix_key(v6).into_boxed_str()),
         };
         ClientAddr {
+            ip,
             text: IpText::new(ip),
             prefix,
         }
@@ -72,6 +75,11 @@ impl ClientAddr {
     /// The address as text.
     pub(crate) fn as_str(&self) -> &str {
         self.text.as_str()
+    }
+
+    /// The address (IPv4-mapped IPv6 as IPv4).
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.ip
     }
 
     /// The key of its rate-limit buckets (`client_ip` policies and the

@@ -22,6 +22,7 @@ use crate::error::{AuthReason, GatewayError};
 use crate::ip::Client;
 use crate::ratelimit::Decision;
 use crate::secret::{hash_secret, SecretHash};
+use crate::store::controls::ip_allowed;
 use crate::store::{CachedApiKey, KeyStatus, SessionAuth, SessionRecord, StoreError};
 
 /// What the `Authorization` field comes to before any store lookup.
@@ -57,6 +58,8 @@ impl Pipeline {
         let now = crate::clock::unix_now();
         let (result, taken) = match self.probe(entry, head, now) {
             Probe::Known(Ok(principal)) => {
+                // A key used from outside its networks spends nothing.
+                client_allowed(&principal, client)?;
                 let taken =
                     match self.limit_target(entry, Some(&principal), head, path_param, client) {
                         Some(t) => Some(
@@ -85,6 +88,9 @@ impl Pipeline {
                 let result = self.look_up(probe, now).await;
                 if !matches!(result, Err(GatewayError::Unauthorized(_))) {
                     self.limiter.refund_auth_failure(ip).await;
+                }
+                if let Ok(principal) = &result {
+                    client_allowed(principal, client)?;
                 }
                 (result, None)
             }
@@ -278,9 +284,30 @@ fn guard_refusal(refusal: Decision, decided: &mut Option<Decision>) -> GatewayEr
     GatewayError::TooManyRequests { retry_after }
 }
 
+/// 403 `ip_not_allowed` for an API key used from outside its `ip_allow`.
+fn client_allowed(principal: &Principal, client: &Client<'_>) -> Result<(), GatewayError> {
+    let Principal::ApiKey(key) = principal else {
+        return Ok(());
+    };
+    let Some(nets) = key.controls().and_then(|c| c.ip_allow.as_deref()) else {
+        return Ok(());
+    };
+    if ip_allowed(nets, client.addr().ip()) {
+        return Ok(());
+    }
+    Err(GatewayError::ForbiddenRequest {
+        reason: "ip_not_allowed",
+        message: "the API key may not be used from this client address",
+    })
+}
+
 fn api_key_status(found: Option<Arc<CachedApiKey>>, now: i64) -> Result<Principal, AuthReason> {
     let auth = found.ok_or(AuthReason::Invalid)?;
     match auth.status(now) {
+        // A disabled key is known and kept, but refused until enabled again.
+        KeyStatus::Active if auth.controls().is_some_and(|c| !c.enabled) => {
+            Err(AuthReason::Disabled)
+        }
         KeyStatus::Active => Ok(Principal::ApiKey(auth)),
         KeyStatus::Revoked => Err(AuthReason::Revoked),
         KeyStatus::Expired => Err(AuthReason::Expired),

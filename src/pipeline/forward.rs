@@ -87,6 +87,10 @@ impl Pipeline {
                     proto: if conn.tls { "https" } else { "http" },
                     host,
                 },
+                key_meta: match (entry.forward_key_meta, &grant) {
+                    (true, Some(g)) => g.principal.key_meta(),
+                    _ => None,
+                },
                 request_id: request_id.as_bytes(),
                 traceparent: None,
                 signature: None,

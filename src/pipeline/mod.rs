@@ -33,7 +33,7 @@ use crate::error::GatewayError;
 use crate::http_core::body::Body;
 use crate::http_core::service::{ConnInfo, Reply};
 use crate::ip::Client;
-use crate::ratelimit::Decision;
+use crate::ratelimit::{CreditSpend, Decision, Spent};
 use crate::trace::{Hex, RequestTrace, ServerSpan, Tracer};
 
 /// What the wrapper needs to know about a request after the stages ran.
@@ -46,6 +46,8 @@ struct Outcome {
     organization: Option<String>,
     /// A shadow policy would have refused it (stage 3).
     shadow_limited: bool,
+    /// The credits its key has left, for a key that has credits.
+    credits: Option<u64>,
     /// The stage running, or the one that refused (for the trace).
     stage: &'static str,
     /// The refusal's or failure's name and reason, if the stages failed.
@@ -64,6 +66,7 @@ impl Outcome {
             principal: None,
             organization: None,
             shadow_limited: false,
+            credits: None,
             stage: "route",
             failed: None,
         }
@@ -144,6 +147,16 @@ impl Pipeline {
             if head_request {
                 res = without_body(res);
             }
+            // Refused before it spent: the count as this instance knows it.
+            if out.credits.is_none() {
+                if let Some(spend) = out
+                    .principal
+                    .as_ref()
+                    .and_then(|p| out.route.and_then(|i| credit_spend(p, &this.routes[i])))
+                {
+                    out.credits = Some(this.limiter.peek_credits(&spend, crate::clock::unix_now()));
+                }
+            }
             this.record(&Answered {
                 started,
                 method,
@@ -163,6 +176,7 @@ impl Pipeline {
             let stamp = ReplyStamp {
                 request_id: Some(request_id),
                 decision: out.decision,
+                credits: out.credits,
                 ietf: this.settings.rate_limit.ietf_headers,
             };
             Reply { res, stamp }
@@ -235,6 +249,11 @@ impl Pipeline {
                 Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
                 None => None,
             };
+            // 5b. A key with credits spends the route's cost once authorized.
+            if let Some(spend) = principal.and_then(|p| credit_spend(p, entry)) {
+                out.stage = "credits";
+                out.credits = Some(self.spend_credits(&spend).await?);
+            }
             out.stage = "forward";
             // 6. Forward to the upstream (or the built-in key service).
             let origin = forward::Origin {
@@ -357,6 +376,42 @@ impl Pipeline {
             _ => {}
         }
         err.into_response()
+    }
+}
+
+/// What a request of an API key with credits spends on `entry`'s route;
+/// `None` for any other principal (a test of one pointer for most keys).
+#[inline]
+fn credit_spend<'p>(
+    principal: &'p Principal,
+    entry: &table::RouteEntry,
+) -> Option<CreditSpend<'p>> {
+    let Principal::ApiKey(key) = principal else {
+        return None;
+    };
+    let controls = key.controls()?;
+    Some(CreditSpend {
+        key_id: key.id(),
+        created_at: controls.created_at,
+        credits: controls.credits?,
+        cost: entry.route.cost,
+    })
+}
+
+impl Pipeline {
+    /// Spends `spend` at once: the count left, or the refusal.
+    async fn spend_credits(&self, spend: &CreditSpend<'_>) -> Result<u64, GatewayError> {
+        let now = crate::clock::unix_now();
+        match self.limiter.spend_credits(spend, now).await {
+            Spent::Spent(left) => Ok(left),
+            Spent::Exhausted { retry_after, .. } => {
+                Err(GatewayError::CreditsExhausted { retry_after })
+            }
+            Spent::Unavailable => Err(GatewayError::ServiceUnavailable {
+                what: "the credit backend".into(),
+                retry_after: 1,
+            }),
+        }
     }
 }
 

@@ -7,6 +7,9 @@ use crate::http_core::fields::{F_REQUEST_ID, X_REQUEST_ID};
 use crate::http_core::service::Stamp;
 use crate::ratelimit::Decision;
 
+/// `X-Credits-Remaining`: what a key with credits has left.
+static X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
+
 /// A request's id (`X-Request-Id`): the client's when it is sane, else 32
 /// hex digits the gateway made, held inline (no allocation per request).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +55,8 @@ pub struct ReplyStamp {
     pub request_id: Option<RequestId>,
     /// The route's rate-limit decision.
     pub decision: Option<Decision>,
+    /// `X-Credits-Remaining`, for a key that has credits.
+    pub credits: Option<u64>,
     /// With the IETF draft fields (`rate_limit.ietf_headers`).
     pub ietf: bool,
 }
@@ -60,7 +65,8 @@ impl Stamp for ReplyStamp {
     fn names(&self) -> impl Iterator<Item = &'static HeaderName> + '_ {
         let rate = self.decision.iter().flat_map(|d| d.names(self.ietf));
         let id = self.request_id.is_some().then_some(&F_REQUEST_ID.name);
-        rate.chain(id)
+        let credits = self.credits.is_some().then_some(&X_CREDITS_REMAINING);
+        rate.chain(id).chain(credits)
     }
 
     fn write_lines(&self, out: &mut Vec<u8>) {
@@ -70,6 +76,11 @@ impl Stamp for ReplyStamp {
         if let Some(id) = &self.request_id {
             out.extend_from_slice(F_REQUEST_ID.line);
             out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some(n) = self.credits {
+            out.extend_from_slice(b"x-credits-remaining: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
             out.extend_from_slice(b"\r\n");
         }
     }
@@ -88,6 +99,9 @@ impl Stamp for ReplyStamp {
             id.set_sensitive(true);
             headers.insert(X_REQUEST_ID, id);
         }
+        if let Some(n) = self.credits {
+            headers.insert(X_CREDITS_REMAINING.clone(), HeaderValue::from(n));
+        }
     }
 }
 
@@ -101,6 +115,7 @@ mod tests {
         let stamp = ReplyStamp {
             request_id: Some(RequestId::Made([b'a'; 32])),
             decision: Some(decision(true)),
+            credits: None,
             ietf: false,
         };
         let mut h = HeaderMap::new();
@@ -114,6 +129,7 @@ mod tests {
         let stamp = || ReplyStamp {
             request_id: Some(RequestId::Client(HeaderValue::from_static("ours"))),
             decision: Some(decision(false)),
+            credits: Some(7),
             ietf: true,
         };
         let mut lines = Vec::new();

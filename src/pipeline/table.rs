@@ -72,6 +72,8 @@ pub(crate) struct RouteEntry {
     /// values, made once: a span takes a reference, not a copy.
     pub(crate) traced_route: opentelemetry::StringValue,
     pub(crate) traced_upstream: opentelemetry::StringValue,
+    /// The upstream gets a key's `meta` (`forward_key_meta`).
+    pub(crate) forward_key_meta: bool,
 }
 
 /// The per-request metric handles of one route (or of requests no route matched).
@@ -289,6 +291,10 @@ impl RouteEntry {
             upstream_latency,
             traced_route: Arc::<str>::from(route.path.as_str()).into(),
             traced_upstream: Arc::<str>::from(route.upstream.as_str()).into(),
+            forward_key_meta: match &settings.upstreams[&route.upstream] {
+                UpstreamSettings::Http(h) => h.forward_key_meta,
+                UpstreamSettings::Builtin(_) => false,
+            },
             upstream_outcomes: CounterCache::new(
                 move |outcome| metrics::counter!(names::UPSTREAM, "upstream" => upstream.clone(), "outcome" => *outcome),
             ),

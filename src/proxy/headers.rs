@@ -22,6 +22,8 @@ pub const X_MPG_AUTH: HeaderName = HeaderName::from_static("x-mpg-auth");
 pub const X_MPG_KEY_ID: HeaderName = HeaderName::from_static("x-mpg-key-id");
 /// `X-Mpg-Scopes`
 pub const X_MPG_SCOPES: HeaderName = HeaderName::from_static("x-mpg-scopes");
+/// `X-Mpg-Key-Meta` (a key's `meta`, base64url)
+pub const X_MPG_KEY_META: HeaderName = HeaderName::from_static("x-mpg-key-meta");
 /// `X-Forwarded-For`
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`
@@ -213,6 +215,9 @@ pub struct Added<'a> {
     pub identity: Option<Identity<'a>>,
     /// The client's connection.
     pub forwarded: ForwardedFor<'a>,
+    /// `X-Mpg-Key-Meta`: the key's `meta` as base64url, for an upstream
+    /// with `forward_key_meta`.
+    pub key_meta: Option<&'a [u8]>,
     /// `X-Request-Id`.
     pub request_id: &'a [u8],
     /// `traceparent`: the gateway's span for the call, when it traces.
@@ -232,6 +237,7 @@ field!(pub(super) F_ROLE, X_MPG_ROLE, b"x-mpg-role: ");
 field!(pub(super) F_AUTH, X_MPG_AUTH, b"x-mpg-auth: ");
 field!(pub(super) F_KEY_ID, X_MPG_KEY_ID, b"x-mpg-key-id: ");
 field!(pub(super) F_SCOPES, X_MPG_SCOPES, b"x-mpg-scopes: ");
+field!(pub(super) F_KEY_META, X_MPG_KEY_META, b"x-mpg-key-meta: ");
 field!(F_FORWARDED_FOR, X_FORWARDED_FOR, b"x-forwarded-for: ");
 field!(F_FORWARDED_PROTO, X_FORWARDED_PROTO, b"x-forwarded-proto: ");
 field!(F_FORWARDED_HOST, X_FORWARDED_HOST, b"x-forwarded-host: ");
@@ -277,6 +283,9 @@ impl Added<'_> {
                 Some(n) => put(&F_SCOPES, &stack[..n]),
                 None => put(&F_SCOPES, &id.scopes.to_vec()),
             }
+        }
+        if let Some(meta) = self.key_meta {
+            put(&F_KEY_META, meta);
         }
         put(&F_REQUEST_ID, self.request_id);
         put(&F_FORWARDED_FOR, self.forwarded.chain.as_bytes());

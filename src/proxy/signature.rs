@@ -10,8 +10,10 @@
 //! `X-Mpg-User-Id`, `X-Mpg-Role`, `X-Mpg-Auth`, `X-Mpg-Key-Id`,
 //! `X-Mpg-Scopes` and `X-Request-Id`, and the `Content-Digest` the gateway
 //! sent (RFC 9530, SHA-256 of the body), in that order, each followed by
-//! `\n`; a field not sent counts as empty. The `v1` message, kept for
-//! verifiers written before `v2`, is the same without `n` and the digest.
+//! `\n`; a field not sent counts as empty. When `X-Mpg-Key-Meta` is sent
+//! (`forward_key_meta`), its value and `\n` end the `v2` message. The `v1`
+//! message, kept for verifiers written before `v2`, is the same without `n`,
+//! the digest and the metadata.
 //! docs/signed-identity.md says how to verify it.
 use hmac::{Hmac, KeyInit, Mac};
 use http::Method;
@@ -156,6 +158,11 @@ impl IdentitySigner {
         }
         v2.update(digest.unwrap_or_default());
         v2.update(b"\n");
+        // A key's metadata, when it is sent, is one more line of `v2`'s message.
+        if let Some(meta) = added.key_meta {
+            v2.update(meta);
+            v2.update(b"\n");
+        }
         let mut buf = [0u8; MAX_LEN];
         let mut len = 0;
         let mut push = |bytes: &[u8]| {
@@ -216,6 +223,7 @@ mod tests {
                 scopes: Scopes::listed(scopes),
             }),
             forwarded: forwarded(),
+            key_meta: None,
             request_id: b"r",
             traceparent: None,
             signature: None,
@@ -243,6 +251,7 @@ mod tests {
                 scopes: Scopes::listed(&scopes),
             }),
             forwarded: forwarded(),
+            key_meta: None,
             request_id: b"rid-1",
             traceparent: None,
             signature: None,
@@ -278,6 +287,7 @@ mod tests {
         let mut anonymous = Added {
             identity: None,
             forwarded: forwarded(),
+            key_meta: None,
             request_id: b"r",
             traceparent: None,
             signature: None,
@@ -333,6 +343,7 @@ mod tests {
                 scopes: Scopes::listed(&scopes),
             }),
             forwarded: forwarded(),
+            key_meta: None,
             request_id: b"r",
             traceparent: None,
             signature: None,

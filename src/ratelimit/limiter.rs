@@ -32,6 +32,7 @@ use arc_swap::ArcSwapOption;
 use crate::logging::Incident;
 
 use super::clock::{Clock, SystemClock};
+use super::credits::{self, CreditBook, CreditSpend, Spent};
 use super::gcra::{self, Gcra, Op};
 use super::nodes::NodeHealth;
 use super::redis::Failed;
@@ -53,6 +54,9 @@ pub struct RateLimiter {
     /// The backend for `local`; the fallback for `redis`.
     local: LocalLimiter,
     remote: Option<Remote>,
+    /// Keys' credit counts: the local backend's own; with Redis, the last
+    /// each key's spend answered (and the fallback's).
+    credits: Arc<CreditBook>,
 }
 
 struct Remote {
@@ -94,6 +98,7 @@ impl RateLimiter {
             auth_policy,
             local: LocalLimiter::with_clock(all, clock),
             remote: None,
+            credits: Arc::default(),
         }
     }
 
@@ -162,6 +167,7 @@ impl RateLimiter {
             auth_policy,
             local: LocalLimiter::with_clock(all, clock),
             remote: Some(remote),
+            credits: Arc::default(),
         })
     }
 
@@ -247,6 +253,71 @@ impl RateLimiter {
     pub async fn refund_auth_failure(&self, client_ip: &str) {
         self.decide(self.auth_policy, client_ip, Op::Refund, true, None)
             .await;
+    }
+
+    /// Spends `spend`'s cost from its key's credits at `now` (unix seconds):
+    /// in this process on the local backend; in Redis otherwise, in one
+    /// script call, and while Redis fails as `on_backend_error` says
+    /// (`local`: from the last count this instance saw).
+    pub async fn spend_credits(&self, spend: &CreditSpend<'_>, now: i64) -> Spent {
+        let Some(remote) = &self.remote else {
+            return self.credits.spend(spend, now);
+        };
+        Box::pin(self.spend_credits_remote(remote, spend, now)).await
+    }
+
+    async fn spend_credits_remote(
+        &self,
+        remote: &Remote,
+        spend: &CreditSpend<'_>,
+        now: i64,
+    ) -> Spent {
+        let at = self.now();
+        if remote.may_try(at, &[]) {
+            let answer = match remote.limiter().await {
+                Ok(limiter) => {
+                    let started = crate::clock::now();
+                    let mut span = redis_span("credits");
+                    let answer = limiter.spend_credits(spend, now).await;
+                    remote.record_latency(started);
+                    if let (Some(span), Err(e)) = (span.as_mut(), &answer) {
+                        span.fail(&e.error);
+                    }
+                    answer
+                }
+                Err(e) => Err(unattributed(e)),
+            };
+            match answer {
+                Ok(reply) => {
+                    remote.mark_up(at, &[]);
+                    return credits::answered(&self.credits, spend, reply);
+                }
+                Err(failed) => remote.mark_down(at, &failed),
+            }
+        }
+        match remote.on_error {
+            OnBackendError::Local => self.credits.spend(spend, now),
+            OnBackendError::Deny => Spent::Unavailable,
+            OnBackendError::Allow => Spent::Spent(self.credits.peek(spend, now)),
+        }
+    }
+
+    /// This limiter with `book`'s credit counts (a reload's new limiter
+    /// keeps the counts of the one it replaces).
+    pub fn with_credit_book(mut self, book: Arc<CreditBook>) -> Self {
+        self.credits = book;
+        self
+    }
+
+    /// The credit counts, for the task that writes them to the store.
+    pub fn credit_book(&self) -> Arc<CreditBook> {
+        self.credits.clone()
+    }
+
+    /// The credits `spend`'s key has left as this instance last knew them,
+    /// spending nothing (for the header of a request refused before it spent).
+    pub fn peek_credits(&self, spend: &CreditSpend<'_>, now: i64) -> u64 {
+        self.credits.peek(spend, now)
     }
 
     /// `"local"` or `"redis"` (the configured backend, for readiness and metrics).
@@ -636,7 +707,7 @@ mod tests;
 
 /// The trace span of a call to Redis, when the request is sampled.
 /// `op` says which: `check`, `peek`, `consume`, `refund` (the auth-failure
-/// guard's), or `guard_then_check`.
+/// guard's), `guard_then_check`, or `credits` (a key's credit spend).
 fn redis_span(op: &'static str) -> Option<crate::trace::ChildSpan> {
     let mut span = crate::trace::child("ratelimit.redis", opentelemetry::trace::SpanKind::Client)?;
     span.set("db.system.name", "redis");

@@ -10,6 +10,7 @@
 //! them by index ([`PolicyId`]) and never looks a name up.
 
 mod clock;
+pub mod credits;
 mod decision;
 mod gcra;
 mod limiter;
@@ -19,6 +20,7 @@ mod redis;
 mod redis_target;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
+pub use self::credits::{CreditSpend, Spent};
 #[cfg(test)]
 pub(crate) use self::decision::tests::decision as decision_for_tests;
 pub use self::decision::Decision;

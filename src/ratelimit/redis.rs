@@ -51,8 +51,10 @@ pub struct RedisLimiter {
     timeout: Duration,
     /// A Redis Cluster: one call holds the keys of one slot only.
     cluster: bool,
-    /// For `CLUSTER SLOTS` (decisions go through the batcher's clone).
+    /// For `CLUSTER SLOTS` and credit spends (decisions go through the batcher's clone).
     conn: RedisConn,
+    /// The credit spend's script ([`super::credits::SCRIPT`]).
+    credit_script: Script,
 }
 
 /// A failed decision, with the slot of the key it failed on (on a cluster):
@@ -91,7 +93,43 @@ impl RedisLimiter {
             policies: policies.iter().map(Gcra::new).collect(),
             timeout,
             cluster,
+            credit_script: Script::new(super::credits::SCRIPT),
         })
+    }
+
+    /// Spends `spend`'s cost from its key's count in Redis, in one script
+    /// call: `[spent, remaining, generation, period, now]`.
+    pub(crate) async fn spend_credits(
+        &self,
+        spend: &super::CreditSpend<'_>,
+        now: i64,
+    ) -> Result<[i64; 5], Failed> {
+        let key = self.credit_key(spend.key_id);
+        let slot = self.cluster.then(|| key_slot(key.as_bytes()));
+        let failed = |error| Failed { slot, error };
+        let c = &spend.credits;
+        let period = c.period_at(spend.created_at, now);
+        let mut invocation = self.credit_script.key(key);
+        invocation
+            .arg(c.generation)
+            .arg(spend.created_at)
+            .arg(c.refill.map_or(0, |r| r.interval.as_secs()))
+            .arg(c.refill.map_or(0, |r| r.amount))
+            .arg(period)
+            .arg(c.remaining_at(spend.created_at, now))
+            .arg(spend.cost)
+            .arg(super::credits::ttl_ms(c));
+        let mut conn = self.conn.clone();
+        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn))
+            .await
+            .map_err(|_| failed(LimiterError::Timeout))?;
+        let reply: Vec<i64> = reply.map_err(|e| failed(e.into()))?;
+        reply.try_into().map_err(|_| failed(unexpected_reply()))
+    }
+
+    /// The Redis key of an API key's credit count.
+    pub(crate) fn credit_key(&self, key_id: &str) -> String {
+        format!("{}cr:{key_id}", self.prefix)
     }
 
     /// Takes one token for `key` under `policy` if there is one; a refusal costs nothing.

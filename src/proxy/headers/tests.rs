@@ -21,6 +21,7 @@ fn added<'a>(
     Added {
         identity,
         forwarded,
+        key_meta: None,
         request_id: request_id.as_bytes(),
         traceparent: None,
         signature: None,

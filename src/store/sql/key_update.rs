@@ -91,10 +91,7 @@ impl KeyUpdate {
                 let old = controls.credits;
                 let refill = refill.unwrap_or(old.and_then(|c| c.refill));
                 let left = old.map(|c| c.remaining_at(key.created_at, now));
-                let remaining = remaining
-                    .or(left)
-                    .or(refill.map(|r| r.amount))
-                    .unwrap_or(0);
+                let remaining = remaining.or(left).or(refill.map(|r| r.amount)).unwrap_or(0);
                 // The generation is the store's to bump (`write_fields`).
                 controls.credits = Some(Credits::new(remaining, refill, key.created_at, now));
             }
@@ -169,7 +166,9 @@ impl SqlStore {
     /// Writes back what instances counted of keys' credits: each (key id,
     /// generation, period, remaining), in one transaction. A count of an
     /// older generation than the stored one (the credits were set since) is
-    /// dropped; no change is logged, since no cached entry is wrong for it.
+    /// dropped, as is one above the stored count of its period (another
+    /// instance wrote a later one): within a period a count only falls. No
+    /// change is logged, since no cached entry is wrong for it.
     pub async fn write_back_credits(
         &self,
         counts: &[(String, i64, i64, u64)],
@@ -183,7 +182,8 @@ impl SqlStore {
                 sqlx::query(
                     "UPDATE api_keys SET credits_remaining = $3, credits_period = $4 \
                      WHERE id = $1 AND credits_generation = $2 \
-                     AND credits_remaining IS NOT NULL",
+                     AND credits_remaining IS NOT NULL AND (credits_period < $4 \
+                     OR (credits_period = $4 AND credits_remaining > $3))",
                 )
                 .bind(id)
                 .bind(generation)
