@@ -58,6 +58,7 @@ expect() {
 expect 'config/gateway.toml: OK' "step 5, check-config"
 expect '{"data":[]}' "step 7, the first request"
 expect '"name":"deploy"' "step 7, a key made with the session"
+expect 'x-credits-remaining: 999' "step 7, a trial key's first call spends one of its credits"
 expect 'mpg_requests_total{route="/api/v1/clusters",method="GET",status="200"}' "step 8, metrics"
 expect 'config/instance-sso.toml: OK' "step 9, check-config with [auth.oidc]"
 expect '"name":"ci","organization_id":"acme"' "step 9, alice's keys listed with her JWT"
