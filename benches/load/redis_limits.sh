@@ -19,6 +19,10 @@
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
 #            fixed load, from its request-duration histogram, and the p99 of its wait
 #            for Redis's decisions, from the backend-duration one: own_time.py)
+#            --credits (the bench key has usage credits, more than any run spends: each
+#            request also spends one, in process on the local backend, in Redis on the
+#            other; the ratio is then a key with credits on Redis against one on the
+#            local limiter)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -37,7 +41,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 CREDITS=0 BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --own-time) OWN=1 ;;
     --probe) PROBE=1 ;;
     --no-saturation) SATURATION=0 ;;
+    --credits) CREDITS=1 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "$SCRIPT: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -94,6 +99,14 @@ GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
 python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
 AUTH="Authorization: Bearer $(cat "$WORK/key.txt")"
+if [ "$CREDITS" = 1 ]; then
+  python3 - "$WORK/gateway.db" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE api_keys SET credits_remaining = 4000000000000000, credits_generation = 1")
+db.commit()
+PY
+fi
 
 # Redis's CPU seconds (user + sys) and its script calls so far.
 redis_cpu() { rcli INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }

@@ -20,7 +20,7 @@ use crate::auth::Principal;
 use crate::config::AuthMode;
 use crate::error::{AuthReason, GatewayError};
 use crate::ip::Client;
-use crate::ratelimit::Decision;
+use crate::ratelimit::{Decision, Spent};
 use crate::secret::{hash_secret, SecretHash};
 use crate::store::controls::ip_allowed;
 use crate::store::{CachedApiKey, KeyStatus, SessionAuth, SessionRecord, StoreError};
@@ -49,7 +49,7 @@ impl Pipeline {
         path_param: Option<&str>,
         client: &Client<'_>,
         decided: &mut Option<Decision>,
-    ) -> Result<(Option<Principal>, Option<Decision>), GatewayError> {
+    ) -> Result<(Option<Principal>, Option<(Decision, Option<Spent>)>), GatewayError> {
         if entry.route.auth == AuthMode::None {
             return Ok((None, None));
         }
@@ -60,11 +60,14 @@ impl Pipeline {
             Probe::Known(Ok(principal)) => {
                 // A key used from outside its networks spends nothing.
                 client_allowed(&principal, client)?;
+                // A key with credits spends them in the same step as its token.
+                let credit = super::credit_spend(&principal, entry);
+                let credit = credit.as_ref().map(|c| (c, now));
                 let taken =
                     match self.limit_target(entry, Some(&principal), head, path_param, client) {
                         Some(t) => Some(
                             self.limiter
-                                .guarded_check(ip, t.policy, &t.key, t.quota.as_ref())
+                                .guarded_spend(ip, t.policy, &t.key, t.quota.as_ref(), credit)
                                 .await
                                 .map_err(|refusal| guard_refusal(refusal, decided))?,
                         ),

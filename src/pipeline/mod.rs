@@ -147,7 +147,8 @@ impl Pipeline {
             if head_request {
                 res = without_body(res);
             }
-            // Refused before it spent: the count as this instance knows it.
+            // Refused before it spent (or given back): the count as this
+            // instance knows it.
             if out.credits.is_none() {
                 if let Some(spend) = out
                     .principal
@@ -224,9 +225,14 @@ impl Pipeline {
             let principal = out.principal.as_ref();
             out.stage = "rate_limit";
             // 3. Limit before validation, so malformed requests still spend tokens
-            //    (the decision may have come with the guard's, in stage 2).
-            out.shadow_limited = match taken {
-                Some(decision) => self.settle_limit(entry, decision, &mut out.decision)?,
+            //    (the decision may have come with the guard's, in stage 2). A key
+            //    with credits spends them with its token.
+            let spent;
+            (out.shadow_limited, spent) = match taken {
+                Some((decision, spent)) => (
+                    self.settle_limit(entry, decision, &mut out.decision)?,
+                    spent,
+                ),
                 None => {
                     self.rate_limit(
                         entry,
@@ -239,20 +245,43 @@ impl Pipeline {
                     .await?
                 }
             };
+            if let Some(spent) = spent {
+                out.credits = Some(settle_credits(spent)?);
+            }
             out.stage = "validate";
             // 4. Validate the organization the request is for (and the key it names).
-            let mut validated = self.validate(entry, head, path_param).await?;
+            //    Credits spent in stage 3 are given back if this or stage 5 refuses.
+            let refund = spent.is_some().then_some(principal).flatten();
+            let mut validated = match self.validate(entry, head, path_param).await {
+                Ok(validated) => validated,
+                Err(e) => {
+                    out.credits = None;
+                    return Err(self.refunded(e, refund, entry).await);
+                }
+            };
             out.organization = validated.organization.take();
             out.stage = "authorize";
             // 5. Authorize: the right organization, then the route's scope.
             let grant = match principal {
-                Some(p) => Some(self.authorize(entry, p, out.organization.as_deref())?),
+                Some(p) => match self.authorize(entry, p, out.organization.as_deref()) {
+                    Ok(grant) => Some(grant),
+                    Err(e) => {
+                        out.credits = None;
+                        return Err(self.refunded(e, refund, entry).await);
+                    }
+                },
                 None => None,
             };
-            // 5b. A key with credits spends the route's cost once authorized.
-            if let Some(spend) = principal.and_then(|p| credit_spend(p, entry)) {
-                out.stage = "credits";
-                out.credits = Some(self.spend_credits(&spend).await?);
+            // A key with credits whose stage 3 spent none (a route without a
+            // policy, a shadow refusal) spends them once authorized.
+            if spent.is_none() {
+                if let Some(spend) = principal.and_then(|p| credit_spend(p, entry)) {
+                    out.stage = "credits";
+                    let now = crate::clock::unix_now();
+                    out.credits = Some(settle_credits(
+                        self.limiter.spend_credits(&spend, now).await,
+                    )?);
+                }
             }
             out.stage = "forward";
             // 6. Forward to the upstream (or the built-in key service).
@@ -398,20 +427,32 @@ fn credit_spend<'p>(
     })
 }
 
+/// A spend's outcome as the request's: the count left, or the refusal.
+fn settle_credits(spent: Spent) -> Result<u64, GatewayError> {
+    match spent {
+        Spent::Spent(left) => Ok(left),
+        Spent::Exhausted { retry_after, .. } => Err(GatewayError::CreditsExhausted { retry_after }),
+        Spent::Unavailable => Err(GatewayError::ServiceUnavailable {
+            what: "the credit backend".into(),
+            retry_after: 1,
+        }),
+    }
+}
+
 impl Pipeline {
-    /// Spends `spend` at once: the count left, or the refusal.
-    async fn spend_credits(&self, spend: &CreditSpend<'_>) -> Result<u64, GatewayError> {
-        let now = crate::clock::unix_now();
-        match self.limiter.spend_credits(spend, now).await {
-            Spent::Spent(left) => Ok(left),
-            Spent::Exhausted { retry_after, .. } => {
-                Err(GatewayError::CreditsExhausted { retry_after })
-            }
-            Spent::Unavailable => Err(GatewayError::ServiceUnavailable {
-                what: "the credit backend".into(),
-                retry_after: 1,
-            }),
+    /// `refusal`, once the credits `principal`'s key spent on `entry`'s
+    /// route in stage 3 (if it did: `Some`) are given back.
+    async fn refunded(
+        &self,
+        refusal: GatewayError,
+        principal: Option<&Principal>,
+        entry: &table::RouteEntry,
+    ) -> GatewayError {
+        if let Some(spend) = principal.and_then(|p| credit_spend(p, entry)) {
+            let now = crate::clock::unix_now();
+            self.limiter.refund_credits(&spend, now).await;
         }
+        refusal
     }
 }
 

@@ -14,7 +14,7 @@ use crate::auth::Principal;
 use crate::config::PolicyKey;
 use crate::error::GatewayError;
 use crate::ip::Client;
-use crate::ratelimit::Decision;
+use crate::ratelimit::{Decision, Spent};
 use crate::ratelimit::{PolicyId, Quota};
 use crate::store::{org_limit, LimitSpec};
 
@@ -39,8 +39,10 @@ pub(super) struct Target<'a> {
 }
 
 impl Pipeline {
-    /// Stage 3: the route's policy, keyed as the policy says. `Ok(true)`:
-    /// a shadow policy would have refused the request, and let it through.
+    /// Stage 3: the route's policy, keyed as the policy says, and for a key
+    /// with credits their spend, made with the decision (in one Redis call).
+    /// `Ok(true)`: a shadow policy would have refused the request, and let it
+    /// through. The spend's outcome is `None` when it was not made.
     pub(super) async fn rate_limit(
         &self,
         entry: &RouteEntry,
@@ -49,10 +51,23 @@ impl Pipeline {
         path_param: Option<&str>,
         client: &Client<'_>,
         decided: &mut Option<Decision>,
-    ) -> Result<bool, GatewayError> {
+    ) -> Result<(bool, Option<Spent>), GatewayError> {
         let Some(target) = self.limit_target(entry, principal, head, path_param, client) else {
-            return Ok(false);
+            return Ok((false, None));
         };
+        if let Some(credit) = principal.and_then(|p| super::credit_spend(p, entry)) {
+            let now = crate::clock::unix_now();
+            let (decision, spent) = self
+                .limiter
+                .check_spending(
+                    target.policy,
+                    &target.key,
+                    target.quota.as_ref(),
+                    Some((&credit, now)),
+                )
+                .await;
+            return Ok((self.settle_limit(entry, decision, decided)?, spent));
+        }
         let decision = match &target.quota {
             None => self.limiter.check(target.policy, &target.key).await,
             Some(quota) => {
@@ -61,7 +76,7 @@ impl Pipeline {
                     .await
             }
         };
-        self.settle_limit(entry, decision, decided)
+        Ok((self.settle_limit(entry, decision, decided)?, None))
     }
 
     /// Stage 3 for a `decision` already taken (with the guard's, in stage 2):

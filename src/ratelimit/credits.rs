@@ -116,6 +116,19 @@ impl CreditBook {
         Spent::Spent(entry.count.remaining)
     }
 
+    /// Gives back what `spend` spent, to the count it came from (a count set
+    /// again or refilled since keeps its new value).
+    pub fn refund(&self, spend: &CreditSpend<'_>, now: i64) {
+        let mut entries = self.entries();
+        let period = spend.credits.period_at(spend.created_at, now);
+        if let Some(e) = entries.get_mut(spend.key_id) {
+            if e.count.generation == spend.credits.generation && e.count.period == period {
+                e.count.remaining += spend.cost;
+                e.dirty = true;
+            }
+        }
+    }
+
     /// The count left now, spending nothing: what this instance last knew.
     pub fn peek(&self, spend: &CreditSpend<'_>, now: i64) -> u64 {
         let mut entries = self.entries();
@@ -222,6 +235,30 @@ fn exhausted(spend: &CreditSpend<'_>, remaining: u64, now: i64) -> Spent {
     Spent::Exhausted {
         remaining,
         retry_after: next.map(|at| (at - now).max(1) as u64),
+    }
+}
+
+/// A credit step's outcome in a decision's call ([`super::redis::Credited`]), noted in
+/// `book` (the period it was counted in is the one at `now`).
+pub(super) fn credited(
+    book: &CreditBook,
+    spend: &CreditSpend<'_>,
+    credited: super::redis::Credited,
+    now: i64,
+) -> Spent {
+    use super::redis::Credited;
+    let remaining = match credited {
+        Credited::Spent(n) | Credited::Short(n) => n,
+    };
+    let count = Count {
+        generation: spend.credits.generation,
+        period: spend.credits.period_at(spend.created_at, now),
+        remaining,
+    };
+    book.note(spend.key_id, count);
+    match credited {
+        Credited::Spent(n) => Spent::Spent(n),
+        Credited::Short(n) => exhausted(spend, n, now),
     }
 }
 

@@ -224,16 +224,137 @@ impl RateLimiter {
         key: &str,
         quota: Option<&Quota>,
     ) -> Result<Decision, Decision> {
+        let (decision, _) = self
+            .guarded_spend(client_ip, policy, key, quota, None)
+            .await?;
+        Ok(decision)
+    }
+
+    /// [`Self::guarded_check`], then, only if its token is taken, `credit`'s spend at
+    /// `credit.1` (unix seconds): in the same Redis call, or in process on the local
+    /// backend. The spend's outcome is `None` when it was not made.
+    pub async fn guarded_spend(
+        &self,
+        client_ip: &str,
+        policy: PolicyId,
+        key: &str,
+        quota: Option<&Quota>,
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Spent>), Decision> {
         let known = match quota {
             None => policy.0 < self.auth_policy.0,
             Some(_) => policy != self.auth_policy && policy.0 < self.gcras.len(),
         };
         if !known {
-            return Ok(gcra::unknown_policy_decision(self.now()));
+            return Ok((gcra::unknown_policy_decision(self.now()), None));
         }
         let gcra = quota.map(Gcra::new);
-        self.after_guard(client_ip, policy, key, Op::Check, gcra.as_ref())
+        self.after_guard(client_ip, policy, key, gcra.as_ref(), credit)
             .await
+    }
+
+    /// [`Self::check`] (with `quota`: [`Self::check_with`]), then, only if its token is
+    /// taken, `credit`'s spend, as [`Self::guarded_spend`] makes it.
+    pub async fn check_spending(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        quota: Option<&Quota>,
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> (Decision, Option<Spent>) {
+        let known = match quota {
+            None => policy.0 < self.auth_policy.0,
+            Some(_) => policy != self.auth_policy && policy.0 < self.gcras.len(),
+        };
+        if !known {
+            return (gcra::unknown_policy_decision(self.now()), None);
+        }
+        let gcra = quota.map(Gcra::new);
+        let Some(remote) = &self.remote else {
+            let decision = self.local_op(policy, key, Op::Check, gcra.as_ref());
+            return (decision, self.local_spend(decision.allowed, credit));
+        };
+        Box::pin(self.spend_remote(remote, policy, key, gcra.as_ref(), credit)).await
+    }
+
+    /// A credit spend in process, made only after an allowed decision.
+    fn local_spend(&self, allowed: bool, credit: Option<(&CreditSpend<'_>, i64)>) -> Option<Spent> {
+        let (spend, now) = credit.filter(|_| allowed)?;
+        Some(self.credits.spend(spend, now))
+    }
+
+    /// [`Self::check_spending`] with Redis: one call, or the fallback's decision and,
+    /// with `on_backend_error = "local"`, its spend in process.
+    async fn spend_remote(
+        &self,
+        remote: &Remote,
+        policy: PolicyId,
+        key: &str,
+        quota: Option<&Gcra>,
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> (Decision, Option<Spent>) {
+        let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
+            return (gcra::unknown_policy_decision(self.now()), None);
+        };
+        let now = self.now();
+        if remote.may_try(now, &[(policy, key)]) {
+            let answer = match remote.limiter().await {
+                Ok(limiter) => {
+                    let started = crate::clock::now();
+                    let mut span = redis_span("check");
+                    let answer = limiter
+                        .decide_spending(policy, key, gcra, Op::Check, credit)
+                        .await;
+                    remote.record_latency(started);
+                    if let (Some(span), Err(e)) = (span.as_mut(), &answer) {
+                        span.fail(&e.error);
+                    }
+                    answer
+                }
+                Err(e) => Err(unattributed(e)),
+            };
+            match answer {
+                Ok((decision, credited)) => {
+                    remote.mark_up(now, &[(policy, key)]);
+                    return (decision, self.redis_spent(credited, credit));
+                }
+                Err(failed) => remote.mark_down(now, &failed),
+            }
+        }
+        let decision = match remote.on_error {
+            OnBackendError::Local => self.local_op(policy, key, Op::Check, quota),
+            OnBackendError::Deny => gcra.deny_decision(now),
+            OnBackendError::Allow => gcra.allow_decision(now),
+        };
+        (
+            decision,
+            self.fallback_spend(remote, decision.allowed, credit),
+        )
+    }
+
+    /// What Redis's credit step answered, noted in the book.
+    fn redis_spent(
+        &self,
+        credited: Option<super::redis::Credited>,
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Option<Spent> {
+        let (spend, now) = credit?;
+        Some(credits::credited(&self.credits, spend, credited?, now))
+    }
+
+    /// A credit spend while Redis fails: `local` spends from the last count this
+    /// instance saw; `allow` spends nothing; `deny` refused the decision already.
+    fn fallback_spend(
+        &self,
+        remote: &Remote,
+        allowed: bool,
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Option<Spent> {
+        let (spend, now) = credit.filter(|_| allowed)?;
+        Some(match remote.on_error {
+            OnBackendError::Local => self.credits.spend(spend, now),
+            _ => Spent::Spent(self.credits.peek(spend, now)),
+        })
     }
 
     /// Takes one authentication-failure token of `client_ip` if one is left:
@@ -312,6 +433,27 @@ impl RateLimiter {
     /// The credit counts, for the task that writes them to the store.
     pub fn credit_book(&self) -> Arc<CreditBook> {
         self.credits.clone()
+    }
+
+    /// Gives back what `spend` spent (a later stage refused its request): in
+    /// process, or in Redis in a call of its own. A refund Redis cannot take
+    /// is lost (the key has spent it), never retried.
+    pub async fn refund_credits(&self, spend: &CreditSpend<'_>, now: i64) {
+        let remote = self.remote.as_ref().filter(|r| r.may_try(self.now(), &[]));
+        let Some(remote) = remote else {
+            self.credits.refund(spend, now);
+            return;
+        };
+        let refunded = match remote.limiter().await {
+            Ok(limiter) => limiter.refund_credits(spend, now).await,
+            Err(e) => Err(unattributed(e)),
+        };
+        match refunded {
+            Ok(reply) => {
+                credits::answered(&self.credits, spend, reply);
+            }
+            Err(failed) => tracing::debug!(error = %failed.error, "a credit refund was lost"),
+        }
     }
 
     /// The credits `spend`'s key has left as this instance last knew them,
@@ -413,18 +555,19 @@ impl RateLimiter {
         client_ip: &str,
         policy: PolicyId,
         key: &str,
-        op: Op,
         quota: Option<&Gcra>,
-    ) -> Result<Decision, Decision> {
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Spent>), Decision> {
         let Some(remote) = &self.remote else {
             let guard = self.local.peek(self.auth_policy, client_ip);
             if !guard.allowed {
                 return Err(guard);
             }
-            return Ok(self.local_op(policy, key, op, quota));
+            let decision = self.local_op(policy, key, Op::Check, quota);
+            return Ok((decision, self.local_spend(decision.allowed, credit)));
         };
         // Boxed for the reason `decide` boxes.
-        Box::pin(self.after_guard_remote(remote, client_ip, policy, key, op, quota)).await
+        Box::pin(self.after_guard_remote(remote, client_ip, policy, key, quota, credit)).await
     }
 
     /// [`Self::after_guard`] in one Redis call; while Redis fails, the guard from the
@@ -435,9 +578,10 @@ impl RateLimiter {
         client_ip: &str,
         policy: PolicyId,
         key: &str,
-        op: Op,
         quota: Option<&Gcra>,
-    ) -> Result<Decision, Decision> {
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Spent>), Decision> {
+        let op = Op::Check;
         let guard = (
             self.auth_policy,
             client_ip,
@@ -445,15 +589,19 @@ impl RateLimiter {
             Op::Peek,
         );
         let Some(gcra) = quota.or_else(|| self.gcras.get(policy.0)).copied() else {
-            return Ok(gcra::unknown_policy_decision(self.now()));
+            return Ok((gcra::unknown_policy_decision(self.now()), None));
         };
         let now = self.now();
         let keys = [(self.auth_policy, client_ip), (policy, key)];
         if remote.may_try(now, &keys) {
-            match remote.run_then(guard, (policy, key, gcra, op)).await {
-                Ok((guard, then)) => {
+            match remote
+                .run_then(guard, (policy, key, gcra, op), credit)
+                .await
+            {
+                Ok((guard, then, credited)) => {
                     remote.mark_up(now, &keys);
-                    return then.ok_or(guard);
+                    let then = then.ok_or(guard)?;
+                    return Ok((then, self.redis_spent(credited, credit)));
                 }
                 Err(failed) => remote.mark_down(now, &failed),
             }
@@ -462,12 +610,16 @@ impl RateLimiter {
         if !guard.allowed {
             return Err(guard);
         }
-        Ok(match remote.on_error {
+        let decision = match remote.on_error {
             _ if policy == self.auth_policy => self.local_op(policy, key, op, quota),
             OnBackendError::Local => self.local_op(policy, key, op, quota),
             OnBackendError::Deny => gcra.deny_decision(now),
             OnBackendError::Allow => gcra.allow_decision(now),
-        })
+        };
+        Ok((
+            decision,
+            self.fallback_spend(remote, decision.allowed, credit),
+        ))
     }
 
     fn local_op(&self, policy: PolicyId, key: &str, op: Op, quota: Option<&Gcra>) -> Decision {
@@ -584,11 +736,12 @@ impl Remote {
         &self,
         first: (PolicyId, &str, Gcra, Op),
         then: (PolicyId, &str, Gcra, Op),
-    ) -> Result<(Decision, Option<Decision>), Failed> {
+        credit: Option<(&CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Decision>, Option<super::redis::Credited>), Failed> {
         let limiter = self.limiter().await.map_err(unattributed)?;
         let started = crate::clock::now();
         let mut span = redis_span("guard_then_check");
-        let decisions = limiter.decide_then(first, then).await;
+        let decisions = limiter.decide_then_spending(first, then, credit).await;
         self.record_latency(started);
         if let (Some(span), Err(e)) = (span.as_mut(), &decisions) {
             span.fail(&e.error);

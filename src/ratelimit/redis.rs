@@ -34,7 +34,8 @@ use ::redis::Script;
 use tokio::sync::oneshot;
 
 use self::batch::Batcher;
-use self::script::{Answer, Pending, Step};
+pub(crate) use self::script::Credited;
+use self::script::{Answer, CreditStep, Pending, Step};
 use super::gcra::{Gcra, Op};
 use super::nodes::slot as key_slot;
 use super::redis_target::{RedisConn, RedisTarget};
@@ -104,6 +105,25 @@ impl RedisLimiter {
         spend: &super::CreditSpend<'_>,
         now: i64,
     ) -> Result<[i64; 5], Failed> {
+        self.credit_call(spend, now, spend.cost as i64).await
+    }
+
+    /// Gives back `spend`'s cost to its key's count (the script with a negative cost).
+    pub(crate) async fn refund_credits(
+        &self,
+        spend: &super::CreditSpend<'_>,
+        now: i64,
+    ) -> Result<[i64; 5], Failed> {
+        self.credit_call(spend, now, -(spend.cost as i64)).await
+    }
+
+    /// One call of the credit script for `spend` with `cost`.
+    async fn credit_call(
+        &self,
+        spend: &super::CreditSpend<'_>,
+        now: i64,
+        cost: i64,
+    ) -> Result<[i64; 5], Failed> {
         let key = self.credit_key(spend.key_id);
         let slot = self.cluster.then(|| key_slot(key.as_bytes()));
         let failed = |error| Failed { slot, error };
@@ -117,7 +137,7 @@ impl RedisLimiter {
             .arg(c.refill.map_or(0, |r| r.amount))
             .arg(period)
             .arg(c.remaining_at(spend.created_at, now))
-            .arg(spend.cost)
+            .arg(cost)
             .arg(super::credits::ttl_ms(c));
         let mut conn = self.conn.clone();
         let reply = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn))
@@ -205,40 +225,129 @@ impl RedisLimiter {
         gcra: Gcra,
         op: Op,
     ) -> Result<Decision, Failed> {
-        let answer = self
-            .send(self.redis_key(policy, key), gcra, op, None)
+        let (decision, _) = self.decide_spending(policy, key, gcra, op, None).await?;
+        Ok(decision)
+    }
+
+    /// [`Self::decide`], then, only if allowed, `credit`'s spend in the same script call
+    /// (on a cluster, in a second call when its key is in another slot).
+    pub(crate) async fn decide_spending(
+        &self,
+        policy: PolicyId,
+        key: &str,
+        gcra: Gcra,
+        op: Op,
+        credit: Option<(&super::CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Credited>), Failed> {
+        let key = self.redis_key(policy, key);
+        let (step, apart) = self.credit_step(&key, credit);
+        let answer = self.send(key, gcra, op, None, step).await?;
+        let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
+        let credited = self
+            .credited(decision.allowed, answer.credit, apart)
             .await?;
-        Ok(gcra.decision(answer.now, &gcra.apply(op, answer.debt)))
+        Ok((decision, credited))
+    }
+
+    /// The credit step of `credit` for a call on `key`, or, on a cluster where its count
+    /// lives in another slot, `None` and the spend to make in a call of its own.
+    fn credit_step<'c>(
+        &self,
+        key: &str,
+        credit: Option<(&'c super::CreditSpend<'c>, i64)>,
+    ) -> (
+        Option<CreditStep>,
+        Option<(&'c super::CreditSpend<'c>, i64)>,
+    ) {
+        let Some((spend, now)) = credit else {
+            return (None, None);
+        };
+        let count = self.credit_key(spend.key_id);
+        if self.cluster && key_slot(count.as_bytes()) != key_slot(key.as_bytes()) {
+            return (None, credit);
+        }
+        let c = &spend.credits;
+        let args = [
+            c.generation as f64,
+            spend.created_at as f64,
+            c.refill.map_or(0, |r| r.interval.as_secs()) as f64,
+            c.refill.map_or(0, |r| r.amount) as f64,
+            c.period_at(spend.created_at, now) as f64,
+            c.remaining_at(spend.created_at, now) as f64,
+            spend.cost as f64,
+            super::credits::ttl_ms(c) as f64,
+        ];
+        (Some(CreditStep { key: count, args }), None)
+    }
+
+    /// The credit outcome of a call: what its step answered, or, for a spend whose count
+    /// lives in another slot, that spend made now if the decision was allowed.
+    async fn credited(
+        &self,
+        allowed: bool,
+        answered: Option<Credited>,
+        apart: Option<(&super::CreditSpend<'_>, i64)>,
+    ) -> Result<Option<Credited>, Failed> {
+        match apart {
+            Some((spend, now)) if allowed => {
+                let [ok, remaining, ..] = self.spend_credits(spend, now).await?;
+                let left = remaining.max(0) as u64;
+                Ok(Some(if ok == 1 {
+                    Credited::Spent(left)
+                } else {
+                    Credited::Short(left)
+                }))
+            }
+            _ => Ok(answered),
+        }
     }
 
     /// [`Self::decide`] for `first`, then for `then` only if `first` is allowed, in one
     /// script call: `(first's decision, then's if made)`. On a cluster, keys of two slots
     /// take two calls, the second only if needed.
+    #[cfg(test)]
     pub(crate) async fn decide_then(
         &self,
         first: (PolicyId, &str, Gcra, Op),
         then: (PolicyId, &str, Gcra, Op),
     ) -> Result<(Decision, Option<Decision>), Failed> {
+        let (decision, then, _) = self.decide_then_spending(first, then, None).await?;
+        Ok((decision, then))
+    }
+
+    /// [`Self::decide_then`], then, only if both are allowed, `credit`'s spend in the
+    /// same call (on a cluster, as [`Self::decide_spending`] makes it).
+    pub(crate) async fn decide_then_spending(
+        &self,
+        first: (PolicyId, &str, Gcra, Op),
+        then: (PolicyId, &str, Gcra, Op),
+        credit: Option<(&super::CreditSpend<'_>, i64)>,
+    ) -> Result<(Decision, Option<Decision>, Option<Credited>), Failed> {
         let (policy, key, gcra, op) = first;
         let (then_policy, then_key, then_gcra, then_op) = then;
         let first_key = self.redis_key(policy, key);
         let then_key = self.redis_key(then_policy, then_key);
         if self.cluster && key_slot(first_key.as_bytes()) != key_slot(then_key.as_bytes()) {
-            let answer = self.send(first_key, gcra, op, None).await?;
+            let answer = self.send(first_key, gcra, op, None, None).await?;
             let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
             if !decision.allowed {
-                return Ok((decision, None));
+                return Ok((decision, None, None));
             }
-            let answer = self.send(then_key, then_gcra, then_op, None).await?;
+            let (step, apart) = self.credit_step(&then_key, credit);
+            let answer = self.send(then_key, then_gcra, then_op, None, step).await?;
             let then = then_gcra.decision(answer.now, &then_gcra.apply(then_op, answer.debt));
-            return Ok((decision, Some(then)));
+            let credited = self.credited(then.allowed, answer.credit, apart).await?;
+            return Ok((decision, Some(then), credited));
         }
+        let (credit_step, apart) = self.credit_step(&first_key, credit);
         let step = Step {
             key: then_key,
             gcra: then_gcra,
             op: then_op,
         };
-        let answer = self.send(first_key, gcra, op, Some(step)).await?;
+        let answer = self
+            .send(first_key, gcra, op, Some(step), credit_step)
+            .await?;
         let decision = gcra.decision(answer.now, &gcra.apply(op, answer.debt));
         let then = match (decision.allowed, answer.then) {
             (true, Some(debt)) => {
@@ -253,7 +362,9 @@ impl RedisLimiter {
                 })
             }
         };
-        Ok((decision, then))
+        let allowed = then.is_some_and(|t| t.allowed);
+        let credited = self.credited(allowed, answer.credit, apart).await?;
+        Ok((decision, then, credited))
     }
 
     /// Queues one decision (and its second, if any) and waits for its answer.
@@ -263,6 +374,7 @@ impl RedisLimiter {
         gcra: Gcra,
         op: Op,
         then: Option<Step>,
+        credit: Option<CreditStep>,
     ) -> Result<Answer, Failed> {
         let slot = self.cluster.then(|| key_slot(key.as_bytes()));
         let failed = |error| Failed { slot, error };
@@ -272,6 +384,7 @@ impl RedisLimiter {
             gcra,
             op,
             then,
+            credit,
             reply,
         };
         if !self.batcher.send(pending) {

@@ -41,6 +41,11 @@ local out = { now_s, tonumber(t[2]) }
 local o = 2
 local params = { struct.unpack('<' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
 local ops = ARGV[2]
+local cparams = {}
+if #ARGV[3] > 0 then
+  cparams = { struct.unpack('<' .. string.rep('d', #ARGV[3] / 8), ARGV[3]) }
+end
+local counts = {}
 local stored = redis.call('MGET', unpack(KEYS))
 local debts = {}
 local written = {}
@@ -53,6 +58,8 @@ while i < #ops do
     n = n - 32768
     last = i + 6
   end
+  local credit = n >= 16384
+  if credit then n = n - 16384 end
   local allowed = true
   for j = i + 2, last, 4 do
     o = o + 1
@@ -105,6 +112,38 @@ while i < #ops do
     end
   end
   i = last + 4
+  if credit then
+    local ck1, ck2, q1, q2 = string.byte(ops, i, i + 3)
+    i = i + 4
+    o = o + 1
+    if not allowed then
+      out[o] = -1
+    else
+      local key = ck1 * 256 + ck2 + 1
+      local q = (q1 * 256 + q2) * 8 + 1
+      local gen = cparams[q]
+      local g, p, r = gen, cparams[q + 4], cparams[q + 5]
+      local v = counts[key] or stored[key]
+      if v then
+        local sg, sp, sr = string.match(v, '^(%d+):(%d+):(%d+)$')
+        if sg and tonumber(sg) >= gen then
+          g = tonumber(sg); p = tonumber(sp); r = tonumber(sr)
+        end
+      end
+      if cparams[q + 2] > 0 then
+        local np = math.floor(math.max(now_s - cparams[q + 1], 0) / cparams[q + 2])
+        if np > p then p = np; r = cparams[q + 3] end
+      end
+      if r >= cparams[q + 6] then
+        r = r - cparams[q + 6]
+        out[o] = r
+      else
+        out[o] = -(r + 2)
+      end
+      counts[key] = string.format('%d:%d:%d', g, p, r)
+      redis.call('SET', KEYS[key], counts[key], 'PX', cparams[q + 7])
+    end
+  end
 end
 for key = 1, #KEYS do
   local after = written[key]
@@ -134,6 +173,26 @@ pub(super) struct Answer {
     pub(super) debt: u64,
     /// The debt before the second decision's op; `None` when it was skipped (or absent).
     pub(super) then: Option<u64>,
+    /// The credit spend's outcome; `None` when it was skipped (the decision refused) or
+    /// there was none.
+    pub(super) credit: Option<Credited>,
+}
+
+/// What a credit spend made of a key's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credited {
+    /// Spent: this many are left.
+    Spent(u64),
+    /// Too few for the cost (this many): nothing spent.
+    Short(u64),
+}
+
+/// A key's credit spend, made in the same call right after its decision (and the second
+/// one, if any) only if that is allowed: the Redis key of its count, and the numbers
+/// [`super::super::credits::SCRIPT`] takes as ARGV, in its order.
+pub(crate) struct CreditStep {
+    pub(crate) key: String,
+    pub(crate) args: [f64; 8],
 }
 
 /// One decision waiting for its batch.
@@ -146,6 +205,9 @@ pub(super) struct Pending {
     /// A decision made right after this one, in the same call, only if this one is
     /// allowed (on a cluster, its key is in the same slot).
     pub(super) then: Option<Step>,
+    /// A credit spend made after the decisions, only if they are allowed (on a cluster,
+    /// its key is in the same slot).
+    pub(super) credit: Option<CreditStep>,
     pub(super) reply: oneshot::Sender<Result<Answer, LimiterError>>,
 }
 
@@ -163,11 +225,13 @@ pub(super) struct Run {
     len: usize,
     first: (Gcra, Op),
     then: Option<(Gcra, Op)>,
+    /// A credit spend follows (such a decision is a run of its own).
+    credit: bool,
 }
 
 impl Run {
-    /// Longest run: its length and the paired bit share a u16.
-    const MAX: usize = 0x7fff;
+    /// Longest run: its length, the paired bit and the credit bit share a u16.
+    const MAX: usize = 0x3fff;
 
     /// A run of `p` alone.
     fn of(p: &Pending) -> Self {
@@ -175,6 +239,7 @@ impl Run {
             len: 1,
             first: (p.gcra, p.op),
             then: p.then.as_ref().map(|t| (t.gcra, t.op)),
+            credit: p.credit.is_some(),
         }
     }
 
@@ -184,7 +249,8 @@ impl Run {
     /// so that every second decision is made, or none.
     fn repeats(p: &Pending) -> bool {
         let exact = |g: &Gcra| g.burst() + g.interval() <= MAX_BURST_NANOS;
-        exact(&p.gcra)
+        p.credit.is_none()
+            && exact(&p.gcra)
             && p.then
                 .as_ref()
                 .is_none_or(|t| p.op == Op::Peek && t.key != p.key && exact(&t.gcra))
@@ -222,12 +288,14 @@ pub(super) fn script_cmd(verb: &str, script: &str, batch: &[Pending], runs: &[Ru
     let mut pairs = Distinct::default();
     let mut keys = Distinct::default();
     let mut ops = Vec::with_capacity(runs.len() * 10);
+    let mut credits: Vec<u8> = Vec::new();
     let mut at = 0;
     for run in runs {
         let p = &batch[at];
         at += run.len;
         let paired = if p.then.is_some() { 0x8000 } else { 0 };
-        ops.extend_from_slice(&(run.len as u16 | paired).to_be_bytes());
+        let credit = if p.credit.is_some() { 0x4000 } else { 0 };
+        ops.extend_from_slice(&(run.len as u16 | paired | credit).to_be_bytes());
         let first = (p.key.as_str(), &p.gcra, p.op);
         let then = p.then.as_ref().map(|t| (t.key.as_str(), &t.gcra, t.op));
         for (key, gcra, op) in std::iter::once(first).chain(then) {
@@ -237,12 +305,26 @@ pub(super) fn script_cmd(verb: &str, script: &str, batch: &[Pending], runs: &[Ru
             ops.extend_from_slice(&(key as u16).to_be_bytes());
             ops.extend_from_slice(&(code as u16).to_be_bytes());
         }
+        if let Some(c) = &p.credit {
+            let key = keys.index(c.key.as_str());
+            // One spend per decision of a batch, at most MAX_BATCH: a u16.
+            let index = credits.len() / 64;
+            ops.extend_from_slice(&(key as u16).to_be_bytes());
+            ops.extend_from_slice(&(index as u16).to_be_bytes());
+            credits.extend(c.args.iter().flat_map(|a| a.to_le_bytes()));
+        }
     }
     let key_bytes: usize = keys.items.iter().map(|k| k.len()).sum();
     // Sized once (the key count has at most 20 digits), so no argument regrows it.
     let mut cmd = Cmd::with_capacity(
-        5 + keys.items.len(),
-        verb.len() + script.len() + 60 + key_bytes + pairs.items.len() * 16 + ops.len(),
+        6 + keys.items.len(),
+        verb.len()
+            + script.len()
+            + 60
+            + key_bytes
+            + pairs.items.len() * 16
+            + ops.len()
+            + credits.len(),
     );
     cmd.arg(verb).arg(script).arg(keys.items.len());
     for key in &keys.items {
@@ -254,6 +336,7 @@ pub(super) fn script_cmd(verb: &str, script: &str, batch: &[Pending], runs: &[Ru
         .collect();
     cmd.arg(params);
     cmd.arg(ops);
+    cmd.arg(credits);
     cmd
 }
 
@@ -309,7 +392,9 @@ pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
-    let n = runs.len() + runs.iter().filter(|run| run.then.is_some()).count();
+    let n = runs.len()
+        + runs.iter().filter(|run| run.then.is_some()).count()
+        + runs.iter().filter(|run| run.credit).count();
     if bytes.len() != (n + 2) * 8 {
         return Err(bad());
     }
@@ -320,28 +405,47 @@ pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
     });
     // Every number is a whole one in [0, 2^64), or -1 for a skipped decision (past 2^53
     // the script's doubles are whole already, and as exact as its arithmetic was).
-    let mut int = || match numbers.next() {
+    let int = |v: Option<f64>| match v {
         Some(v) if (0.0..18_446_744_073_709_551_616.0).contains(&v) && v.fract() == 0.0 => {
             Ok(Some(v as u64))
         }
         Some(-1.0) => Ok(None),
         _ => Err(bad()),
     };
-    let now_s = int()?.ok_or_else(bad)?;
-    let now_us = int()?.ok_or_else(bad)?;
+    let now_s = int(numbers.next())?.ok_or_else(bad)?;
+    let now_us = int(numbers.next())?.ok_or_else(bad)?;
     let now = now_s
         .saturating_mul(1_000_000_000)
         .saturating_add(now_us.saturating_mul(1_000));
     let mut answers = Vec::with_capacity(runs.iter().map(|run| run.len).sum());
     for run in runs {
-        let mut debt = int()?.ok_or_else(bad)?;
+        let mut debt = int(numbers.next())?.ok_or_else(bad)?;
         let mut then = match run.then {
-            Some(_) => int()?,
+            Some(_) => int(numbers.next())?,
             None => None,
+        };
+        // A count spent (n), short (-(n + 2)) or skipped (-1), each a whole number.
+        let credit = match run.credit {
+            false => None,
+            true => match numbers.next() {
+                Some(-1.0) => None,
+                Some(v) if v >= 0.0 && v.fract() == 0.0 && v < 9.0e15 => {
+                    Some(Credited::Spent(v as u64))
+                }
+                Some(v) if v <= -2.0 && v.fract() == 0.0 && v > -9.0e15 => {
+                    Some(Credited::Short((-v - 2.0) as u64))
+                }
+                _ => return Err(bad()),
+            },
         };
         let (gcra, op) = run.first;
         for _ in 0..run.len {
-            answers.push(Answer { now, debt, then });
+            answers.push(Answer {
+                now,
+                debt,
+                then,
+                credit,
+            });
             debt = gcra.apply(op, debt).debt_after;
             if let (Some(d), Some((gcra, op))) = (then, run.then) {
                 then = Some(gcra.apply(op, d).debt_after);
@@ -373,7 +477,35 @@ mod tests {
             len,
             first: (g, first),
             then: then.map(|op| (g, op)),
+            credit: false,
         }
+    }
+
+    #[test]
+    fn a_credit_step_is_read_after_its_decisions_and_may_be_short_or_skipped() {
+        let credited = Run {
+            credit: true,
+            ..run(1, Op::Peek, Some(Op::Check))
+        };
+        let alone = Run {
+            credit: true,
+            ..run(1, Op::Check, None)
+        };
+        let reply = packed(&[2.0, 5.0, 7.0, 9.0, 41.0, 1.0, -2.0, 3.0, -1.0]);
+        let answers = parse(reply, &[credited, alone, alone]).unwrap();
+        let credits: Vec<_> = answers.iter().map(|a| (a.then, a.credit)).collect();
+        assert_eq!(
+            credits,
+            [
+                (Some(9), Some(Credited::Spent(41))),
+                (None, Some(Credited::Short(0))),
+                (None, None),
+            ]
+        );
+        // Neither a fraction nor a value between -2 and -1 is a count.
+        assert!(parse(packed(&[2.0, 5.0, 1.0, 0.5]), &[alone]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 1.0, -1.5]), &[alone]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 1.0]), &[alone]).is_err());
     }
 
     #[test]
@@ -386,6 +518,7 @@ mod tests {
                 now: 2_000_005_000,
                 debt: 7,
                 then: None,
+                credit: None,
             }]
         );
         assert!(parse(packed(&[2.0, 5.0]), &one).is_err());
@@ -455,6 +588,7 @@ mod tests {
             gcra,
             op,
             then,
+            credit: None,
             reply: oneshot::channel().0,
         }
     }

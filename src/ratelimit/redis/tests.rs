@@ -628,3 +628,62 @@ async fn a_run_of_consumes_past_the_burst_leaves_the_bucket_drained() {
     assert_eq!((next.allowed, next.retry_after_secs), (false, Some(20)));
     cleanup(&prefix).await;
 }
+
+#[tokio::test]
+async fn a_credit_spend_rides_in_its_decision_s_call_and_only_after_an_allowed_one() {
+    use crate::ratelimit::CreditSpend;
+    use crate::store::Credits;
+    let prefix = random_prefix();
+    let quotas = vec![quota(3, 3600)];
+    let redis = connect(&prefix, quotas.clone()).await;
+    let gcra = Gcra::new(&quotas[0]);
+    let now = crate::clock::unix_now();
+    let spend = CreditSpend {
+        key_id: "key_c",
+        created_at: now,
+        credits: Credits::new(2, None, now, now),
+        cost: 1,
+    };
+    let before = redis.calls();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (d, credited) = redis
+            .decide_spending(P, "key_c", gcra, Op::Check, Some((&spend, now)))
+            .await
+            .unwrap();
+        seen.push((d.allowed, credited));
+    }
+    assert_eq!(
+        seen,
+        [
+            (true, Some(Credited::Spent(1))),
+            (true, Some(Credited::Spent(0))),
+            (true, Some(Credited::Short(0))),
+        ]
+    );
+    assert_eq!(
+        redis.calls() - before,
+        3,
+        "one call per decision and its spend"
+    );
+    // The bucket is empty now: the refused decision spends nothing, not even a try.
+    let client = Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let count_key = format!("{prefix}cr:key_c");
+    let was: String = conn.get(&count_key).await.unwrap();
+    let more = CreditSpend {
+        credits: Credits {
+            generation: 1,
+            ..Credits::new(10, None, now, now)
+        },
+        ..spend
+    };
+    let (d, credited) = redis
+        .decide_spending(P, "key_c", gcra, Op::Check, Some((&more, now)))
+        .await
+        .unwrap();
+    assert_eq!((d.allowed, credited), (false, None));
+    let after: String = conn.get(&count_key).await.unwrap();
+    assert_eq!(after, was);
+    cleanup(&prefix).await;
+}
