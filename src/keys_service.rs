@@ -16,7 +16,9 @@ pub mod render;
 
 pub(crate) use input::paging;
 pub use input::MAX_GRACE_SECONDS;
-use input::{create_controls, grace_period, key_update, only_fields, parse_future_time, rate_limit};
+use input::{
+    create_controls, grace_period, key_update, only_fields, parse_future_time, rate_limit,
+};
 
 use crate::auth::Principal;
 use crate::clock::unix_now;
@@ -272,7 +274,10 @@ impl KeysService {
             .map_err(store_error)?
             .ok_or(GatewayError::NotFound)?;
         self.cache.invalidate(&Change::ApiKey { id: key.id });
-        Ok(json_response(StatusCode::OK, &render::api_key(&record, now)))
+        Ok(json_response(
+            StatusCode::OK,
+            &render::api_key(&record, now),
+        ))
     }
 
     fn scopes(&self, value: Option<&Value>) -> Result<Vec<String>, GatewayError> {

@@ -27,10 +27,10 @@ fn key_service_organization(p: &mut Problems, path: &str, op: Operation, organiz
     if !fits {
         let want = match op {
             Operation::Get
-        | Operation::Revoke
-        | Operation::Rotate
-        | Operation::Delete
-        | Operation::Update => {
+            | Operation::Revoke
+            | Operation::Rotate
+            | Operation::Delete
+            | Operation::Update => {
                 "must be \"key:id\" (the organization of the key the path names)"
             }
             Operation::Create | Operation::List | Operation::AuditList => {

@@ -227,9 +227,9 @@ pub(super) fn credits(value: &Value) -> Result<CreditsUpdate, GatewayError> {
         Some(Value::Null) => Some(None),
         Some(Value::Object(r)) => {
             only_fields(r, "credits.refill", &["amount", "interval"])?;
-            let amount = r.get("amount").ok_or_else(|| {
-                GatewayError::bad_field("credits.refill.amount", "is required")
-            })?;
+            let amount = r
+                .get("amount")
+                .ok_or_else(|| GatewayError::bad_field("credits.refill.amount", "is required"))?;
             let interval = match r.get("interval") {
                 Some(Value::String(s)) => refill_interval(s).map_err(control_error)?,
                 Some(_) => {
@@ -281,7 +281,14 @@ pub(super) fn only_fields(
 }
 
 /// The fields of a PATCH body that may change.
-const PATCHABLE: [&str; 6] = ["name", "enabled", "ip_allow", "meta", "rate_limit", "credits"];
+const PATCHABLE: [&str; 6] = [
+    "name",
+    "enabled",
+    "ip_allow",
+    "meta",
+    "rate_limit",
+    "credits",
+];
 
 /// A PATCH body: a JSON object of at least one of [`PATCHABLE`]. A field
 /// that exists but cannot change (the id, the organization, the secret, the

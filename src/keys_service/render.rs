@@ -84,7 +84,10 @@ pub fn audit_event(event: &AuditEvent) -> Value {
     // An update names the fields it set (never their values).
     if event.action == "api_key.updated" {
         let fields = event.subject.as_deref().unwrap_or_default();
-        out["fields"] = json!(fields.split(',').filter(|f| !f.is_empty()).collect::<Vec<_>>());
+        out["fields"] = json!(fields
+            .split(',')
+            .filter(|f| !f.is_empty())
+            .collect::<Vec<_>>());
     }
     out
 }

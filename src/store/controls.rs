@@ -299,7 +299,10 @@ mod tests {
     fn meta_is_an_object_of_at_most_4_kib() {
         let big = serde_json::json!({ "x": "a".repeat(MAX_META_BYTES) });
         assert_eq!(meta_text(&big).unwrap_err().field, "meta");
-        assert_eq!(meta_text(&serde_json::json!([1])).unwrap_err().field, "meta");
+        assert_eq!(
+            meta_text(&serde_json::json!([1])).unwrap_err().field,
+            "meta"
+        );
         assert_eq!(
             meta_text(&serde_json::json!({ "plan": "pro" })).unwrap(),
             r#"{"plan":"pro"}"#

@@ -91,10 +91,7 @@ impl KeyUpdate {
                 let old = controls.credits;
                 let refill = refill.unwrap_or(old.and_then(|c| c.refill));
                 let left = old.map(|c| c.remaining_at(key.created_at, now));
-                let remaining = remaining
-                    .or(left)
-                    .or(refill.map(|r| r.amount))
-                    .unwrap_or(0);
+                let remaining = remaining.or(left).or(refill.map(|r| r.amount)).unwrap_or(0);
                 // The generation is the store's to bump (`write_fields`).
                 controls.credits = Some(Credits::new(remaining, refill, key.created_at, now));
             }
