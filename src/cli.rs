@@ -345,11 +345,56 @@ pub enum KeysCmd {
         #[arg(long)]
         grace: Option<String>,
     },
+    /// Change a key's name, controls or own limit: each flag given sets that
+    /// field, the others stay as they are, and `none` clears a field.
+    /// Running gateways apply the change within a second; the audit trail
+    /// records `api_key.updated` with the names of the fields set. An
+    /// unknown or revoked key exits 2 and nothing changes.
+    Update(KeyUpdateArgs),
     /// Delete a key.
     Delete {
         /// Key id.
         id: String,
     },
+}
+
+/// `keys update` flags; at least one besides the id.
+#[derive(Debug, Args)]
+pub struct KeyUpdateArgs {
+    /// Key id.
+    pub id: String,
+    /// A new name, 1-100 characters.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// false: the key is refused (401, reason "disabled") until set true again.
+    #[arg(long, value_name = "true|false")]
+    pub enabled: Option<bool>,
+    /// The networks the key works from: comma-separated CIDRs with no host
+    /// bits set, or addresses, such as 203.0.113.0/24,2001:db8::/32;
+    /// `none`: from anywhere.
+    #[arg(long, value_name = "CIDR,...|none")]
+    pub ip_allow: Option<String>,
+    /// Metadata for upstreams: a JSON object of at most 4 KiB, such as
+    /// '{"plan":"pro"}'; `null` or `none`: no metadata.
+    #[arg(long, value_name = "JSON|none")]
+    pub meta: Option<String>,
+    /// Credits left from now on (at 0 the key is refused with 429 until its
+    /// next refill); the refill stays as it is. `none`: unlimited, with no
+    /// refill.
+    // Hyphen values are taken, so that `-1` is refused as a count below 0
+    // rather than as an unknown flag (also for `--refill -1/1d`).
+    #[arg(long, value_name = "N|none", allow_hyphen_values = true)]
+    pub credits: Option<String>,
+    /// Set the credits to AMOUNT every INTERVAL (at least 1m), counted from
+    /// the key's creation, such as 1000/1d; the credits left stay as they
+    /// are (a key without credits starts with AMOUNT). `none`: no refill.
+    #[arg(long, value_name = "AMOUNT/INTERVAL|none", allow_hyphen_values = true)]
+    pub refill: Option<String>,
+    /// The key's own limit, REQUESTS/DURATION such as 100/1m, used instead
+    /// of the quota of policies keyed by credential; `none`: the policies'
+    /// quotas again.
+    #[arg(long, value_name = "N/D|none")]
+    pub rate_limit: Option<String>,
 }
 
 /// A command's failure: exit code and message.

@@ -28,7 +28,7 @@ use crate::error::GatewayError;
 use crate::http_core::body::{self, Body};
 use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
-use crate::store::sql::SqlStore;
+use crate::store::sql::{CreditsUpdate, SqlStore};
 use crate::store::NewApiKey;
 use crate::store::{Actor, ApiKeyRecord, Change, StoreError};
 
@@ -250,6 +250,21 @@ impl KeysService {
             return Err(GatewayError::bad_field(
                 "id",
                 "names a revoked key, and a revoked key cannot change",
+            ));
+        }
+        // A key with unlimited credits has no count to keep: as on create,
+        // it needs `remaining` or a refill, never silently none left.
+        let keeps_count = matches!(
+            update.credits,
+            Some(CreditsUpdate::Set {
+                remaining: None,
+                refill: None | Some(None),
+            })
+        );
+        if keeps_count && key.controls.credits.is_none() {
+            return Err(GatewayError::bad_field(
+                "credits.remaining",
+                "is required for a key with unlimited credits, unless a refill is given",
             ));
         }
         let record = self

@@ -707,3 +707,208 @@ fn check_config_names_each_bad_tracing_key() {
     assert!(lines[0].starts_with("  tracing.protocol: "), "{err}");
     assert!(lines[0].contains("grpc"), "{err}");
 }
+
+/// `keys update ID ARGS…`, which must succeed; returns the printed record.
+fn update_ok(path: &std::path::Path, id: &str, args: &[&str]) -> serde_json::Value {
+    let all: Vec<&str> = ["keys", "update", id].iter().chain(args).copied().collect();
+    cli_ok(path, &all)
+}
+
+/// `keys get ID`'s field `field`.
+fn stored(path: &std::path::Path, id: &str, field: &str) -> serde_json::Value {
+    cli_ok(path, &["keys", "get", id])[field].clone()
+}
+
+/// The `api_key.updated` events of key `id` in org `acme`, newest first.
+fn updates(path: &std::path::Path, id: &str) -> Vec<serde_json::Value> {
+    let trail = cli_ok(path, &["audit", "list", "--org", "acme"]);
+    trail["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "api_key.updated" && e["key_id"] == id)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn keys_update_sets_each_flag_and_audits_the_names_of_the_fields_set() {
+    use serde_json::json;
+    for pg in [false, true] {
+        let (cfg, _db) = config_on(pg);
+        let path = cfg.write();
+        let id = seed(&path, "acme", "alice", "owner", "clusters:read").key_id;
+        let id = id.as_str();
+        // (flags, field, what `keys get` then shows)
+        let steps: &[(&[&str], &str, serde_json::Value)] = &[
+            (&["--name", "renamed"], "name", json!("renamed")),
+            (&["--enabled", "false"], "enabled", json!(false)),
+            (&["--enabled", "true"], "enabled", json!(true)),
+            (
+                &["--ip-allow", "203.0.113.0/24, 2001:db8::/32,198.51.100.7"],
+                "ip_allow",
+                json!(["203.0.113.0/24", "2001:db8::/32", "198.51.100.7/32"]),
+            ),
+            (&["--ip-allow", "none"], "ip_allow", json!(null)),
+            (
+                &["--meta", r#"{"plan":"pro","seats":5}"#],
+                "meta",
+                json!({"plan": "pro", "seats": 5}),
+            ),
+            (&["--meta", "null"], "meta", json!(null)),
+            (
+                &["--meta", r#"{"plan":"free"}"#],
+                "meta",
+                json!({"plan": "free"}),
+            ),
+            (&["--meta", "none"], "meta", json!(null)),
+            (
+                &["--credits", "100"],
+                "credits",
+                json!({"remaining": 100, "refill": null}),
+            ),
+            // A refill alone keeps the count; a count alone keeps the refill.
+            (
+                &["--refill", "1000/1d"],
+                "credits",
+                json!({"remaining": 100, "refill": {"amount": 1000, "interval": "1d"}}),
+            ),
+            (
+                &["--credits", "0"],
+                "credits",
+                json!({"remaining": 0, "refill": {"amount": 1000, "interval": "1d"}}),
+            ),
+            (
+                &["--refill", "none"],
+                "credits",
+                json!({"remaining": 0, "refill": null}),
+            ),
+            (&["--credits", "none"], "credits", json!(null)),
+            // A refill on a key without credits starts at its amount.
+            (
+                &["--refill", "50/1h"],
+                "credits",
+                json!({"remaining": 50, "refill": {"amount": 50, "interval": "1h"}}),
+            ),
+            (
+                &["--rate-limit", "10/1m"],
+                "rate_limit",
+                json!({"requests": 10, "per": "1m"}),
+            ),
+            (&["--rate-limit", "none"], "rate_limit", json!(null)),
+        ];
+        for (args, field, shown) in steps {
+            let printed = update_ok(&path, id, args);
+            assert_eq!(&printed[field], shown, "{args:?} printed {printed}");
+            assert_eq!(&stored(&path, id, field), shown, "{args:?}");
+            assert!(printed.get("key").is_none(), "{printed}");
+            let newest = &updates(&path, id)[0];
+            assert_eq!(newest["fields"], json!([field]), "{args:?}: {newest}");
+            assert_eq!(newest["actor"], "cli", "{newest}");
+        }
+        assert_eq!(updates(&path, id).len(), steps.len());
+
+        // Several flags at once: one event naming each field, in the API's order.
+        let printed = update_ok(
+            &path,
+            id,
+            &["--credits", "7", "--enabled", "false", "--name", "both"],
+        );
+        assert_eq!(
+            (
+                &printed["name"],
+                &printed["enabled"],
+                &printed["credits"]["remaining"]
+            ),
+            (&json!("both"), &json!(false), &json!(7)),
+            "{printed}"
+        );
+        let newest = &updates(&path, id)[0];
+        assert_eq!(
+            newest["fields"],
+            json!(["name", "enabled", "credits"]),
+            "{newest}"
+        );
+        // Nothing but what was named changed.
+        let key = cli_ok(&path, &["keys", "get", id]);
+        assert_eq!(key["scopes"], json!(["clusters:read"]));
+        assert_eq!(key["status"], "active");
+        assert_eq!(key["rate_limit"], json!(null));
+    }
+}
+
+#[test]
+fn keys_update_refuses_bad_values_by_flag_and_changes_nothing() {
+    let cfg = config();
+    let path = cfg.write();
+    let id = seed(&path, "acme", "alice", "owner", "clusters:read").key_id;
+    let before = cli_ok(&path, &["keys", "get", &id]);
+    let big_meta = format!(r#"{{"x":"{}"}}"#, "a".repeat(4096));
+    let long_name = "n".repeat(101);
+    // (flags, the flag the message names, words it must hold)
+    let bad: &[(&[&str], &str, &str)] = &[
+        (&[], "--enabled", "at least one"),
+        (&["--name", " "], "--name", "empty"),
+        (&["--name", &long_name], "--name", "100"),
+        (&["--enabled", "yes"], "--enabled", "true"),
+        (&["--ip-allow", "10.0.0.1/8"], "--ip-allow", "10.0.0.0/8"),
+        (&["--ip-allow", "nowhere"], "--ip-allow", "CIDR"),
+        (&["--ip-allow", ","], "--ip-allow", "at least one"),
+        (&["--meta", "[1]"], "--meta", "object"),
+        (&["--meta", "{"], "--meta", "JSON"),
+        (&["--meta", &big_meta], "--meta", "4096"),
+        (&["--credits", "-1"], "--credits", "whole number"),
+        (&["--credits", "lots"], "--credits", "whole number"),
+        (
+            &["--credits", "4503599627370497"],
+            "--credits",
+            "4503599627370496",
+        ),
+        (&["--refill", "10/30s"], "--refill", "1 minute"),
+        (&["--refill", "10/90500ms"], "--refill", "whole seconds"),
+        (&["--refill", "-1/1d"], "--refill", "amount"),
+        (&["--refill", "10"], "--refill", "1000/1d"),
+        (
+            &["--credits", "none", "--refill", "10/1d"],
+            "--refill",
+            "--credits none",
+        ),
+        // No credits to keep: it would leave the key none.
+        (&["--refill", "none"], "--refill", "unlimited"),
+        (&["--rate-limit", "0/1m"], "--rate-limit", "requests"),
+        (&["--rate-limit", "10"], "--rate-limit", "100/1m"),
+        // One bad flag refuses the good ones beside it.
+        (
+            &["--name", "fine", "--ip-allow", "10.0.0.1/8"],
+            "--ip-allow",
+            "host bits",
+        ),
+    ];
+    for (args, flag, words) in bad {
+        let all: Vec<&str> = ["keys", "update", id.as_str()]
+            .iter()
+            .chain(args.iter())
+            .copied()
+            .collect();
+        let (code, out, err) = cli(&path, &all);
+        assert_eq!(code, 2, "{args:?} was accepted: {out}");
+        if !args.is_empty() {
+            assert!(err.contains(flag), "{args:?} does not name {flag}: {err}");
+        }
+        assert!(err.contains(words), "{args:?}: {err}");
+    }
+    assert_eq!(cli_ok(&path, &["keys", "get", &id]), before);
+    assert!(updates(&path, &id).is_empty());
+
+    let (code, _, err) = cli(&path, &["keys", "update", "key_nope", "--name", "x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no API key with id \"key_nope\""), "{err}");
+
+    // A revoked key is refused by name, and stays as it was.
+    let revoked = cli_ok(&path, &["keys", "revoke", &id]);
+    let (code, _, err) = cli(&path, &["keys", "update", &id, "--enabled", "false"]);
+    assert_eq!(code, 2);
+    assert!(err.contains(&id) && err.contains("revoked"), "{err}");
+    assert_eq!(cli_ok(&path, &["keys", "get", &id]), revoked);
+    assert!(updates(&path, &id).is_empty());
+}

@@ -96,6 +96,7 @@ on_both_stores!(
     rotation_validation_names_the_field,
     the_key_lifecycle_is_audited_newest_first_without_secrets,
     audit_ids_and_cursors_tell_nothing_of_other_organizations,
+    patch_changes_only_the_fields_named_and_audits_their_names,
 );
 
 async fn the_whole_lifecycle_works_and_the_secret_is_shown_once(pg: bool) {
@@ -922,4 +923,124 @@ async fn the_audit_trail_is_refused_without_api_keys_read_to_strangers_and_to_ap
     assert_eq!(res.status(), 401);
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["details"]["reason"], "wrong_credential_type", "{body}");
+}
+
+async fn patch_changes_only_the_fields_named_and_audits_their_names(pg: bool) {
+    let w = world(pg).await;
+    let s = &w.seed.session;
+    let one = format!("/api/v1/api-keys/{}", w.seed.key_id);
+    let patch = |body: Value| call(&w, reqwest::Method::PATCH, &one, s, Some(body));
+    let controls = |k: &Value| {
+        json!([
+            k["name"],
+            k["enabled"],
+            k["ip_allow"],
+            k["meta"],
+            k["rate_limit"],
+            k["credits"]
+        ])
+    };
+
+    let (status, k) = patch(json!({
+        "name": "renamed", "enabled": false, "ip_allow": ["203.0.113.0/24", "2001:db8::1"],
+        "meta": {"plan": "pro"}, "rate_limit": {"requests": 5, "per": "60s"},
+        "credits": {"refill": {"amount": 10, "interval": "24h"}},
+    }))
+    .await;
+    assert_eq!(status, 200, "{k}");
+    let changed = json!([
+        "renamed", false, ["203.0.113.0/24", "2001:db8::1/128"], {"plan": "pro"},
+        {"requests": 5, "per": "1m"}, {"remaining": 10, "refill": {"amount": 10, "interval": "1d"}},
+    ]);
+    assert_eq!(controls(&k), changed);
+    assert_eq!(k["scopes"], json!(["clusters:read"]));
+    let (_, got) = call(&w, reqwest::Method::GET, &one, s, None).await;
+    assert_eq!(controls(&got), changed, "{got}");
+
+    // A count alone keeps the refill; null clears.
+    let (status, k) = patch(json!({"credits": {"remaining": 3}})).await;
+    assert_eq!(status, 200, "{k}");
+    assert_eq!(
+        k["credits"],
+        json!({"remaining": 3, "refill": {"amount": 10, "interval": "1d"}})
+    );
+    let (status, k) = patch(json!({
+        "enabled": true, "ip_allow": null, "meta": null, "rate_limit": null, "credits": null,
+    }))
+    .await;
+    assert_eq!(status, 200, "{k}");
+    assert_eq!(
+        controls(&k),
+        json!(["renamed", true, null, null, null, null])
+    );
+
+    // Refused by field, and nothing changes.
+    for (body, field) in [
+        (json!({}), "body"),
+        (json!({"scopes": ["clusters:read"]}), "scopes"),
+        (json!({"expires_at": null}), "expires_at"),
+        (json!({"bogus": 1}), "bogus"),
+        (json!({"name": " "}), "name"),
+        (json!({"enabled": "no"}), "enabled"),
+        (json!({"ip_allow": ["10.0.0.1/8"]}), "ip_allow"),
+        (json!({"meta": [1]}), "meta"),
+        (json!({"credits": {"remaining": -1}}), "credits.remaining"),
+        // Unlimited credits have no count to keep.
+        (json!({"credits": {}}), "credits.remaining"),
+        (json!({"credits": {"refill": null}}), "credits.remaining"),
+        (
+            json!({"credits": {"refill": {"amount": -1, "interval": "1d"}}}),
+            "credits.refill.amount",
+        ),
+        (
+            json!({"credits": {"refill": {"amount": 1, "interval": "30s"}}}),
+            "credits.refill.interval",
+        ),
+    ] {
+        let (status, res) = patch(body.clone()).await;
+        assert_eq!(status, 400, "{body}: {res}");
+        assert_eq!(res["details"]["field"], field, "{body}: {res}");
+    }
+    let (_, got) = call(&w, reqwest::Method::GET, &one, s, None).await;
+    assert_eq!(
+        controls(&got),
+        json!(["renamed", true, null, null, null, null])
+    );
+
+    // One event per change, naming the fields set.
+    let audit = "/api/v1/audit-events?organization_id=acme";
+    let (_, trail) = call(&w, reqwest::Method::GET, audit, s, None).await;
+    let updates: Vec<&Value> = trail["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "api_key.updated")
+        .collect();
+    assert_eq!(updates.len(), 3, "{trail}");
+    assert_eq!(
+        updates[0]["fields"],
+        json!(["enabled", "ip_allow", "meta", "rate_limit", "credits"])
+    );
+    assert_eq!(updates[1]["fields"], json!(["credits"]));
+    assert_eq!(
+        updates[2]["fields"],
+        json!([
+            "name",
+            "enabled",
+            "ip_allow",
+            "meta",
+            "rate_limit",
+            "credits"
+        ])
+    );
+    assert_eq!(updates[0]["actor"], "alice");
+    assert_eq!(updates[0]["key_id"], w.seed.key_id.as_str());
+
+    // A revoked key cannot change.
+    let revoke = format!("{one}/revoke");
+    let (status, _) = call(&w, reqwest::Method::POST, &revoke, s, None).await;
+    assert_eq!(status, 200);
+    let (status, res) = patch(json!({"name": "again"})).await;
+    assert_eq!(status, 400, "{res}");
+    assert_eq!(res["details"]["field"], "id", "{res}");
 }

@@ -14,6 +14,7 @@ use crate::keys_service::render::{api_key, audit_event};
 use crate::store::sql::SqlStore;
 use crate::store::{LimitSpec, NewApiKey, SessionRecord};
 
+mod key_update;
 mod limits;
 
 /// Runs an admin command (everything but run, check-config and demo).
@@ -269,6 +270,7 @@ async fn keys(
                 None => Err(Failure::input(format!("no API key with id {id:?}"))),
             }
         }
+        KeysCmd::Update(args) => key_update::update(store, args, now).await,
         KeysCmd::Delete { id } => {
             if store.delete_api_key(&id).await? {
                 Ok(json!({ "deleted": id }))
@@ -294,7 +296,8 @@ async fn list_keys(store: &SqlStore, org: &str, now: i64) -> Result<Value, Failu
     Ok(json!({ "data": all }))
 }
 
-/// `keys create --name`: not blank, at most 100 characters.
+/// `keys create --name` and `keys update --name`: not blank, at most 100
+/// characters.
 fn key_name(name: &str) -> Result<(), Failure> {
     non_empty("--name", name)?;
     if name.chars().count() > 100 {
@@ -337,7 +340,8 @@ fn key_expiry(expires_in: Option<String>, now: i64) -> Result<Option<i64>, Failu
     }
 }
 
-/// `keys create --rate-limit`: the key's own limit, as REQUESTS/PERIOD.
+/// `keys create --rate-limit` and `keys update --rate-limit`: the key's own
+/// limit, as REQUESTS/PERIOD.
 fn key_rate_limit(rate_limit: Option<String>) -> Result<Option<LimitSpec>, Failure> {
     match rate_limit {
         Some(text) => Ok(Some(LimitSpec::parse_slash(&text).map_err(|p| {
