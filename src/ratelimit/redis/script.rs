@@ -257,15 +257,17 @@ impl Run {
     }
 }
 
-/// Whether two decisions are alike: the same key, parameters and op, and the same second
-/// decision or none.
+/// Whether two decisions are alike: the same key, parameters and op, the same second
+/// decision or none, and neither with a credit spend.
 fn alike(a: &Pending, b: &Pending) -> bool {
     let same_step = match (&a.then, &b.then) {
         (Some(s), Some(t)) => s.key == t.key && s.gcra == t.gcra && s.op == t.op,
         (None, None) => true,
         _ => false,
     };
-    a.key == b.key && a.gcra == b.gcra && a.op == b.op && same_step
+    // A decision with a credit spend is a run of its own: the spend is made once.
+    let no_credit = a.credit.is_none() && b.credit.is_none();
+    a.key == b.key && a.gcra == b.gcra && a.op == b.op && same_step && no_credit
 }
 
 /// `batch` in runs, in order: under load most of a batch is a few hot keys' requests.
@@ -611,9 +613,18 @@ mod tests {
             gcra: b,
             op: Op::Check,
         };
+        let credited = Pending {
+            credit: Some(CreditStep {
+                key: "cr".into(),
+                args: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+            }),
+            ..pending("k1", b, Op::Consume, None)
+        };
         let batch = [
             pending("ip1", a, Op::Peek, Some(guard("k1"))),
             pending("ip1", a, Op::Peek, Some(guard("k2"))),
+            pending("k1", b, Op::Consume, None),
+            credited,
             pending("k1", b, Op::Consume, None),
         ];
         let args = args(&script_cmd("EVALSHA", "sha", &batch, &runs(&batch)));
@@ -621,16 +632,18 @@ mod tests {
             .iter()
             .flat_map(|n| n.to_le_bytes())
             .collect();
+        let credit_args: Vec<u8> = (1..=8).flat_map(|n| f64::from(n).to_le_bytes()).collect();
         let text: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         assert_eq!(
             text,
             [
                 &b"EVALSHA"[..],
                 b"sha",
-                b"3",
+                b"4",
                 b"ip1",
                 b"k1",
                 b"k2",
+                b"cr",
                 // The two pairs, interval then burst, as doubles.
                 &params,
                 // Three runs of one: its length (top bit: paired), then each decision's
@@ -638,8 +651,14 @@ mod tests {
                 &[
                     0x80, 1, 0, 0, 0, 1, 0, 1, 0, 8, //
                     0x80, 1, 0, 0, 0, 1, 0, 2, 0, 8, //
+                    0, 1, 0, 1, 0, 10, //
+                    // A credited decision (bit 14): a run of its own, then its count's
+                    // key index and its numbers' index; and the alike one after it, too.
+                    0x40, 1, 0, 1, 0, 10, 0, 3, 0, 0, //
                     0, 1, 0, 1, 0, 10,
                 ],
+                // The credit step's numbers, as doubles.
+                &credit_args,
             ]
         );
     }
