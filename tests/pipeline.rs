@@ -938,5 +938,5 @@ async fn head_on_the_key_services_get_routes_is_its_get_answer_without_a_body() 
     // PUT on the key's path: Allow lists HEAD beside GET.
     let put = raw_request(&w, "PUT", &one, session).await;
     assert_eq!(put.status, 405, "{put:?}");
-    assert_eq!(put.header("allow"), Some("GET, HEAD, DELETE"));
+    assert_eq!(put.header("allow"), Some("GET, HEAD, DELETE, PATCH"));
 }
