@@ -339,6 +339,9 @@ async fn two_instances_on_redis_admit_exactly_the_credits_a_key_has() {
     let session = owner_session(&p.path);
     let (key, rec) = create(&p.a, &session, json!({"credits": {"remaining": 100}})).await;
     let id = rec["id"].as_str().unwrap().to_owned();
+    // Spent with the token in Redis, and given back there when authorization refuses.
+    let a = call(&p.b, "/api/v1/clusters?organization_id=other", &key, None).await;
+    assert_eq!((a.status, a.credits), (404, Some(100)));
     // 8 clients, 4 on each instance, 40 requests each: 320 asks for 100.
     let mut tasks = Vec::new();
     for i in 0..8 {

@@ -19,10 +19,10 @@
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
 #            fixed load, from its request-duration histogram, and the p99 of its wait
 #            for Redis's decisions, from the backend-duration one: own_time.py)
-#            --credits (the bench key has usage credits, more than any run spends: each
-#            request also spends one, in process on the local backend, in Redis on the
-#            other; the ratio is then a key with credits on Redis against one on the
-#            local limiter)
+#            --credits (the Redis-backed runs use a second key, one with usage credits,
+#            more than any run spends: each request also spends one, in the decision's
+#            own script call; the ratio is then a key with credits on Redis against a
+#            plain key on the local limiter)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -97,13 +97,18 @@ if [ "$OWN" = 1 ]; then
 fi
 GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
-python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 1 "$WORK/key.txt" "$WORK/invalid.txt"
-AUTH="Authorization: Bearer $(cat "$WORK/key.txt")"
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 2 "$WORK/key.txt" "$WORK/invalid.txt"
+AUTH="Authorization: Bearer $(head -n 1 "$WORK/key.txt")"
+# auth_for BACKEND: the key its runs use (with --credits, the Redis runs' has credits).
+auth_for() { if [ "$1" = redis ] && [ "$CREDITS" = 1 ]; then echo "$AUTH_CREDITS"; else echo "$AUTH"; fi; }
 if [ "$CREDITS" = 1 ]; then
-  python3 - "$WORK/gateway.db" <<'PY'
-import sqlite3, sys
+  AUTH_CREDITS="Authorization: Bearer $(sed -n 2p "$WORK/key.txt")"
+  python3 - "$WORK/gateway.db" "$(sed -n 2p "$WORK/key.txt")" <<'PY'
+import hashlib, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-db.execute("UPDATE api_keys SET credits_remaining = 4000000000000000, credits_generation = 1")
+hashed = hashlib.sha256(sys.argv[2].encode()).hexdigest()
+db.execute("UPDATE api_keys SET credits_remaining = 4000000000000000, credits_generation = 1 "
+           "WHERE key_hash = ?", (hashed,))
 db.commit()
 PY
 fi
@@ -131,10 +136,14 @@ saturate() {
   local cpu0 cpu1 calls0 calls1 t0 t1 out rps reqs
   GW="$1"
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
-  curl -sf -o /dev/null -H "$AUTH" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
-  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
+  local auth; auth=$(auth_for "$2")
+  curl -sf -D "$WORK/head.txt" -o /dev/null -H "$auth" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
+  if [ "$auth" != "$AUTH" ] && ! grep -qi '^x-credits-remaining' "$WORK/head.txt"; then
+    echo "$SCRIPT: the key with credits got no X-Credits-Remaining" >&2; exit 1
+  fi
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
   cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks)
-  out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$AUTH" "$URL")
+  out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$auth" "$URL")
   cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks)
   stop "$GW_PID"
   grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
@@ -149,7 +158,8 @@ print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {
 paced() {
   GW="$1"
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
-  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$AUTH" "$URL" >/dev/null
+  local auth; auth=$(auth_for "$2")
+  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
   rm -f "$WORK/paced.log"
   local cpu0 calls0 script0 cpu1 calls1 script1 t0 t1 s0 s1
   cpu0=$(redis_cpu); calls0=$(redis_calls); script0=$(redis_script_us); head -3 /proc/stat >"$WORK/stat0"
@@ -165,11 +175,11 @@ paced() {
   if [ "$OHA" = 1 ]; then
     # As run.sh's fixed loads: oha's bursts on its 1 ms ticks, its own lateness counted.
     taskset -c 1 oha --no-tui --output-format json --latency-correction -z "${DURATION}s" -q "$3" \
-      -c "$CONNS" -H "$AUTH" "$URL" >"$WORK/paced.log" 2>"$WORK/paced.out" ||
+      -c "$CONNS" -H "$auth" "$URL" >"$WORK/paced.log" 2>"$WORK/paced.out" ||
       { cat "$WORK/paced.out" >&2; exit 1; }
   else
     taskset -c 1 h2load --h1 -t1 -c "$CONNS" --rps "$(python3 -c "print(round($3 / $CONNS, 3))")" \
-      -D "$DURATION" -H "$AUTH" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
+      -D "$DURATION" -H "$auth" --log-file "$WORK/paced.log" "$URL" >"$WORK/paced.out" 2>&1 ||
       { cat "$WORK/paced.out" >&2; exit 1; }
   fi
   cpu1=$(redis_cpu); calls1=$(redis_calls); script1=$(redis_script_us); head -3 /proc/stat >"$WORK/stat1"

@@ -23,7 +23,7 @@ use crate::ip::Client;
 use crate::ratelimit::{Decision, Spent};
 use crate::secret::{hash_secret, SecretHash};
 use crate::store::controls::ip_allowed;
-use crate::store::{CachedApiKey, KeyStatus, SessionAuth, SessionRecord, StoreError};
+use crate::store::{CachedApiKey, Controls, KeyStatus, SessionAuth, SessionRecord, StoreError};
 
 /// What the `Authorization` field comes to before any store lookup.
 enum Probe<'a> {
@@ -288,20 +288,29 @@ fn guard_refusal(refusal: Decision, decided: &mut Option<Decision>) -> GatewayEr
 }
 
 /// 403 `ip_not_allowed` for an API key used from outside its `ip_allow`.
+#[inline]
 fn client_allowed(principal: &Principal, client: &Client<'_>) -> Result<(), GatewayError> {
-    let Principal::ApiKey(key) = principal else {
-        return Ok(());
-    };
-    let Some(nets) = key.controls().and_then(|c| c.ip_allow.as_deref()) else {
-        return Ok(());
-    };
-    if ip_allowed(nets, client.addr().ip()) {
-        return Ok(());
+    match principal {
+        Principal::ApiKey(key) => match key.controls() {
+            None => Ok(()),
+            Some(controls) => allowed_by(controls, client),
+        },
+        Principal::Session(_) => Ok(()),
     }
-    Err(GatewayError::ForbiddenRequest {
-        reason: "ip_not_allowed",
-        message: "the API key may not be used from this client address",
-    })
+}
+
+/// [`client_allowed`] for a key with controls.
+#[cold]
+fn allowed_by(controls: &Controls, client: &Client<'_>) -> Result<(), GatewayError> {
+    match &controls.ip_allow {
+        Some(nets) if !ip_allowed(nets, client.addr().ip()) => {
+            Err(GatewayError::ForbiddenRequest {
+                reason: "ip_not_allowed",
+                message: "the API key may not be used from this client address",
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 fn api_key_status(found: Option<Arc<CachedApiKey>>, now: i64) -> Result<Principal, AuthReason> {

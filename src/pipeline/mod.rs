@@ -141,22 +141,16 @@ impl Pipeline {
                 Ok(res) => res,
                 Err(err) => {
                     out.failed = Some((err.name(), err.reason()));
+                    // Refused before it spent (or given back): the count as
+                    // this instance knows it.
+                    if out.credits.is_none() {
+                        out.credits = this.peek_credits(&out);
+                    }
                     this.rescue(err, &request_id)
                 }
             };
             if head_request {
                 res = without_body(res);
-            }
-            // Refused before it spent (or given back): the count as this
-            // instance knows it.
-            if out.credits.is_none() {
-                if let Some(spend) = out
-                    .principal
-                    .as_ref()
-                    .and_then(|p| out.route.and_then(|i| credit_spend(p, &this.routes[i])))
-                {
-                    out.credits = Some(this.limiter.peek_credits(&spend, crate::clock::unix_now()));
-                }
             }
             this.record(&Answered {
                 started,
@@ -256,7 +250,7 @@ impl Pipeline {
                 Ok(validated) => validated,
                 Err(e) => {
                     out.credits = None;
-                    return Err(self.refunded(e, refund, entry).await);
+                    return Err(Box::pin(self.refunded(e, refund, entry)).await);
                 }
             };
             out.organization = validated.organization.take();
@@ -267,7 +261,7 @@ impl Pipeline {
                     Ok(grant) => Some(grant),
                     Err(e) => {
                         out.credits = None;
-                        return Err(self.refunded(e, refund, entry).await);
+                        return Err(Box::pin(self.refunded(e, refund, entry)).await);
                     }
                 },
                 None => None,
@@ -440,6 +434,14 @@ fn settle_credits(spent: Spent) -> Result<u64, GatewayError> {
 }
 
 impl Pipeline {
+    /// The credits a refused request's key has left, if it has credits.
+    #[cold]
+    fn peek_credits(&self, out: &Outcome) -> Option<u64> {
+        let principal = out.principal.as_ref()?;
+        let spend = credit_spend(principal, &self.routes[out.route?])?;
+        Some(self.limiter.peek_credits(&spend, crate::clock::unix_now()))
+    }
+
     /// `refusal`, once the credits `principal`'s key spent on `entry`'s
     /// route in stage 3 (if it did: `Some`) are given back.
     async fn refunded(
