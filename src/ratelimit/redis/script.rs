@@ -32,6 +32,14 @@ use super::super::LimiterError;
 /// and one SET per changed key. A run of `n` takes, at once, the tokens that `n` decisions
 /// one after the other would take, `k = min(n, floor((burst - debt) / T))`, exact in
 /// doubles because a run is only formed where `burst + T < 2^53` ([`Run::repeats`]).
+///
+/// A run header's bit 14 marks a decision with a credit spend (a run of one): after its
+/// decisions come four more bytes, its count's key index in KEYS and the index of its
+/// eight numbers in ARGV[3] (little-endian doubles, as [`super::super::credits::SCRIPT`]
+/// takes them: generation, creation, refill interval and amount, the cached period and
+/// count, the cost, the count's TTL in ms). The spend is made only if the decision is
+/// allowed; its number in the reply is the count left (spent), `-(left + 2)` (too few),
+/// or -1 (skipped). A count is parsed once a call and written once at its end.
 pub(super) const SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -122,28 +130,35 @@ while i < #ops do
       local key = ck1 * 256 + ck2 + 1
       local q = (q1 * 256 + q2) * 8 + 1
       local gen = cparams[q]
-      local g, p, r = gen, cparams[q + 4], cparams[q + 5]
-      local v = counts[key] or stored[key]
-      if v then
-        local sg, sp, sr = string.match(v, '^(%d+):(%d+):(%d+)$')
-        if sg and tonumber(sg) >= gen then
-          g = tonumber(sg); p = tonumber(sp); r = tonumber(sr)
+      local c = counts[key]
+      if c == nil then
+        c = { -1, 0, 0, 0 }
+        local v = stored[key]
+        if v then
+          local sg, sp, sr = string.match(v, '^(%d+):(%d+):(%d+)$')
+          if sg then c = { tonumber(sg), tonumber(sp), tonumber(sr), 0 } end
         end
+        counts[key] = c
+      end
+      if c[1] < gen then
+        c[1] = gen; c[2] = cparams[q + 4]; c[3] = cparams[q + 5]
       end
       if cparams[q + 2] > 0 then
         local np = math.floor(math.max(now_s - cparams[q + 1], 0) / cparams[q + 2])
-        if np > p then p = np; r = cparams[q + 3] end
+        if np > c[2] then c[2] = np; c[3] = cparams[q + 3] end
       end
-      if r >= cparams[q + 6] then
-        r = r - cparams[q + 6]
-        out[o] = r
+      if c[3] >= cparams[q + 6] then
+        c[3] = c[3] - cparams[q + 6]
+        out[o] = c[3]
       else
-        out[o] = -(r + 2)
+        out[o] = -(c[3] + 2)
       end
-      counts[key] = string.format('%d:%d:%d', g, p, r)
-      redis.call('SET', KEYS[key], counts[key], 'PX', cparams[q + 7])
+      c[4] = cparams[q + 7]
     end
   end
+end
+for key, c in pairs(counts) do
+  redis.call('SET', KEYS[key], string.format('%d:%d:%d', c[1], c[2], c[3]), 'PX', c[4])
 end
 for key = 1, #KEYS do
   local after = written[key]
