@@ -33,13 +33,14 @@ use super::super::LimiterError;
 /// one after the other would take, `k = min(n, floor((burst - debt) / T))`, exact in
 /// doubles because a run is only formed where `burst + T < 2^53` ([`Run::repeats`]).
 ///
-/// A run header's bit 14 marks a decision with a credit spend (a run of one): after its
-/// decisions come four more bytes, its count's key index in KEYS and the index of its
-/// eight numbers in ARGV[3] (little-endian doubles, as [`super::super::credits::SCRIPT`]
-/// takes them: generation, creation, refill interval and amount, the cached period and
-/// count, the cost, the count's TTL in ms). The spend is made only if the decision is
-/// allowed; its number in the reply is the count left (spent), `-(left + 2)` (too few),
-/// or -1 (skipped). A count is parsed once a call and written once at its end.
+/// A run header's bit 14 marks a run whose decisions each spend credits (alike in them
+/// too): after its decisions come four more bytes, its count's key index in KEYS and the
+/// index of its eight numbers in ARGV[3] (little-endian doubles, as
+/// [`super::super::credits::SCRIPT`] takes them: generation, creation, refill interval
+/// and amount, the cached period and count, the cost, the count's TTL in ms). Each
+/// allowed decision of the run spends the cost while the count lasts; the reply holds the
+/// count before the run (or -1 when none was allowed), from which [`parse`] gives each
+/// decision its own. A count is parsed once a call and written once at its end.
 pub(super) const SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -69,10 +70,12 @@ while i < #ops do
   local credit = n >= 16384
   if credit then n = n - 16384 end
   local allowed = true
+  local taken = 0
   for j = i + 2, last, 4 do
     o = o + 1
     if not allowed then
       out[o] = -1
+      taken = 0
     else
       if j > i + 2 then k1, k2, c1, c2 = string.byte(ops, j, j + 3) end
       local key = k1 * 256 + k2 + 1
@@ -97,10 +100,13 @@ while i < #ops do
       if debt < 0 then debt = 0 elseif debt > burst then debt = burst end
       allowed = debt + interval <= burst
       local after = debt
-      if op == 3 then
+      taken = 0
+      if op == 1 then
+        if allowed then taken = n end
+      elseif op == 3 then
         after = debt - n * interval
         if after < 0 then after = 0 end
-      elseif op ~= 1 then
+      else
         local k = 0
         if allowed then
           k = 1
@@ -111,6 +117,7 @@ while i < #ops do
         end
         after = debt + k * interval
         if op == 2 and k < n then after = burst end
+        taken = k
       end
       if after ~= debt then
         written[key] = after
@@ -124,7 +131,7 @@ while i < #ops do
     local ck1, ck2, q1, q2 = string.byte(ops, i, i + 3)
     i = i + 4
     o = o + 1
-    if not allowed then
+    if taken == 0 then
       out[o] = -1
     else
       local key = ck1 * 256 + ck2 + 1
@@ -147,12 +154,12 @@ while i < #ops do
         local np = math.floor(math.max(now_s - cparams[q + 1], 0) / cparams[q + 2])
         if np > c[2] then c[2] = np; c[3] = cparams[q + 3] end
       end
-      if c[3] >= cparams[q + 6] then
-        c[3] = c[3] - cparams[q + 6]
-        out[o] = c[3]
-      else
-        out[o] = -(c[3] + 2)
-      end
+      -- The run's first `taken` decisions were allowed: each spends the cost
+      -- while the count lasts. The reply is the count before them.
+      out[o] = c[3]
+      local m = math.floor(c[3] / cparams[q + 6])
+      if m > taken then m = taken end
+      c[3] = c[3] - m * cparams[q + 6]
       c[4] = cparams[q + 7]
     end
   end
@@ -240,8 +247,8 @@ pub(super) struct Run {
     len: usize,
     first: (Gcra, Op),
     then: Option<(Gcra, Op)>,
-    /// A credit spend follows (such a decision is a run of its own).
-    credit: bool,
+    /// Each decision spends this many credits, if allowed.
+    credit: Option<u64>,
 }
 
 impl Run {
@@ -254,7 +261,7 @@ impl Run {
             len: 1,
             first: (p.gcra, p.op),
             then: p.then.as_ref().map(|t| (t.gcra, t.op)),
-            credit: p.credit.is_some(),
+            credit: p.credit.as_ref().map(|c| c.args[6] as u64),
         }
     }
 
@@ -264,8 +271,7 @@ impl Run {
     /// so that every second decision is made, or none.
     fn repeats(p: &Pending) -> bool {
         let exact = |g: &Gcra| g.burst() + g.interval() <= MAX_BURST_NANOS;
-        p.credit.is_none()
-            && exact(&p.gcra)
+        exact(&p.gcra)
             && p.then
                 .as_ref()
                 .is_none_or(|t| p.op == Op::Peek && t.key != p.key && exact(&t.gcra))
@@ -273,16 +279,19 @@ impl Run {
 }
 
 /// Whether two decisions are alike: the same key, parameters and op, the same second
-/// decision or none, and neither with a credit spend.
+/// decision or none, and the same credit spend or none.
 fn alike(a: &Pending, b: &Pending) -> bool {
     let same_step = match (&a.then, &b.then) {
         (Some(s), Some(t)) => s.key == t.key && s.gcra == t.gcra && s.op == t.op,
         (None, None) => true,
         _ => false,
     };
-    // A decision with a credit spend is a run of its own: the spend is made once.
-    let no_credit = a.credit.is_none() && b.credit.is_none();
-    a.key == b.key && a.gcra == b.gcra && a.op == b.op && same_step && no_credit
+    let same_credit = match (&a.credit, &b.credit) {
+        (Some(x), Some(y)) => x.key == y.key && x.args == y.args,
+        (None, None) => true,
+        _ => false,
+    };
+    a.key == b.key && a.gcra == b.gcra && a.op == b.op && same_step && same_credit
 }
 
 /// `batch` in runs, in order: under load most of a batch is a few hot keys' requests.
@@ -411,7 +420,7 @@ pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
     };
     let n = runs.len()
         + runs.iter().filter(|run| run.then.is_some()).count()
-        + runs.iter().filter(|run| run.credit).count();
+        + runs.iter().filter(|run| run.credit.is_some()).count();
     if bytes.len() != (n + 2) * 8 {
         return Err(bad());
     }
@@ -441,22 +450,31 @@ pub(super) fn parse(value: Value, runs: &[Run]) -> RedisResult<Vec<Answer>> {
             Some(_) => int(numbers.next())?,
             None => None,
         };
-        // A count spent (n), short (-(n + 2)) or skipped (-1), each a whole number.
-        let credit = match run.credit {
-            false => None,
-            true => match numbers.next() {
+        // The credit count before the run (a whole number), or -1: none allowed.
+        let mut count = match run.credit {
+            None => None,
+            Some(_) => match numbers.next() {
                 Some(-1.0) => None,
-                Some(v) if v >= 0.0 && v.fract() == 0.0 && v < 9.0e15 => {
-                    Some(Credited::Spent(v as u64))
-                }
-                Some(v) if v <= -2.0 && v.fract() == 0.0 && v > -9.0e15 => {
-                    Some(Credited::Short((-v - 2.0) as u64))
-                }
+                Some(v) if v >= 0.0 && v.fract() == 0.0 && v < 9.0e15 => Some(v as u64),
                 _ => return Err(bad()),
             },
         };
         let (gcra, op) = run.first;
         for _ in 0..run.len {
+            // Each allowed decision spends the cost while the count lasts, as the script did.
+            let allowed = match (run.then, then) {
+                (Some((g, o)), Some(d)) => g.apply(o, d).allowed,
+                (Some(_), None) => false,
+                (None, _) => gcra.apply(op, debt).allowed,
+            };
+            let credit = match (count.as_mut(), run.credit) {
+                (Some(left), Some(cost)) if allowed && *left >= cost => {
+                    *left -= cost;
+                    Some(Credited::Spent(*left))
+                }
+                (Some(left), Some(_)) if allowed => Some(Credited::Short(*left)),
+                _ => None,
+            };
             answers.push(Answer {
                 now,
                 debt,
@@ -494,34 +512,44 @@ mod tests {
             len,
             first: (g, first),
             then: then.map(|op| (g, op)),
-            credit: false,
+            credit: None,
         }
     }
 
     #[test]
-    fn a_credit_step_is_read_after_its_decisions_and_may_be_short_or_skipped() {
+    fn a_run_s_credits_are_read_after_its_decisions_and_spent_while_they_last() {
         let credited = Run {
-            credit: true,
+            credit: Some(1),
             ..run(1, Op::Peek, Some(Op::Check))
         };
         let alone = Run {
-            credit: true,
+            credit: Some(1),
             ..run(1, Op::Check, None)
         };
-        let reply = packed(&[2.0, 5.0, 7.0, 9.0, 41.0, 1.0, -2.0, 3.0, -1.0]);
-        let answers = parse(reply, &[credited, alone, alone]).unwrap();
-        let credits: Vec<_> = answers.iter().map(|a| (a.then, a.credit)).collect();
+        let three = Run {
+            credit: Some(1),
+            ..run(3, Op::Check, None)
+        };
+        let reply = packed(&[2.0, 5.0, 7.0, 9.0, 42.0, 1.0, 0.0, 3.0, -1.0, 70.0, 2.0]);
+        let answers = parse(reply, &[credited, alone, alone, three]).unwrap();
+        let credits: Vec<_> = answers.iter().map(|a| a.credit).collect();
         assert_eq!(
             credits,
             [
-                (Some(9), Some(Credited::Spent(41))),
-                (None, Some(Credited::Short(0))),
-                (None, None),
+                Some(Credited::Spent(41)),
+                Some(Credited::Short(0)),
+                None,
+                // Three allowed checks (debts 70, 80, 90 of 100) on a count of 2.
+                Some(Credited::Spent(1)),
+                Some(Credited::Spent(0)),
+                Some(Credited::Short(0)),
             ]
         );
-        // Neither a fraction nor a value between -2 and -1 is a count.
+        // A refused decision spends nothing; a fraction or a negative is no count.
+        let refused = packed(&[2.0, 5.0, 100.0, 5.0]);
+        assert_eq!(parse(refused, &[alone]).unwrap()[0].credit, None);
         assert!(parse(packed(&[2.0, 5.0, 1.0, 0.5]), &[alone]).is_err());
-        assert!(parse(packed(&[2.0, 5.0, 1.0, -1.5]), &[alone]).is_err());
+        assert!(parse(packed(&[2.0, 5.0, 1.0, -2.0]), &[alone]).is_err());
         assert!(parse(packed(&[2.0, 5.0, 1.0]), &[alone]).is_err());
     }
 
