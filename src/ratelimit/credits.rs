@@ -48,6 +48,15 @@ pub enum Spent {
     Unavailable,
 }
 
+/// What a credit step in a decision's Redis call made of a key's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credited {
+    /// Spent: this many are left.
+    Spent(u64),
+    /// Too few for the cost (this many): nothing spent.
+    Short(u64),
+}
+
 /// One key's count as this instance knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Count {
@@ -238,15 +247,14 @@ fn exhausted(spend: &CreditSpend<'_>, remaining: u64, now: i64) -> Spent {
     }
 }
 
-/// A credit step's outcome in a decision's call ([`super::redis::Credited`]), noted in
+/// A credit step's outcome in a decision's call ([`Credited`]), noted in
 /// `book` (the period it was counted in is the one at `now`).
 pub(super) fn credited(
     book: &CreditBook,
     spend: &CreditSpend<'_>,
-    credited: super::redis::Credited,
+    credited: Credited,
     now: i64,
 ) -> Spent {
-    use super::redis::Credited;
     let remaining = match credited {
         Credited::Spent(n) | Credited::Short(n) => n,
     };

@@ -335,7 +335,7 @@ impl RateLimiter {
     /// What Redis's credit step answered, noted in the book.
     fn redis_spent(
         &self,
-        credited: Option<super::redis::Credited>,
+        credited: Option<credits::Credited>,
         credit: Option<(&CreditSpend<'_>, i64)>,
     ) -> Option<Spent> {
         let (spend, now) = credit?;
@@ -737,7 +737,7 @@ impl Remote {
         first: (PolicyId, &str, Gcra, Op),
         then: (PolicyId, &str, Gcra, Op),
         credit: Option<(&CreditSpend<'_>, i64)>,
-    ) -> Result<(Decision, Option<Decision>, Option<super::redis::Credited>), Failed> {
+    ) -> Result<(Decision, Option<Decision>, Option<credits::Credited>), Failed> {
         let limiter = self.limiter().await.map_err(unattributed)?;
         let started = crate::clock::now();
         let mut span = redis_span("guard_then_check");

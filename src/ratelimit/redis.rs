@@ -34,8 +34,8 @@ use ::redis::Script;
 use tokio::sync::oneshot;
 
 use self::batch::Batcher;
-pub(crate) use self::script::Credited;
 use self::script::{Answer, CreditStep, Pending, Step};
+use super::credits::Credited;
 use super::gcra::{Gcra, Op};
 use super::nodes::slot as key_slot;
 use super::redis_target::{RedisConn, RedisTarget};

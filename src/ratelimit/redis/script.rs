@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 
+use super::super::credits::Credited;
 use super::super::gcra::{Gcra, Op, MAX_BURST_NANOS};
 use super::super::LimiterError;
 
@@ -198,15 +199,6 @@ pub(super) struct Answer {
     /// The credit spend's outcome; `None` when it was skipped (the decision refused) or
     /// there was none.
     pub(super) credit: Option<Credited>,
-}
-
-/// What a credit spend made of a key's count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Credited {
-    /// Spent: this many are left.
-    Spent(u64),
-    /// Too few for the cost (this many): nothing spent.
-    Short(u64),
 }
 
 /// A key's credit spend, made in the same call right after its decision (and the second
