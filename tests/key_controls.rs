@@ -5,7 +5,8 @@
 //! trusted proxy; bad input refused by field with nothing changed. On
 //! PostgreSQL and Redis, two instances: exactly the credits a key has under
 //! concurrent load on both, one refill when both cross a boundary, and a
-//! `PATCH` on one seen by the other within a second.
+//! `PATCH` on one seen by the other within a second; while Redis is down,
+//! credits spent as `on_backend_error` says.
 mod common;
 
 use common::scale::{redis_url, within, PgDb, RedisPrefix};
@@ -451,4 +452,58 @@ async fn a_patch_on_one_instance_is_seen_by_the_other_within_a_second() {
     })
     .await;
     assert!(seen.is_some_and(|t| t <= Duration::from_millis(1100)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_credits_are_spent_as_on_backend_error_says() {
+    use common::scale::{host_port, via, ProxyMode, TcpProxy};
+    let prefix = RedisPrefix::new();
+    let proxy = TcpProxy::start(host_port(&redis_url())).await;
+    let up = MockUpstream::start().await;
+    let mut cfg = config(&up);
+    cfg.set("rate_limit.redis_timeout", "200ms");
+    cfg.redis(&via(&redis_url(), proxy.addr), &prefix.0);
+    let mut gws = Vec::new();
+    let mut session = None;
+    for mode in ["local", "deny", "allow"] {
+        cfg.set("rate_limit.on_backend_error", mode);
+        let path = cfg.write_as(&format!("{mode}.toml"));
+        if session.is_none() {
+            session = Some(owner_session(&path));
+        }
+        gws.push((mode, Gateway::start(&path)));
+    }
+    let session = session.unwrap();
+    // Redis answers: two of five credits spent from each key's count there.
+    let mut keys = Vec::new();
+    for (_, gw) in &gws {
+        let (key, _) = create(gw, &session, json!({"credits": {"remaining": 5}})).await;
+        for left in [4, 3] {
+            assert_eq!(call(gw, CLUSTERS, &key, None).await.credits, Some(left));
+        }
+        keys.push(key);
+    }
+    proxy.set(ProxyMode::Cut);
+    for ((mode, gw), key) in gws.iter().zip(&keys) {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let a = call(gw, CLUSTERS, key, None).await;
+            seen.push((a.status, a.credits, a.body["details"]["reason"].clone()));
+        }
+        let exhausted = json!("credits_exhausted");
+        let want = match *mode {
+            // From the last count this instance saw: 3 more, then none.
+            "local" => vec![
+                (200, Some(2), Value::Null),
+                (200, Some(1), Value::Null),
+                (200, Some(0), Value::Null),
+                (429, Some(0), exhausted),
+            ],
+            // The rate limit refuses: nothing is spent.
+            "deny" => vec![(429, Some(3), Value::Null); 4],
+            // Let through, spending nothing.
+            _ => vec![(200, Some(3), Value::Null); 4],
+        };
+        assert_eq!(seen, want, "on_backend_error = {mode}");
+    }
 }
