@@ -583,8 +583,10 @@ async fn request_ids_are_kept_when_sane_and_made_otherwise() {
 #[tokio::test]
 async fn secrets_never_reach_the_log() {
     let w = world(|_| {}).await;
+    // One character changed: to 'Z', or to 'Y' where it was a 'Z' already.
     let mut wrong = w.seed.key.clone();
-    wrong.replace_range(10..11, "Z");
+    let other = if &wrong[10..11] == "Z" { "Y" } else { "Z" };
+    wrong.replace_range(10..11, other);
     let in_query = format!("/api/v1/clusters?organization_id=acme&token={}", w.seed.key);
     let sent: [(&str, &str, u16); 5] = [
         (CLUSTERS, &w.seed.key, 200),
