@@ -298,21 +298,12 @@ impl RateLimiter {
         };
         let now = self.now();
         if remote.may_try(now, &[(policy, key)]) {
-            let answer = match remote.limiter().await {
-                Ok(limiter) => {
-                    let started = crate::clock::now();
-                    let mut span = redis_span("check");
-                    let answer = limiter
-                        .decide_spending(policy, key, gcra, Op::Check, credit)
-                        .await;
-                    remote.record_latency(started);
-                    if let (Some(span), Err(e)) = (span.as_mut(), &answer) {
-                        span.fail(&e.error);
-                    }
-                    answer
-                }
-                Err(e) => Err(unattributed(e)),
-            };
+            let answer = remote
+                .call("check", |l| async move {
+                    l.decide_spending(policy, key, gcra, Op::Check, credit)
+                        .await
+                })
+                .await;
             match answer {
                 Ok((decision, credited)) => {
                     remote.mark_up(now, &[(policy, key)]);
@@ -395,19 +386,12 @@ impl RateLimiter {
     ) -> Spent {
         let at = self.now();
         if remote.may_try(at, &[]) {
-            let answer = match remote.limiter().await {
-                Ok(limiter) => {
-                    let started = crate::clock::now();
-                    let mut span = redis_span("credits");
-                    let answer = limiter.spend_credits(spend, now).await;
-                    remote.record_latency(started);
-                    if let (Some(span), Err(e)) = (span.as_mut(), &answer) {
-                        span.fail(&e.error);
-                    }
-                    answer
-                }
-                Err(e) => Err(unattributed(e)),
-            };
+            let answer = remote
+                .call(
+                    "credits",
+                    |l| async move { l.spend_credits(spend, now).await },
+                )
+                .await;
             match answer {
                 Ok(reply) => {
                     remote.mark_up(at, &[]);
@@ -444,10 +428,11 @@ impl RateLimiter {
             self.credits.refund(spend, now);
             return;
         };
-        let refunded = match remote.limiter().await {
-            Ok(limiter) => limiter.refund_credits(spend, now).await,
-            Err(e) => Err(unattributed(e)),
-        };
+        let refunded = remote
+            .call("credits_refund", |l| async move {
+                l.refund_credits(spend, now).await
+            })
+            .await;
         match refunded {
             Ok(reply) => {
                 credits::answered(&self.credits, spend, reply);
@@ -718,17 +703,10 @@ impl Remote {
         gcra: Gcra,
         op: Op,
     ) -> Result<Decision, Failed> {
-        let limiter = self.limiter().await.map_err(unattributed)?;
-        // The request path's clock, read once per poll: the wait spans two polls, and a
-        // reading per poll is exact to within one (microseconds).
-        let started = crate::clock::now();
-        let mut span = redis_span(op.name());
-        let decision = limiter.decide(policy, key, gcra, op).await;
-        self.record_latency(started);
-        if let (Some(span), Err(e)) = (span.as_mut(), &decision) {
-            span.fail(&e.error);
-        }
-        decision
+        self.call(op.name(), |l| async move {
+            l.decide(policy, key, gcra, op).await
+        })
+        .await
     }
 
     /// `first`, then `then` only if `first` is allowed ([`RedisLimiter::decide_then`]).
@@ -738,15 +716,30 @@ impl Remote {
         then: (PolicyId, &str, Gcra, Op),
         credit: Option<(&CreditSpend<'_>, i64)>,
     ) -> Result<(Decision, Option<Decision>, Option<credits::Credited>), Failed> {
+        self.call("guard_then_check", |l| async move {
+            l.decide_then_spending(first, then, credit).await
+        })
+        .await
+    }
+
+    /// One call to Redis by `call` on the connected limiter (connecting first if need
+    /// be): timed, and traced as `op` when the request is sampled.
+    async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T, Failed>
+    where
+        F: FnOnce(Arc<RedisLimiter>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Failed>>,
+    {
         let limiter = self.limiter().await.map_err(unattributed)?;
+        // The request path's clock, read once per poll: the wait spans two polls, and a
+        // reading per poll is exact to within one (microseconds).
         let started = crate::clock::now();
-        let mut span = redis_span("guard_then_check");
-        let decisions = limiter.decide_then_spending(first, then, credit).await;
+        let mut span = redis_span(op);
+        let answer = call(limiter).await;
         self.record_latency(started);
-        if let (Some(span), Err(e)) = (span.as_mut(), &decisions) {
+        if let (Some(span), Err(e)) = (span.as_mut(), &answer) {
             span.fail(&e.error);
         }
-        decisions
+        answer
     }
 
     /// Records a call to Redis begun at `started` (a [`crate::clock::now`] reading).
@@ -860,7 +853,8 @@ mod tests;
 
 /// The trace span of a call to Redis, when the request is sampled.
 /// `op` says which: `check`, `peek`, `consume`, `refund` (the auth-failure
-/// guard's), `guard_then_check`, or `credits` (a key's credit spend).
+/// guard's), `guard_then_check`, `credits` or `credits_refund` (a key's credit spend
+/// made alone, or given back).
 fn redis_span(op: &'static str) -> Option<crate::trace::ChildSpan> {
     let mut span = crate::trace::child("ratelimit.redis", opentelemetry::trace::SpanKind::Client)?;
     span.set("db.system.name", "redis");
