@@ -334,28 +334,18 @@ async fn pair() -> Pair {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_on_redis_admit_exactly_the_credits_a_key_has() {
-    let p = pair().await;
-    let session = owner_session(&p.path);
-    let (key, rec) = create(&p.a, &session, json!({"credits": {"remaining": 100}})).await;
-    let id = rec["id"].as_str().unwrap().to_owned();
-    // Spent with the token in Redis, and given back there when authorization refuses.
-    let a = call(&p.b, "/api/v1/clusters?organization_id=other", &key, None).await;
-    assert_eq!((a.status, a.credits), (404, Some(100)));
-    // 8 clients, 4 on each instance, 40 requests each: 320 asks for 100.
+/// Requests by `clients` concurrent clients, every other one on each
+/// instance, `each` requests apiece with `key`: how many were let through
+/// (any answer but 200 or 429 fails the test).
+async fn admitted(p: &Pair, key: &str, clients: usize, each: usize) -> usize {
     let mut tasks = Vec::new();
-    for i in 0..8 {
-        let url = if i % 2 == 0 {
-            p.a.url(CLUSTERS)
-        } else {
-            p.b.url(CLUSTERS)
-        };
-        let key = key.clone();
+    for i in 0..clients {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        let (url, key) = (gw.url(CLUSTERS), key.to_owned());
         tasks.push(tokio::spawn(async move {
             let c = client();
             let mut ok = 0;
-            for _ in 0..40 {
+            for _ in 0..each {
                 let res = c.get(&url).bearer_auth(&key).send().await.unwrap();
                 match res.status().as_u16() {
                     200 => ok += 1,
@@ -370,6 +360,20 @@ async fn two_instances_on_redis_admit_exactly_the_credits_a_key_has() {
     for t in tasks {
         admitted += t.await.unwrap();
     }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_redis_admit_exactly_the_credits_a_key_has() {
+    let p = pair().await;
+    let session = owner_session(&p.path);
+    let (key, rec) = create(&p.a, &session, json!({"credits": {"remaining": 100}})).await;
+    let id = rec["id"].as_str().unwrap().to_owned();
+    // Spent with the token in Redis, and given back there when authorization refuses.
+    let a = call(&p.b, "/api/v1/clusters?organization_id=other", &key, None).await;
+    assert_eq!((a.status, a.credits), (404, Some(100)));
+    // 8 clients, 4 on each instance, 40 requests each: 320 asks for 100.
+    let admitted = admitted(&p, &key, 8, 40).await;
     assert_eq!(admitted, 100);
     // The store's copy follows within a few seconds, for display.
     let shown = within(Duration::from_secs(6), || async {
@@ -403,25 +407,7 @@ async fn a_refill_crossed_by_both_instances_at_once_happens_once() {
         .unwrap();
     // Both caches take the new time (cache_ttl is 1 s), then the boundary passes.
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    let mut tasks = Vec::new();
-    for i in 0..10 {
-        let url = if i % 2 == 0 {
-            p.a.url(CLUSTERS)
-        } else {
-            p.b.url(CLUSTERS)
-        };
-        let key = key.clone();
-        tasks.push(tokio::spawn(async move {
-            let res = client().get(&url).bearer_auth(&key).send().await.unwrap();
-            res.status().as_u16()
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        if t.await.unwrap() == 200 {
-            admitted += 1;
-        }
-    }
+    let admitted = admitted(&p, &key, 10, 1).await;
     assert_eq!(admitted, 6, "one refill of 6, not one per instance");
 }
 
