@@ -8,17 +8,15 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 mod input;
 pub mod render;
 
-pub(crate) use input::paging;
 pub use input::MAX_GRACE_SECONDS;
-use input::{
-    create_controls, grace_period, key_update, only_fields, parse_future_time, rate_limit,
-};
+use input::{create_controls, key_update, only_fields, parse_future_time, rate_limit};
+pub(crate) use input::{grace_period, json_object, paging};
 
 use crate::auth::Principal;
 use crate::clock::unix_now;
@@ -28,9 +26,9 @@ use crate::error::GatewayError;
 use crate::http_core::body::{self, Body};
 use crate::secret::looks_like_secret;
 use crate::store::cache::CachedKeyStore;
-use crate::store::sql::{CreditsUpdate, SqlStore};
-use crate::store::NewApiKey;
+use crate::store::sql::{CreditsUpdate, KeyUpdate, SqlStore};
 use crate::store::{Actor, ApiKeyRecord, Change, StoreError};
+use crate::store::{KeyControls, LimitSpec, NewApiKey};
 
 /// The fields a create body may hold.
 const CREATE_FIELDS: [&str; 8] = [
@@ -151,47 +149,22 @@ impl KeysService {
     ) -> Result<Response<Body>, GatewayError> {
         let limit = self.settings.server.limits.max_body_bytes;
         let bytes = read_body(req.into_body(), limit).await?;
-        let input: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
-        let input = input
-            .as_object()
-            .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
-        only_fields(input, "body", &CREATE_FIELDS)?;
-        let name = input::name(input.get("name"))?;
-        let scopes = self.scopes(input.get("scopes"))?;
-        let expires_at = match input.get("expires_at") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(parse_future_time(s, now)?),
-            Some(_) => {
-                return Err(GatewayError::bad_field(
-                    "expires_at",
-                    "must be an RFC 3339 timestamp string",
-                ))
-            }
-        };
-        let rate_limit = rate_limit(input.get("rate_limit"))?;
-        let controls = create_controls(input)?;
+        let input = json_object(&bytes)?;
+        let fields = key_fields(&self.settings, &input, now)?;
         // A key can never carry more than its creator's role grants.
         let roles = &self.settings.roles;
-        if let Some(missing) = scopes.iter().find(|s| !roles.allows(caller.role, s)) {
+        if let Some(missing) = (fields.scopes.iter()).find(|s| !roles.allows(caller.role, s)) {
             return Err(GatewayError::Forbidden {
                 required_scope: missing.clone(),
             });
         }
-        let new = NewApiKey {
-            organization_id: caller.organization.to_string(),
-            user_id: caller.principal.user_id().to_string(),
-            name,
-            scopes,
-            expires_at,
-            rate_limit,
-            controls,
-        };
+        let new = fields.owned_by(caller.organization, caller.principal.user_id());
         let created = self.store.create_api_key_by(new, &caller.actor()).await;
         let (secret, record) = created.map_err(store_error)?;
-        let mut body = render::api_key(&record, now);
-        body["key"] = Value::String(secret);
-        Ok(json_response(StatusCode::CREATED, &body))
+        Ok(json_response(
+            StatusCode::CREATED,
+            &render::api_key_with_secret(&record, secret, now),
+        ))
     }
 
     /// `POST …/{id}/rotate`: a new key like `key`; `key` stops working after
@@ -229,9 +202,10 @@ impl KeysService {
             .map_err(store_error)?
             .ok_or(GatewayError::NotFound)?;
         self.cache.invalidate(&Change::ApiKey { id: key.id });
-        let mut body = render::api_key(&rotation.new, now);
-        body["key"] = Value::String(rotation.secret);
-        Ok(json_response(StatusCode::CREATED, &body))
+        Ok(json_response(
+            StatusCode::CREATED,
+            &render::api_key_with_secret(&rotation.new, rotation.secret, now),
+        ))
     }
 
     /// `PATCH …/{id}`: changes any of the key's name, enabled flag, allowed
@@ -245,28 +219,7 @@ impl KeysService {
     ) -> Result<Response<Body>, GatewayError> {
         let limit = self.settings.server.limits.max_body_bytes;
         let bytes = read_body(req.into_body(), limit).await?;
-        let update = key_update(&bytes)?;
-        if key.status(now) == crate::store::KeyStatus::Revoked {
-            return Err(GatewayError::bad_field(
-                "id",
-                "names a revoked key, and a revoked key cannot change",
-            ));
-        }
-        // A key with unlimited credits has no count to keep: as on create,
-        // it needs `remaining` or a refill, never silently none left.
-        let keeps_count = matches!(
-            update.credits,
-            Some(CreditsUpdate::Set {
-                remaining: None,
-                refill: None | Some(None),
-            })
-        );
-        if keeps_count && key.controls.credits.is_none() {
-            return Err(GatewayError::bad_field(
-                "credits.remaining",
-                "is required for a key with unlimited credits, unless a refill is given",
-            ));
-        }
+        let update = checked_update(&key, &bytes, now)?;
         let record = self
             .store
             .update_api_key_by(&key.id, &update, now, &caller.actor())
@@ -278,44 +231,6 @@ impl KeysService {
             StatusCode::OK,
             &render::api_key(&record, now),
         ))
-    }
-
-    fn scopes(&self, value: Option<&Value>) -> Result<Vec<String>, GatewayError> {
-        let list = match value {
-            Some(Value::Array(list)) => list,
-            Some(_) => {
-                return Err(GatewayError::bad_field(
-                    "scopes",
-                    "must be an array of scope names",
-                ))
-            }
-            None => return Err(GatewayError::bad_field("scopes", "is required")),
-        };
-        if list.is_empty() {
-            return Err(GatewayError::bad_field("scopes", "must not be empty"));
-        }
-        let mut scopes: Vec<String> = Vec::with_capacity(list.len());
-        for item in list {
-            let Value::String(s) = item else {
-                return Err(GatewayError::bad_field(
-                    "scopes",
-                    "must be an array of strings",
-                ));
-            };
-            if !self.settings.known_scopes.contains(s) {
-                // Never echo a credential pasted in the wrong place.
-                let what = if looks_like_secret(s.bytes()) {
-                    "holds an unknown scope".to_string()
-                } else {
-                    format!("unknown scope {s:?}")
-                };
-                return Err(GatewayError::bad_field("scopes", &what));
-            }
-            if !scopes.contains(s) {
-                scopes.push(s.clone());
-            }
-        }
-        Ok(scopes)
     }
 
     async fn list(
@@ -358,8 +273,132 @@ impl KeysService {
     }
 }
 
+/// A new key's fields from a create body, checked: all but its owner.
+pub(crate) struct KeyFields {
+    name: String,
+    scopes: Vec<String>,
+    expires_at: Option<i64>,
+    rate_limit: Option<LimitSpec>,
+    controls: KeyControls,
+}
+
+impl KeyFields {
+    /// The key to create for `user` in `organization`.
+    pub(crate) fn owned_by(self, organization: &str, user: &str) -> NewApiKey {
+        NewApiKey {
+            organization_id: organization.to_owned(),
+            user_id: user.to_owned(),
+            name: self.name,
+            scopes: self.scopes,
+            expires_at: self.expires_at,
+            rate_limit: self.rate_limit,
+            controls: self.controls,
+        }
+    }
+}
+
+/// The fields of a create body `input` at `now`, each checked, as is that
+/// it holds no other (400 naming the field).
+pub(crate) fn key_fields(
+    settings: &Settings,
+    input: &Map<String, Value>,
+    now: i64,
+) -> Result<KeyFields, GatewayError> {
+    only_fields(input, "body", &CREATE_FIELDS)?;
+    let name = input::name(input.get("name"))?;
+    let scopes = scopes(settings, input.get("scopes"))?;
+    let expires_at = match input.get("expires_at") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(parse_future_time(s, now)?),
+        Some(_) => {
+            return Err(GatewayError::bad_field(
+                "expires_at",
+                "must be an RFC 3339 timestamp string",
+            ))
+        }
+    };
+    Ok(KeyFields {
+        name,
+        scopes,
+        expires_at,
+        rate_limit: rate_limit(input.get("rate_limit"))?,
+        controls: create_controls(input)?,
+    })
+}
+
+/// A PATCH body for `key` at `now`, checked: 400 naming the field, or the
+/// `id` of a revoked key, which cannot change.
+pub(crate) fn checked_update(
+    key: &ApiKeyRecord,
+    bytes: &[u8],
+    now: i64,
+) -> Result<KeyUpdate, GatewayError> {
+    let update = key_update(bytes)?;
+    if key.status(now) == crate::store::KeyStatus::Revoked {
+        return Err(GatewayError::bad_field(
+            "id",
+            "names a revoked key, and a revoked key cannot change",
+        ));
+    }
+    // A key with unlimited credits has no count to keep: as on create,
+    // it needs `remaining` or a refill, never silently none left.
+    let keeps_count = matches!(
+        update.credits,
+        Some(CreditsUpdate::Set {
+            remaining: None,
+            refill: None | Some(None),
+        })
+    );
+    if keeps_count && key.controls.credits.is_none() {
+        return Err(GatewayError::bad_field(
+            "credits.remaining",
+            "is required for a key with unlimited credits, unless a refill is given",
+        ));
+    }
+    Ok(update)
+}
+
+/// A create body's `scopes`: a non-empty list of known scope names, each once.
+fn scopes(settings: &Settings, value: Option<&Value>) -> Result<Vec<String>, GatewayError> {
+    let list = match value {
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(GatewayError::bad_field(
+                "scopes",
+                "must be an array of scope names",
+            ))
+        }
+        None => return Err(GatewayError::bad_field("scopes", "is required")),
+    };
+    if list.is_empty() {
+        return Err(GatewayError::bad_field("scopes", "must not be empty"));
+    }
+    let mut scopes: Vec<String> = Vec::with_capacity(list.len());
+    for item in list {
+        let Value::String(s) = item else {
+            return Err(GatewayError::bad_field(
+                "scopes",
+                "must be an array of strings",
+            ));
+        };
+        if !settings.known_scopes.contains(s) {
+            // Never echo a credential pasted in the wrong place.
+            let what = if looks_like_secret(s.bytes()) {
+                "holds an unknown scope".to_string()
+            } else {
+                format!("unknown scope {s:?}")
+            };
+            return Err(GatewayError::bad_field("scopes", &what));
+        }
+        if !scopes.contains(s) {
+            scopes.push(s.clone());
+        }
+    }
+    Ok(scopes)
+}
+
 /// A store error of a list: a cursor it did not issue is the caller's 400.
-fn page_error(e: StoreError) -> GatewayError {
+pub(crate) fn page_error(e: StoreError) -> GatewayError {
     match e {
         StoreError::Invalid(_) => {
             GatewayError::bad_field("cursor", "is not a cursor this service issued")
@@ -403,7 +442,7 @@ fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
 /// A store error as the key service's answer: as `From<StoreError> for
 /// GatewayError` maps it, except that refused input is quoted as the store
 /// put it, without the "invalid" in front.
-fn store_error(e: StoreError) -> GatewayError {
+pub(crate) fn store_error(e: StoreError) -> GatewayError {
     match e {
         StoreError::Invalid(what) => GatewayError::BadRequest {
             message: what.into(),

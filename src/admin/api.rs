@@ -1,6 +1,6 @@
 //! The admin API, `/admin/v1` on the admin listener: organizations, users,
-//! memberships, sessions and organizations' limits, for a dashboard's backend or a provisioning
-//! job, behind `Authorization: Bearer mpga_…` (an admin token, looked up in
+//! memberships, sessions, organizations' limits, and keys (`keys.rs`), for
+//! a dashboard's backend or a provisioning job, behind `Authorization: Bearer mpga_…` (an admin token, looked up in
 //! the store on every request, so a revocation holds at once). The store's
 //! operations are the ones the command line calls; this is their HTTP face.
 use bytes::Bytes;
@@ -8,6 +8,8 @@ use http::header::{HeaderValue, AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
+
+mod keys;
 
 use super::json_response;
 use super::render;
@@ -44,12 +46,12 @@ pub(crate) async fn serve(
 
 /// What every admin API answer needs besides its route and body.
 #[derive(Clone, Copy)]
-struct Ctx<'a> {
-    store: &'a SqlStore,
-    settings: &'a Settings,
+pub(super) struct Ctx<'a> {
+    pub(super) store: &'a SqlStore,
+    pub(super) settings: &'a Settings,
     /// The audit trail's actor: the admin token, from this client.
-    actor: &'a Actor,
-    query: Option<&'a str>,
+    pub(super) actor: &'a Actor,
+    pub(super) query: Option<&'a str>,
 }
 
 async fn answer(
@@ -86,6 +88,10 @@ async fn answer(
     match segments.as_slice() {
         ["organizations", _, "members", ..] => members(&ctx, m, &segments, body).await,
         ["organizations", _, "limits", ..] => limits(&ctx, m, &segments, body).await,
+        ["organizations", _, "keys" | "audit-events"] => {
+            keys::of_organization(&ctx, m, &segments, body).await
+        }
+        ["keys", ..] => keys::key(&ctx, m, &segments, body).await,
         ["organizations", ..] => organizations(&ctx, m, &segments, body).await,
         ["sessions", ..] | ["users", _, "sessions", ..] => sessions(&ctx, m, &segments, body).await,
         ["users", ..] => users(&ctx, m, &segments, body).await,
@@ -382,9 +388,12 @@ async fn authenticate(
 }
 
 /// 405 with `Allow` for a path the API serves with other methods; else 404.
-fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
+pub(super) fn not_allowed_or_not_found(segments: &[&str]) -> GatewayError {
     let allow = match segments {
-        ["organizations"] | ["users"] => "GET, POST",
+        ["organizations"] | ["users"] | ["organizations", _, "keys"] => "GET, POST",
+        ["organizations", _, "audit-events"] => "GET",
+        ["keys", _] => "GET, PATCH, DELETE",
+        ["keys", _, "revoke" | "rotate"] => "POST",
         ["organizations", _] | ["users", _] => "GET, DELETE",
         ["organizations", _, "members"] | ["users", _, "sessions"] => "GET",
         ["organizations", _, "members", _] | ["organizations", _, "limits", _] => "PUT, DELETE",
@@ -415,15 +424,15 @@ fn known_policy(settings: &Settings, policy: &str) -> Result<(), GatewayError> {
     ))
 }
 
+/// The request body, up to [`MAX_BODY`] bytes (413 past it).
+pub(super) async fn read_bytes(body: RequestBody) -> Result<Bytes, GatewayError> {
+    let body = Body::new(crate::http_core::body::Limited::new(body, MAX_BODY));
+    crate::keys_service::read_body(body, MAX_BODY).await
+}
+
 /// The request body as a JSON object holding only `fields`.
 async fn object(body: RequestBody, fields: &[&str]) -> Result<Map<String, Value>, GatewayError> {
-    let body = Body::new(crate::http_core::body::Limited::new(body, MAX_BODY));
-    let bytes: Bytes = crate::keys_service::read_body(body, MAX_BODY).await?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
-    let Value::Object(map) = value else {
-        return Err(GatewayError::bad_field("body", "must be a JSON object"));
-    };
+    let map = crate::keys_service::json_object(&read_bytes(body).await?)?;
     if let Some(unknown) = map.keys().find(|k| !fields.contains(&k.as_str())) {
         if crate::secret::looks_like_secret(unknown.bytes()) {
             return Err(GatewayError::bad_field("body", "holds an unknown field"));
@@ -433,7 +442,10 @@ async fn object(body: RequestBody, fields: &[&str]) -> Result<Map<String, Value>
     Ok(map)
 }
 
-fn required_string(input: &Map<String, Value>, field: &str) -> Result<String, GatewayError> {
+pub(super) fn required_string(
+    input: &Map<String, Value>,
+    field: &str,
+) -> Result<String, GatewayError> {
     match input.get(field) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         Some(Value::String(_)) => Err(GatewayError::bad_field(field, "must not be empty")),
@@ -508,7 +520,7 @@ fn id_error(e: StoreError) -> GatewayError {
     }
 }
 
-fn no_content() -> Response<Body> {
+pub(super) fn no_content() -> Response<Body> {
     let mut res = Response::new(body::empty());
     *res.status_mut() = StatusCode::NO_CONTENT;
     res

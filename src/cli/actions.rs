@@ -10,7 +10,7 @@ use crate::admin::render;
 use crate::app::open_store;
 use crate::clock::unix_now;
 use crate::config::{parse_duration, Settings};
-use crate::keys_service::render::{api_key, audit_event};
+use crate::keys_service::render::{api_key, api_key_with_secret, audit_event};
 use crate::store::sql::SqlStore;
 use crate::store::{LimitSpec, NewApiKey, SessionRecord};
 
@@ -246,9 +246,7 @@ async fn keys(
                 controls: Default::default(),
             };
             let (secret, record) = store.create_api_key(new).await?;
-            let mut v = api_key(&record, now);
-            v["key"] = Value::String(secret);
-            Ok(v)
+            Ok(api_key_with_secret(&record, secret, now))
         }
         KeysCmd::List { org } => list_keys(store, &org, now).await,
         KeysCmd::Get { id } => match store.get_api_key(&id).await? {
@@ -262,11 +260,7 @@ async fn keys(
         KeysCmd::Rotate { id, grace } => {
             let grace = grace.as_deref().map(grace_arg).transpose()?.unwrap_or(0);
             match store.rotate_api_key(&id, grace, now).await? {
-                Some(r) => {
-                    let mut v = api_key(&r.new, now);
-                    v["key"] = Value::String(r.secret);
-                    Ok(v)
-                }
+                Some(r) => Ok(api_key_with_secret(&r.new, r.secret, now)),
                 None => Err(Failure::input(format!("no API key with id {id:?}"))),
             }
         }

@@ -42,20 +42,26 @@ pub(crate) fn paging(query: Option<&str>) -> Result<(u32, Option<String>), Gatew
     Ok((limit, cursor))
 }
 
+/// A request body that must be a JSON object (400 `body` otherwise).
+pub(crate) fn json_object(bytes: &[u8]) -> Result<serde_json::Map<String, Value>, GatewayError> {
+    let input: Value = serde_json::from_slice(bytes)
+        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
+    match input {
+        Value::Object(map) => Ok(map),
+        _ => Err(GatewayError::bad_field("body", "must be a JSON object")),
+    }
+}
+
 /// Longest grace period a rotation accepts: 7 days, in seconds.
 pub const MAX_GRACE_SECONDS: i64 = 7 * 24 * 3600;
 
 /// The rotate body: empty, or a JSON object with an optional
 /// `grace_period_seconds`, a whole number from 0 to [`MAX_GRACE_SECONDS`].
-pub(super) fn grace_period(bytes: &[u8]) -> Result<i64, GatewayError> {
+pub(crate) fn grace_period(bytes: &[u8]) -> Result<i64, GatewayError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(0);
     }
-    let input: Value = serde_json::from_slice(bytes)
-        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
-    let input = input
-        .as_object()
-        .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
+    let input = &json_object(bytes)?;
     if let Some(field) = input.keys().find(|f| *f != "grace_period_seconds") {
         // Never echo a credential pasted in the wrong place.
         if looks_like_secret(field.bytes()) {
@@ -294,11 +300,7 @@ const PATCHABLE: [&str; 6] = [
 /// that exists but cannot change (the id, the organization, the secret, the
 /// scopes) is refused by name, as is one that does not exist.
 pub(super) fn key_update(bytes: &[u8]) -> Result<KeyUpdate, GatewayError> {
-    let input: Value = serde_json::from_slice(bytes)
-        .map_err(|e| GatewayError::bad_field("body", &format!("is not valid JSON ({e})")))?;
-    let input = input
-        .as_object()
-        .ok_or_else(|| GatewayError::bad_field("body", "must be a JSON object"))?;
+    let input = &json_object(bytes)?;
     if let Some(field) = input.keys().find(|f| FIXED.contains(&f.as_str())) {
         let why = match field.as_str() {
             "scopes" => "cannot change: widening a key means a new key",

@@ -47,6 +47,14 @@ pub fn api_key(record: &ApiKeyRecord, now: i64) -> Value {
     })
 }
 
+/// [`api_key`] with its secret under `key`: the answer that creates one,
+/// the only one that ever shows it.
+pub fn api_key_with_secret(record: &ApiKeyRecord, secret: String, now: i64) -> Value {
+    let mut v = api_key(record, now);
+    v["key"] = Value::String(secret);
+    v
+}
+
 /// `{"remaining": N, "refill": {"amount": N, "interval": "1d"} or null}`,
 /// the count as it stands at `now` (a passed boundary refills it).
 pub fn credits(c: &Credits, created_at: i64, now: i64) -> Value {

@@ -680,6 +680,9 @@ pub mod otlp;
 // === an HTTP/2 client (prior knowledge, the `h2` crate) ===
 pub mod h2c;
 
+// === the admin API with an admin token ===
+pub mod admin;
+
 // === servers a test starts for itself: TLS Redis, Redis Cluster, TLS PostgreSQL ===
 pub mod backends;
 
