@@ -49,6 +49,9 @@ pub struct Status {
     pub limiter_healthy: bool,
     /// On a Redis Cluster, the primaries whose slots' decisions fall back now.
     pub limiter_nodes_down: Vec<String>,
+    /// With Redis, the gateway instances that share it, as last counted
+    /// (this one included); 1 on the local backend.
+    pub limiter_instances: u64,
     /// Configured routes.
     pub routes: usize,
     /// Key-cache entries, positive and negative.
@@ -109,6 +112,7 @@ impl<C: Control> Admin<C> {
                 "backend": status.limiter_backend,
                 "healthy": status.limiter_healthy,
                 "nodes_down": status.limiter_nodes_down,
+                "instances": status.limiter_instances,
             },
             "routes": status.routes,
         });

@@ -194,10 +194,7 @@ async fn a_key_is_created_changed_rotated_revoked_and_deleted(pg: bool) {
         .filter(|e| e["action"].as_str().unwrap().starts_with("api_key."))
         .map(|e| {
             assert_eq!(e["actor"], token_id, "{e}");
-            (
-                e["action"].as_str().unwrap(),
-                e["key_id"].as_str().unwrap(),
-            )
+            (e["action"].as_str().unwrap(), e["key_id"].as_str().unwrap())
         })
         .collect();
     let (old, new) = (id.as_str(), new_id.as_str());

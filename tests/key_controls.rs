@@ -6,7 +6,8 @@
 //! PostgreSQL and Redis, two instances: exactly the credits a key has under
 //! concurrent load on both, one refill when both cross a boundary, and a
 //! `PATCH` on one seen by the other within a second; while Redis is down,
-//! credits spent as `on_backend_error` says.
+//! credits spent as `on_backend_error` says (`local`: each instance its
+//! share of the last count it saw).
 mod common;
 
 use common::scale::{redis_url, within, PgDb, RedisPrefix};
@@ -440,6 +441,31 @@ async fn a_patch_on_one_instance_is_seen_by_the_other_within_a_second() {
     assert!(seen.is_some_and(|t| t <= Duration::from_millis(1100)));
 }
 
+/// The instances sharing `gw`'s Redis, as its `/readyz` reports them.
+async fn instances(gw: &Gateway) -> u64 {
+    let admin = gw.admin.expect("admin listener on");
+    let ready: Value = client()
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    ready["rate_limiter"]["instances"].as_u64().unwrap()
+}
+
+/// Waits until every one of `gws` counts `n` instances on its Redis.
+async fn until_counted(gws: &[&Gateway], n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for gw in gws {
+        while instances(gw).await != n {
+            assert!(Instant::now() < deadline, "{n} instances never counted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_redis_is_down_credits_are_spent_as_on_backend_error_says() {
     use common::scale::{host_port, via, ProxyMode, TcpProxy};
@@ -448,48 +474,69 @@ async fn while_redis_is_down_credits_are_spent_as_on_backend_error_says() {
     let up = MockUpstream::start().await;
     let mut cfg = config(&up);
     cfg.set("rate_limit.redis_timeout", "200ms");
+    cfg.set("admin.enabled", true);
+    cfg.set("admin.listen", "127.0.0.1:0");
     cfg.redis(&via(&redis_url(), proxy.addr), &prefix.0);
     let mut gws = Vec::new();
     let mut session = None;
-    for mode in ["local", "deny", "allow"] {
+    for mode in ["local", "local", "deny", "allow"] {
         cfg.set("rate_limit.on_backend_error", mode);
-        let path = cfg.write_as(&format!("{mode}.toml"));
+        let path = cfg.write_as(&format!("{mode}-{}.toml", gws.len()));
         if session.is_none() {
             session = Some(owner_session(&path));
         }
         gws.push((mode, Gateway::start(&path)));
     }
     let session = session.unwrap();
-    // Redis answers: two of five credits spent from each key's count there.
+    // Redis answers: the shared key spends 2 of its 10 credits on each
+    // `local` instance; each other key, 2 of its 5.
+    let (shared, _) = create(&gws[0].1, &session, json!({"credits": {"remaining": 10}})).await;
     let mut keys = Vec::new();
-    for (_, gw) in &gws {
-        let (key, _) = create(gw, &session, json!({"credits": {"remaining": 5}})).await;
-        for left in [4, 3] {
+    for (i, (_, gw)) in gws.iter().enumerate() {
+        let (key, first) = match i {
+            0 | 1 => (shared.clone(), 9 - 2 * i as u64),
+            _ => (
+                create(gw, &session, json!({"credits": {"remaining": 5}}))
+                    .await
+                    .0,
+                4,
+            ),
+        };
+        for left in [first, first - 1] {
             assert_eq!(call(gw, CLUSTERS, &key, None).await.credits, Some(left));
         }
         keys.push(key);
     }
+    let all: Vec<&Gateway> = gws.iter().map(|(_, gw)| gw).collect();
+    until_counted(&all, 4).await;
     proxy.set(ProxyMode::Cut);
-    for ((mode, gw), key) in gws.iter().zip(&keys) {
+    let exhausted = json!("credits_exhausted");
+    for (i, ((mode, gw), key)) in gws.iter().zip(&keys).enumerate() {
         let mut seen = Vec::new();
         for _ in 0..4 {
             let a = call(gw, CLUSTERS, key, None).await;
             seen.push((a.status, a.credits, a.body["details"]["reason"].clone()));
         }
-        let exhausted = json!("credits_exhausted");
-        let want = match *mode {
-            // From the last count this instance saw: 3 more, then none.
-            "local" => vec![
-                (200, Some(2), Value::Null),
-                (200, Some(1), Value::Null),
-                (200, Some(0), Value::Null),
-                (429, Some(0), exhausted),
-            ],
+        let share = |n: u64| {
+            let mut want: Vec<_> = (0..n)
+                .rev()
+                .map(|left| (200, Some(left), Value::Null))
+                .collect();
+            want.resize(4, (429, Some(0), exhausted.clone()));
+            want
+        };
+        let want = match (*mode, i) {
+            // Each spends its share of the last count it saw, divided by
+            // the 4 instances: the first saw 8 left and spends 2, the
+            // second saw 6 and spends 1. Had every instance seen the same
+            // count, together they could spend it all, and no more.
+            ("local", 0) => share(2),
+            ("local", _) => share(1),
             // The rate limit refuses: nothing is spent.
-            "deny" => vec![(429, Some(3), Value::Null); 4],
+            ("deny", _) => vec![(429, Some(3), Value::Null); 4],
             // Let through, spending nothing.
             _ => vec![(200, Some(3), Value::Null); 4],
         };
-        assert_eq!(seen, want, "on_backend_error = {mode}");
+        assert_eq!(seen, want, "on_backend_error = {mode}, instance {i}");
     }
 }

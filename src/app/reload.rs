@@ -198,6 +198,7 @@ impl Control for Live {
             limiter_backend: now.limiter.backend(),
             limiter_healthy: now.limiter.healthy(),
             limiter_nodes_down: now.limiter.nodes_down(),
+            limiter_instances: now.limiter.instances(),
             routes: now.routes.len(),
             cache_entries: now.keys.entry_count(),
             cache_negative_entries: now.keys.negative_count(),

@@ -9,6 +9,9 @@
 //! refill, so two instances crossing a boundary together refill once; the
 //! book then keeps the last count each instance saw, for the response
 //! header of a request that spends nothing and for the store's copy.
+//! While Redis fails, `on_backend_error = "local"` spends from this
+//! instance's share of that count ([`CreditBook::spend_share`]): the count
+//! divided by the instances that share the limiter (`ratelimit::instances`).
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
@@ -70,6 +73,17 @@ struct Entry {
     count: Count,
     /// Changed since the store's copy was last written.
     dirty: bool,
+    /// While Redis fails: what this instance may still spend of `count`.
+    share: Option<Share>,
+}
+
+/// An instance's part of a count it last saw in Redis, taken when Redis
+/// first fails for the key, and again at a refill or a new setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Share {
+    generation: i64,
+    period: i64,
+    left: u64,
 }
 
 /// Counts by key id: the local backend's own, or the last Redis answered.
@@ -125,6 +139,36 @@ impl CreditBook {
         Spent::Spent(entry.count.remaining)
     }
 
+    /// The spend while Redis fails (`on_backend_error = "local"`), from this
+    /// instance's share of the count it last saw: the count divided by the
+    /// `instances` sharing the limiter, so that together they spend no more
+    /// than that count. The share is taken once per count: a refill or a new
+    /// setting takes a new one, a Redis answer ([`Self::note`]) ends it.
+    pub fn spend_share(&self, spend: &CreditSpend<'_>, now: i64, instances: u64) -> Spent {
+        let mut entries = self.entries();
+        let entry = self.current(&mut entries, spend, now);
+        let c = entry.count;
+        let share = match entry.share {
+            Some(s) if (s.generation, s.period) == (c.generation, c.period) => s,
+            _ => Share {
+                generation: c.generation,
+                period: c.period,
+                left: c.remaining / instances.max(1),
+            },
+        };
+        if share.left < spend.cost {
+            entry.share = Some(share);
+            return exhausted(spend, share.left, now);
+        }
+        entry.share = Some(Share {
+            left: share.left - spend.cost,
+            ..share
+        });
+        entry.count.remaining = c.remaining.saturating_sub(spend.cost);
+        entry.dirty = true;
+        Spent::Spent(share.left - spend.cost)
+    }
+
     /// Gives back what `spend` spent, to the count it came from (a count set
     /// again or refilled since keeps its new value).
     pub fn refund(&self, spend: &CreditSpend<'_>, now: i64) {
@@ -134,20 +178,33 @@ impl CreditBook {
             if e.count.generation == spend.credits.generation && e.count.period == period {
                 e.count.remaining += spend.cost;
                 e.dirty = true;
+                if let Some(share) = e.share.as_mut().filter(|s| s.period == period) {
+                    share.left += spend.cost;
+                }
             }
         }
     }
 
-    /// The count left now, spending nothing: what this instance last knew.
+    /// The count left now, spending nothing: what this instance last knew,
+    /// or while Redis fails, what is left of its share.
     pub fn peek(&self, spend: &CreditSpend<'_>, now: i64) -> u64 {
         let mut entries = self.entries();
-        self.current(&mut entries, spend, now).count.remaining
+        let entry = self.current(&mut entries, spend, now);
+        let c = entry.count;
+        match entry.share {
+            Some(s) if (s.generation, s.period) == (c.generation, c.period) => s.left,
+            _ => c.remaining,
+        }
     }
 
     /// Notes a count Redis answered with, for [`Self::peek`] and the store.
     pub(super) fn note(&self, key_id: &str, count: Count) {
         let mut entries = self.entries();
-        let entry = Entry { count, dirty: true };
+        let entry = Entry {
+            count,
+            dirty: true,
+            share: None,
+        };
         match entries.get_mut(key_id) {
             Some(e) => *e = entry,
             None => {
@@ -168,6 +225,7 @@ impl CreditBook {
         let fresh = || Entry {
             count: Count::of(spend, now),
             dirty: false,
+            share: None,
         };
         let entry = entries.entry(spend.key_id.into()).or_insert_with(fresh);
         if entry.count.generation < spend.credits.generation {
@@ -390,5 +448,50 @@ mod tests {
         // A stale cached copy (older generation) does not reset it.
         c.generation = 0;
         assert_eq!(book.spend(&spend(c, 10), 1063), Spent::Spent(30));
+    }
+
+    #[test]
+    fn while_redis_fails_each_instance_spends_its_share_of_the_last_count() {
+        let book = CreditBook::default();
+        let refill = Refill {
+            amount: 10,
+            interval: Duration::from_secs(60),
+        };
+        let c = Credits::new(10, Some(refill), 1000, 1000);
+        let count = |remaining| Count {
+            generation: 0,
+            period: 0,
+            remaining,
+        };
+        book.note("key_1", count(9));
+        // Two instances: this one may spend 4 of the 9 it saw, the other 4.
+        for left in [3, 2, 1, 0] {
+            assert_eq!(book.spend_share(&spend(c, 1), 1010, 2), Spent::Spent(left));
+        }
+        let refused = book.spend_share(&spend(c, 1), 1011, 2);
+        assert_eq!(
+            refused,
+            Spent::Exhausted {
+                remaining: 0,
+                retry_after: Some(49)
+            }
+        );
+        // The header shows the share; the store gets the count less what
+        // this instance spent.
+        assert_eq!(book.peek(&spend(c, 1), 1011), 0);
+        assert_eq!(book.take_written(), vec![("key_1".into(), 0, 0, 5)]);
+        // A refund goes back to the share; a refill takes a new share.
+        book.refund(&spend(c, 1), 1012);
+        assert_eq!(book.spend_share(&spend(c, 1), 1012, 2), Spent::Spent(0));
+        assert_eq!(book.spend_share(&spend(c, 1), 1060, 2), Spent::Spent(4));
+        // Redis answers again: its count, and a new share after it.
+        book.note(
+            "key_1",
+            Count {
+                period: 1,
+                ..count(7)
+            },
+        );
+        assert_eq!(book.spend_share(&spend(c, 1), 1061, 3), Spent::Spent(1));
     }
 }

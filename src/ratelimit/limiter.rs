@@ -37,6 +37,7 @@ use crate::logging::Incident;
 use super::clock::{Clock, SystemClock};
 use super::credits::{self, CreditBook, CreditSpend, Spent};
 use super::gcra::{self, Gcra, Op};
+use super::instances::Instances;
 use super::nodes::NodeHealth;
 use super::redis::Failed;
 use super::{
@@ -79,6 +80,8 @@ struct Remote {
     /// On a cluster: the primaries failing now. Their slots' decisions fall
     /// back; every other slot's still go to Redis.
     nodes: Arc<NodeHealth>,
+    /// The instances sharing this Redis, for the credits' fallback share.
+    instances: Arc<Instances>,
 }
 
 // === impl RateLimiter ===
@@ -141,7 +144,7 @@ impl RateLimiter {
     ) -> Result<Self, LimiterError> {
         let (all, auth_policy) = with_auth_policy(policies, auth_failures);
         let remote = Remote {
-            target,
+            target: target.clone(),
             prefix: prefix.into(),
             quotas: all.clone(),
             timeout,
@@ -155,6 +158,7 @@ impl RateLimiter {
                 "backend" => "redis"
             ),
             nodes: NodeHealth::new(),
+            instances: Instances::spawn(target.clone(), prefix, timeout),
         };
         // Exported from the start, at 0: a rate over it works before the first
         // failure, and "no failures" reads as 0, not as a missing series.

@@ -13,6 +13,7 @@ mod clock;
 pub mod credits;
 mod decision;
 mod gcra;
+mod instances;
 mod limiter;
 mod local;
 mod nodes;

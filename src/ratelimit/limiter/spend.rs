@@ -93,8 +93,8 @@ impl RateLimiter {
         Some(credits::credited(&self.credits, spend, credited?, now))
     }
 
-    /// A credit spend while Redis fails: `local` spends from the last count this
-    /// instance saw; `allow` spends nothing; `deny` refused the decision already.
+    /// A credit spend while Redis fails: `local` spends from this instance's
+    /// share of the last count it saw; `allow` spends nothing; `deny` refused the decision already.
     pub(super) fn fallback_spend(
         &self,
         remote: &Remote,
@@ -103,7 +103,7 @@ impl RateLimiter {
     ) -> Option<Spent> {
         let (spend, now) = credit.filter(|_| allowed)?;
         Some(match remote.on_error {
-            OnBackendError::Local => self.credits.spend(spend, now),
+            OnBackendError::Local => self.credits.spend_share(spend, now, remote.instances.get()),
             _ => Spent::Spent(self.credits.peek(spend, now)),
         })
     }
@@ -111,7 +111,7 @@ impl RateLimiter {
     /// Spends `spend`'s cost from its key's credits at `now` (unix seconds):
     /// in this process on the local backend; in Redis otherwise, in one
     /// script call, and while Redis fails as `on_backend_error` says
-    /// (`local`: from the last count this instance saw).
+    /// (`local`: from this instance's share of the last count it saw).
     pub async fn spend_credits(&self, spend: &CreditSpend<'_>, now: i64) -> Spent {
         let Some(remote) = &self.remote else {
             return self.credits.spend(spend, now);
@@ -142,7 +142,7 @@ impl RateLimiter {
             }
         }
         match remote.on_error {
-            OnBackendError::Local => self.credits.spend(spend, now),
+            OnBackendError::Local => self.credits.spend_share(spend, now, remote.instances.get()),
             OnBackendError::Deny => Spent::Unavailable,
             OnBackendError::Allow => Spent::Spent(self.credits.peek(spend, now)),
         }
@@ -180,6 +180,15 @@ impl RateLimiter {
             }
             Err(failed) => tracing::debug!(error = %failed.error, "a credit refund was lost"),
         }
+    }
+
+    /// With Redis, the gateway instances that share it, as last counted
+    /// (this one included), which divide a count while Redis fails; 1 on
+    /// the local backend.
+    pub fn instances(&self) -> u64 {
+        self.remote
+            .as_ref()
+            .map_or(1, |remote| remote.instances.get())
     }
 
     /// The credits `spend`'s key has left as this instance last knew them,
