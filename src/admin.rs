@@ -6,8 +6,10 @@
 //! client that is not a browser page (`guard`). How the admin API and the
 //! admin commands show accounts is `render`.
 pub(crate) mod api;
+mod console;
 mod guard;
 pub mod render;
+mod views;
 
 pub use guard::AllowedHosts;
 
@@ -38,6 +40,24 @@ pub trait Control: Send + Sync + 'static {
     fn reload(&self) -> impl Future<Output = Result<Reloaded, Vec<String>>> + Send;
     /// The store and settings the admin API works on (the live ones).
     fn store_and_settings(&self) -> (SqlStore, Arc<Settings>);
+    /// When the gateway started, and its configuration's file and reloads.
+    fn configuration(&self) -> Configuration;
+    /// Each HTTP upstream's targets as they stand now, by upstream name.
+    fn upstream_targets(&self) -> Vec<(String, Vec<crate::proxy::TargetView>)>;
+}
+
+/// The serving gateway's configuration, for the console's overview.
+#[derive(Debug, Clone, Default)]
+pub struct Configuration {
+    /// When the gateway started (unix seconds).
+    pub started_at: i64,
+    /// The file it was read from, if any.
+    pub path: Option<String>,
+    /// When the serving configuration was loaded (unix seconds).
+    pub loaded_at: i64,
+    /// The last reload asked for: when, and the problems that refused it
+    /// (none: it was reloaded).
+    pub last_reload: Option<(i64, Vec<String>)>,
 }
 
 /// The serving gateway's state.
@@ -168,6 +188,14 @@ impl<C: Control> Admin<C> {
         if !self.hosts.allow(&head) {
             return GatewayError::MisdirectedRequest.into_response();
         }
+        if views::PATHS.contains(&head.uri.path()) {
+            let (store, _) = self.control.store_and_settings();
+            if let Err(e) = api::authenticate(&store, &head.headers).await {
+                return e.into_response();
+            }
+            let metrics = || crate::metrics::render(&self.metrics);
+            return views::serve(&*self.control, &head.method, head.uri.path(), metrics).await;
+        }
         if head.uri.path().starts_with(api::PREFIX) {
             let (store, settings) = self.control.store_and_settings();
             let req = Request::from_parts(head, body);
@@ -196,6 +224,7 @@ impl<C: Control> Admin<C> {
             .into_response();
         }
         match head.uri.path() {
+            p if p == console::PREFIX || p.starts_with("/console/") => console::serve(p),
             "/healthz" => json_response(StatusCode::OK, &json!({ "status": "ok" })),
             "/readyz" => self.ready().await,
             "/metrics" => {

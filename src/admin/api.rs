@@ -359,7 +359,7 @@ async fn limits(
 
 /// The caller must bear a live admin token: 401 (`malformed`, `invalid`)
 /// otherwise, or 503 when the store cannot say.
-async fn authenticate(
+pub(super) async fn authenticate(
     store: &SqlStore,
     headers: &http::HeaderMap,
 ) -> Result<AdminToken, GatewayError> {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::build::build_limiter;
 use super::StartError;
-use crate::admin::{Control, Reloaded, Status};
+use crate::admin::{Configuration, Control, Reloaded, Status};
 use crate::config::{ConfigError, Settings, TlsSettings};
 use crate::error::GatewayError;
 use crate::http_core::body::{Body, RequestBody};
@@ -52,6 +52,8 @@ pub struct Live {
     config_path: Option<PathBuf>,
     resolver: Option<Arc<CertResolver>>,
     reloading: tokio::sync::Mutex<()>,
+    /// Start, load and reload times, for the console.
+    configuration: std::sync::Mutex<Configuration>,
 }
 
 // === impl Live ===
@@ -64,12 +66,19 @@ impl Live {
         resolver: Option<Arc<CertResolver>>,
     ) -> Self {
         hand_over_upstreams(None, &gateway);
+        let path = config_path.as_ref().map(|p| p.display().to_string());
         Live {
             current: ArcSwap::from_pointee(gateway),
             stopping: std::sync::atomic::AtomicBool::new(false),
             config_path,
             resolver,
             reloading: tokio::sync::Mutex::new(()),
+            configuration: std::sync::Mutex::new(Configuration {
+                started_at: crate::clock::unix_now(),
+                path,
+                loaded_at: crate::clock::unix_now(),
+                last_reload: None,
+            }),
         }
     }
 
@@ -93,6 +102,7 @@ impl Live {
     /// Re-reads the configuration and swaps it in, or changes nothing.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self.try_reload().await;
+        self.note_reload(&result);
         match &result {
             Ok(outcome) => {
                 metrics::counter!(RELOADS, "result" => "ok").increment(1);
@@ -110,6 +120,20 @@ impl Live {
             }
         }
         result
+    }
+
+    /// Notes a reload's time and outcome for [`Control::configuration`].
+    fn note_reload(&self, result: &Result<Reloaded, ReloadError>) {
+        let now = crate::clock::unix_now();
+        let mut c = (self.configuration.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        let problems = match result {
+            Ok(_) => {
+                c.loaded_at = now;
+                Vec::new()
+            }
+            Err(e) => reload_problems(e),
+        };
+        c.last_reload = Some((now, problems));
     }
 
     async fn try_reload(&self) -> Result<Reloaded, ReloadError> {
@@ -187,6 +211,14 @@ fn hand_over_upstreams(old: Option<&Pipeline>, new: &Pipeline) -> Vec<String> {
     rebuilt
 }
 
+/// A refused reload's problems, one a line.
+fn reload_problems(e: &ReloadError) -> Vec<String> {
+    match e {
+        ReloadError::Config(c) => c.problems.iter().map(|p| p.to_string()).collect(),
+        other => vec![other.to_string()],
+    }
+}
+
 impl Control for Live {
     async fn store_reachable(&self) -> bool {
         self.current().store_ping().await.is_ok()
@@ -207,10 +239,19 @@ impl Control for Live {
     }
 
     async fn reload(&self) -> Result<Reloaded, Vec<String>> {
-        Live::reload(self).await.map_err(|e| match e {
-            ReloadError::Config(c) => c.problems.iter().map(|p| p.to_string()).collect(),
-            other => vec![other.to_string()],
-        })
+        Live::reload(self).await.map_err(|e| reload_problems(&e))
+    }
+
+    fn configuration(&self) -> Configuration {
+        let c = self.configuration.lock();
+        c.unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn upstream_targets(&self) -> Vec<(String, Vec<crate::proxy::TargetView>)> {
+        let now = self.current.load();
+        (now.upstreams.iter())
+            .map(|(name, up)| (name.clone(), up.targets()))
+            .collect()
     }
 
     fn store_and_settings(&self) -> (crate::store::sql::SqlStore, Arc<Settings>) {

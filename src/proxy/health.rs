@@ -264,6 +264,10 @@ impl Targets {
     /// (`err`; from target `target`, when one was tried): counted in the
     /// upstream's incident, logged when a line is due.
     pub(crate) fn refused(&self, target: Option<usize>, err: &UpstreamError) {
+        if let Some(t) = target.map(|i| &self.list[i]) {
+            let mut last = t.last_error.lock().unwrap_or_else(PoisonError::into_inner);
+            *last = Some(Chain(err).to_string());
+        }
         let Some(line) = self.incident.failed(self.now()) else {
             return;
         };
@@ -278,6 +282,42 @@ impl Targets {
             ),
             None => line.log(tracing::Level::WARN, &subject, "requests refused", &cause),
         }
+    }
+}
+
+/// One target as the console shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetView {
+    /// The target as configured.
+    pub url: String,
+    /// `in_rotation`, `ejected` (its back-off not over) or `probing` (a
+    /// request may try it).
+    pub state: &'static str,
+    /// Requests in flight to it.
+    pub in_flight: usize,
+    /// Failures in a row.
+    pub failures: u32,
+    /// The last error the gateway answered for it, if any.
+    pub last_error: Option<String>,
+}
+
+impl Targets {
+    /// Every target's state now.
+    pub(crate) fn view(&self) -> Vec<TargetView> {
+        let now = self.now();
+        (self.list.iter().enumerate())
+            .map(|(i, t)| TargetView {
+                url: t.label.clone(),
+                state: match self.availability(i, now) {
+                    Availability::Up => "in_rotation",
+                    Availability::Out => "ejected",
+                    Availability::HalfOpen => "probing",
+                },
+                in_flight: t.outstanding.load(Ordering::Relaxed),
+                failures: t.fails.load(Ordering::Relaxed),
+                last_error: (t.last_error.lock().unwrap_or_else(PoisonError::into_inner)).clone(),
+            })
+            .collect()
     }
 }
 

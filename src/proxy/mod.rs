@@ -5,6 +5,7 @@ mod error;
 mod forward;
 pub mod headers;
 mod health;
+pub use health::TargetView;
 mod pool;
 pub mod signature;
 mod stream;

@@ -41,6 +41,9 @@ pub(crate) struct Target {
     /// `Targets::retire`. Taken only when the state changes (ejected, or
     /// back), never on a request's usual path.
     pub(super) shown: Mutex<bool>,
+    /// The last error the gateway answered for this target, for the
+    /// console; written on the refusal path only.
+    pub(super) last_error: Mutex<Option<String>>,
 }
 
 impl Target {
@@ -75,6 +78,7 @@ impl Target {
             ejections: metrics::counter!(names::UPSTREAM_EJECTIONS, &labels),
             up,
             shown: Mutex::new(false),
+            last_error: Mutex::new(None),
             label,
         }
     }

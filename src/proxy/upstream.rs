@@ -92,6 +92,11 @@ impl Upstream {
         })
     }
 
+    /// Its targets' state now, for the console.
+    pub fn targets(&self) -> Vec<super::health::TargetView> {
+        self.targets.view()
+    }
+
     /// The upstream's name.
     pub fn name(&self) -> &str {
         &self.name
