@@ -142,7 +142,7 @@ fn parse_args(args: Vec<String>) -> Args {
 }
 
 fn client_config(resume: bool) -> Arc<ClientConfig> {
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
     let schemes = provider
         .signature_verification_algorithms
         .supported_schemes();

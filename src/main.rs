@@ -20,11 +20,11 @@ use mpg_gateway::{app, demo, logging};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    // ring is rustls's provider throughout: the gateway's own TLS configs name
-    // it, but the redis crate builds its `rediss://` config from the process
-    // default, which rustls can only guess while exactly one provider is
-    // compiled in (a test build, with reqwest's aws-lc-rs, has two).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // aws-lc-rs is rustls's provider throughout: the gateway's own TLS
+    // configs name it, and the redis crate builds its `rediss://` config
+    // from the process default, installed here so that it never depends on
+    // which providers the build happens to compile in.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = Cli::parse_args();
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => run(&cli.config),

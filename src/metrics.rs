@@ -147,7 +147,7 @@ pub const DESCRIPTIONS: &[Description] = &[
     d(Counter, names::UPSTREAM_EJECTIONS, &["upstream", "target"], "Targets taken out of rotation, by upstream and target."),
     d(Gauge, names::UPSTREAM_TARGET_UP, &["upstream", "target"], "1 while a target is in rotation, 0 while it is ejected, by upstream and target."),
     d(Gauge, names::CONNECTIONS, &["listener"], "Open client connections, by listener."),
-    d(Counter, names::TLS_HANDSHAKES, &["result"], "TLS handshakes by result (ok, error, timeout)."),
+    d(Counter, names::TLS_HANDSHAKES, &["result", "version", "group"], "TLS handshakes by result (ok, error, timeout); a completed one by protocol version and key exchange group."),
     d(Counter, names::RELOADS, &["result"], "Configuration reloads by result (ok, error: refused, the running configuration stays)."),
     d(Counter, names::JWT_VERIFICATIONS, &["outcome"], "JWTs checked against the identity provider's key set, by outcome."),
     d(Counter, names::JWKS_REFRESHES, &["outcome"], "Fetches of the identity provider's key set, by outcome (ok, error, invalid)."),

@@ -409,7 +409,7 @@ async fn behind_the_proxy_protocol_tls_follows_the_header() {
         .await
         .unwrap();
     let connector = tls_connector(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
         b"http/1.1",
         Default::default(),
     );

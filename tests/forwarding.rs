@@ -909,7 +909,7 @@ fn pki() -> Pki {
     write("client.key", client_key.serialize_pem());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),

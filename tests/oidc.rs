@@ -54,7 +54,7 @@ impl Idp {
         let certs = mpg_gateway::tls::pem::certs(&self.pki.cert).unwrap();
         let key = mpg_gateway::tls::pem::private_key(&self.pki.key).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
+            rustls::crypto::aws_lc_rs::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .unwrap()

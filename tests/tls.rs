@@ -82,7 +82,7 @@ async fn self_signed_mode_starts_without_files() {
 /// gateway's is self-signed).
 fn connector(alpn: &[u8]) -> tokio_rustls::TlsConnector {
     tls_connector(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
         alpn,
         Arc::default(),
     )
@@ -253,7 +253,7 @@ fn resuming_client(
         false => &rustls::version::TLS12,
     };
     let mut config = tls_client_config(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
         &[version],
         b"http/1.1",
         Arc::default(),

@@ -154,7 +154,7 @@ async fn tls_1_2_clients_offering_only_weak_suites_get_a_handshake_failure() {
 
 #[tokio::test]
 async fn the_server_picks_aes_128_gcm_over_a_client_that_lists_aes_256_gcm_first() {
-    use rustls::crypto::ring::default_provider;
+    use rustls::crypto::aws_lc_rs::default_provider;
     use rustls::CipherSuite as S;
     let (_up, _cfg, gw) = tls_gateway().await;
     let suite = |stream: &tokio_rustls::client::TlsStream<TcpStream>| {

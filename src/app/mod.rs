@@ -97,7 +97,8 @@ pub async fn start(
         crate::metrics::metrics_handle();
     }
     crate::logging::set_summary_interval(settings.log.summary_interval);
-    let (tls, resolver) = gateway_tls(settings.server.tls.as_ref())?;
+    let groups = &settings.server.key_exchange;
+    let (tls, resolver) = gateway_tls(settings.server.tls.as_ref(), groups)?;
     let listen = settings.server.listen;
     let limits = ListenerLimits::gateway(&settings.server.limits);
     let proxies = Proxies::gateway(&settings.server);
@@ -106,7 +107,7 @@ pub async fn start(
     if let Some(warning) = settings.admin.exposure_warning() {
         tracing::warn!("{warning}");
     }
-    let admin_tls = admin_tls(settings.admin.tls.as_ref())?;
+    let admin_tls = admin_tls(settings.admin.tls.as_ref(), groups)?;
     let gateway = build(settings).await?;
     let (store_display, limiter_backend) = (
         gateway.settings.store.display.clone(),
@@ -159,6 +160,7 @@ pub async fn start(
 /// resolver a reload swaps its certificate in.
 fn gateway_tls(
     tls: Option<&TlsSettings>,
+    groups: &[crate::tls::KeyExchange],
 ) -> Result<(Option<TlsAcceptor>, Option<Arc<CertResolver>>), StartError> {
     Ok(match tls {
         Some(t) => {
@@ -167,20 +169,23 @@ fn gateway_tls(
                     "serving a self-signed certificate generated in memory: for development only"
                 );
             }
-            let (config, resolver) = crate::tls::server_config(load_certified_key(t)?)?;
+            let (config, resolver) = crate::tls::server_config(load_certified_key(t)?, groups)?;
             (Some(TlsAcceptor::from(config)), Some(resolver))
         }
         None => (None, None),
     })
 }
 
-/// The admin listener's TLS acceptor for `admin.tls`, if any. Loaded at
-/// start only: a new admin certificate takes a restart.
-fn admin_tls(tls: Option<&TlsSettings>) -> Result<Option<TlsAcceptor>, StartError> {
+/// The admin listener's TLS acceptor for `admin.tls`, if any, offering
+/// `groups`. Loaded at start only: a new admin certificate takes a restart.
+fn admin_tls(
+    tls: Option<&TlsSettings>,
+    groups: &[crate::tls::KeyExchange],
+) -> Result<Option<TlsAcceptor>, StartError> {
     Ok(match tls {
         Some(t) => {
             let key = load_certified_key(t).map_err(StartError::AdminTls)?;
-            let (config, _) = crate::tls::server_config(key).map_err(StartError::AdminTls)?;
+            let (config, _) = crate::tls::server_config(key, groups).map_err(StartError::AdminTls)?;
             Some(TlsAcceptor::from(config))
         }
         None => None,

@@ -301,6 +301,13 @@ fn keep_restart_only(new: &mut Settings, old: &Settings) -> Vec<&'static str> {
     // The identity provider's key set is fetched by a task of its own,
     // which a reload keeps.
     k.keep("auth.oidc", &mut new.auth.oidc, &old.auth.oidc);
+    // The server's TLS configuration is built at start; a reload swaps
+    // only the certificate.
+    k.keep(
+        "server.tls.key_exchange",
+        &mut new.server.key_exchange,
+        &old.server.key_exchange,
+    );
     k.keep(
         "server.workers",
         &mut new.server.workers,

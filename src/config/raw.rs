@@ -48,6 +48,7 @@ pub(crate) struct RawTls {
     pub(crate) cert: Option<String>,
     pub(crate) key: Option<String>,
     pub(crate) self_signed: bool,
+    pub(crate) key_exchange: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

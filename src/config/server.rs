@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::problems::{Problems, MAX_CONNECTIONS};
 use super::raw::{RawAdmin, RawClientIp, RawServer};
 use super::{AdminSettings, ClientIpSettings, Limits, ServerSettings, TlsSettings, TrustedProxies};
+use crate::tls::KeyExchange;
 
 /// The most header bytes a request may have: twice this bounds the head a
 /// connection buffers, and must fit HTTP/2's `u32` header-list limit.
@@ -66,6 +67,38 @@ pub(super) fn admin_settings(p: &mut Problems, raw: RawAdmin, tls_files: bool) -
     }
 }
 
+/// `[server.tls] key_exchange`: known group names, each once, at least one
+/// (default: [`KeyExchange::DEFAULT`]).
+fn key_exchange(p: &mut Problems, names: Option<&Vec<String>>) -> Vec<KeyExchange> {
+    let Some(names) = names else {
+        return KeyExchange::DEFAULT.to_vec();
+    };
+    let path = "server.tls.key_exchange";
+    if names.is_empty() {
+        p.add(path, "must name at least one group");
+    }
+    let mut groups = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        match KeyExchange::from_name(name) {
+            Some(k) if groups.contains(&k) => {
+                p.add(format!("{path}[{i}]"), format!("{name:?} is listed twice"));
+            }
+            Some(k) => groups.push(k),
+            None => {
+                let known: Vec<&str> = KeyExchange::DEFAULT.iter().map(|k| k.name()).collect();
+                p.add(
+                    format!("{path}[{i}]"),
+                    format!("unknown group {name:?}; the groups: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+    if groups.is_empty() {
+        return KeyExchange::DEFAULT.to_vec();
+    }
+    groups
+}
+
 /// A PEM file setting at `path`: required, and present on disk when
 /// `tls_files`.
 fn pem_file(p: &mut Problems, path: &str, v: Option<String>, tls_files: bool) -> Option<PathBuf> {
@@ -91,6 +124,7 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
         raw.listen.as_deref().unwrap_or("0.0.0.0:8443"),
     )
     .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8443)));
+    let key_exchange = key_exchange(p, raw.tls.as_ref().and_then(|t| t.key_exchange.as_ref()));
     let tls = match (raw.insecure_http, raw.tls) {
         (true, _) => None,
         (false, None) => {
@@ -157,6 +191,7 @@ pub(super) fn server_settings(p: &mut Problems, raw: RawServer, tls_files: bool)
         proxy_protocol: raw.proxy_protocol,
         client_ip,
         shutdown_delay: raw.shutdown_delay,
+        key_exchange,
     }
 }
 

@@ -43,6 +43,8 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     /// `None` = plain HTTP (`insecure_http = true`).
     pub tls: Option<TlsSettings>,
+    /// `[server.tls] key_exchange`: the groups offered, in order of preference.
+    pub key_exchange: Vec<crate::tls::KeyExchange>,
     /// Tokio worker threads; 0 = one per core.
     pub workers: usize,
     /// `[server.limits]`

@@ -25,6 +25,19 @@ pub struct ConnInfo {
     /// Whether `source` is a trusted proxy (`[server.client_ip]
     /// trusted_proxies`), whose header may name the client.
     trusted: bool,
+    /// What the TLS handshake settled, once it is done.
+    pub tls_info: Option<TlsInfo>,
+}
+
+/// A TLS connection's protocol version and key exchange group, as the
+/// metric and the access log name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsInfo {
+    /// `TLSv1.3` or `TLSv1.2`.
+    pub version: &'static str,
+    /// `X25519MLKEM768`, `X25519`, `secp256r1`, `secp384r1`, or `none` (a
+    /// TLS 1.2 resumption, which exchanges no key).
+    pub group: &'static str,
 }
 
 impl ConnInfo {
@@ -41,6 +54,15 @@ impl ConnInfo {
             tls,
             source: ClientAddr::new(source),
             trusted,
+            tls_info: None,
+        }
+    }
+
+    /// This connection once its TLS handshake settled `info`.
+    pub fn with_tls(&self, info: TlsInfo) -> Self {
+        ConnInfo {
+            tls_info: Some(info),
+            ..self.clone()
         }
     }
 

@@ -328,6 +328,8 @@ impl Pipeline {
             status,
             latency_us = started.elapsed().as_micros() as u64,
             peer = %conn.peer.ip(),
+            tls_version = conn.tls_info.map(|t| t.version),
+            tls_group = conn.tls_info.map(|t| t.group),
             // What the request has not got is absent: `null` in JSON, `-` in text.
             client = client.addr().as_str(),
             key_id = out.principal.as_ref().and_then(|p| p.key_id()),

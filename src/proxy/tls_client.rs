@@ -43,7 +43,7 @@ pub(crate) fn files_digest(s: &HttpUpstreamSettings) -> Option<[u8; 32]> {
 
 /// The rustls client configuration for `s`.
 fn client_config(s: &HttpUpstreamSettings) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;

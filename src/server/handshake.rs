@@ -3,7 +3,7 @@
 use tokio_rustls::TlsAcceptor;
 
 use super::connection::{serve_connection, Accepted};
-use crate::http_core::service::Handler;
+use crate::http_core::service::{Handler, TlsInfo};
 use crate::metrics::names;
 
 /// The TLS handshake (by `first_request_by`, the first request's deadline
@@ -27,7 +27,12 @@ pub(super) async fn serve_tls<H: Handler>(
     };
     match handshaken {
         Ok(Ok(stream)) => {
-            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok").increment(1);
+            let info = settled(stream.get_ref().1);
+            metrics::counter!(names::TLS_HANDSHAKES, "result" => "ok", "version" => info.version, "group" => info.group).increment(1);
+            let accepted = Accepted {
+                conn: std::sync::Arc::new(accepted.conn.with_tls(info)),
+                ..accepted
+            };
             serve_connection(stream, accepted).await
         }
         Ok(Err(e)) => {
@@ -41,6 +46,18 @@ pub(super) async fn serve_tls<H: Handler>(
             handshake_failed(&"timed out (header_read_timeout)");
         }
     }
+}
+
+/// The version and key exchange group `session`'s handshake settled.
+fn settled(session: &rustls::ServerConnection) -> TlsInfo {
+    let version = match session.protocol_version() {
+        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+        _ => "other",
+    };
+    let group = (session.negotiated_key_exchange_group())
+        .map_or("none", |g| crate::tls::group_name(g.name()));
+    TlsInfo { version, group }
 }
 
 /// Failed TLS handshakes, in the log: at INFO, as nginx logs the ones

@@ -1,5 +1,5 @@
 //! The HTTPS client connector of the gateway's own fetches (an identity
-//! provider's key set, a trace collector): TLS 1.2/1.3 on ring, trusting
+//! provider's key set, a trace collector): TLS 1.2/1.3 on aws-lc-rs, trusting
 //! the system's roots or a CA file; plain `http://` passes through (where
 //! that is allowed is the caller's rule).
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
@@ -15,7 +15,7 @@ pub fn https_connector(
     ca_file: Option<&Path>,
     connect_timeout: Duration,
 ) -> Result<HttpsConnector<HttpConnector>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;

@@ -1,13 +1,17 @@
-//! rustls server configuration: certificate loading (PEM files, or a
-//! self-signed localhost certificate for development), TLS 1.2/1.3 only,
-//! ALPN `h2` and `http/1.1`, session resumption by stateless tickets and a
-//! bounded session cache. The certificate sits behind a swappable resolver
-//! so a reload can replace it without touching open connections.
+//! rustls server configuration on the aws-lc-rs provider: certificate
+//! loading (PEM files, or a self-signed localhost certificate for
+//! development), TLS 1.2/1.3 only, the key exchange groups in the
+//! configured order (the hybrid post-quantum `X25519MLKEM768` first by
+//! default), ALPN `h2` and `http/1.1`, session resumption by stateless
+//! tickets and a bounded session cache. The certificate sits behind a
+//! swappable resolver so a reload can replace it without touching open
+//! connections.
 pub mod client;
 pub mod pem;
 
 use arc_swap::ArcSwap;
-use rustls::crypto::ring::default_provider;
+use rustls::crypto::aws_lc_rs::{default_provider, kx_group};
+use rustls::crypto::SupportedKxGroup;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
 use rustls::sign::CertifiedKey;
@@ -53,14 +57,73 @@ impl ResolvesServerCert for CertResolver {
     }
 }
 
-/// The rustls server config and its resolver (kept for reloads).
+/// A key exchange group the server may offer (`[server.tls] key_exchange`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyExchange {
+    /// The hybrid of X25519 and ML-KEM-768: post-quantum.
+    X25519MlKem768,
+    /// X25519.
+    X25519,
+    /// ECDH on P-256.
+    Secp256r1,
+    /// ECDH on P-384.
+    Secp384r1,
+}
+
+impl KeyExchange {
+    /// Every group, in the default order of preference.
+    pub const DEFAULT: [KeyExchange; 4] = [
+        KeyExchange::X25519MlKem768,
+        KeyExchange::X25519,
+        KeyExchange::Secp256r1,
+        KeyExchange::Secp384r1,
+    ];
+
+    /// The group's name, as TLS's registry spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyExchange::X25519MlKem768 => "X25519MLKEM768",
+            KeyExchange::X25519 => "X25519",
+            KeyExchange::Secp256r1 => "secp256r1",
+            KeyExchange::Secp384r1 => "secp384r1",
+        }
+    }
+
+    /// The group named `name` (case as in [`Self::name`], or any case).
+    pub fn from_name(name: &str) -> Option<KeyExchange> {
+        (Self::DEFAULT.into_iter()).find(|k| k.name().eq_ignore_ascii_case(name))
+    }
+
+    fn group(self) -> &'static dyn SupportedKxGroup {
+        match self {
+            KeyExchange::X25519MlKem768 => kx_group::X25519MLKEM768,
+            KeyExchange::X25519 => kx_group::X25519,
+            KeyExchange::Secp256r1 => kx_group::SECP256R1,
+            KeyExchange::Secp384r1 => kx_group::SECP384R1,
+        }
+    }
+}
+
+/// The name of a negotiated group, for the metric and the access log.
+pub fn group_name(group: rustls::NamedGroup) -> &'static str {
+    match (KeyExchange::DEFAULT.into_iter()).find(|k| k.group().name() == group) {
+        Some(k) => k.name(),
+        None => "other",
+    }
+}
+
+/// The rustls server config offering `groups` in that order, and its
+/// resolver (kept for reloads).
 pub fn server_config(
     key: CertifiedKey,
+    groups: &[KeyExchange],
 ) -> Result<(Arc<ServerConfig>, Arc<CertResolver>), TlsError> {
     let resolver = Arc::new(CertResolver {
         current: ArcSwap::from_pointee(key),
     });
-    let mut config = ServerConfig::builder_with_provider(Arc::new(provider()))
+    let mut provider = provider();
+    provider.kx_groups = groups.iter().map(|k| k.group()).collect();
+    let mut config = ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_no_client_auth()
         .with_cert_resolver(resolver.clone());
@@ -73,7 +136,7 @@ pub fn server_config(
     // many clients there are; TLS 1.2 clients without ticket support resume
     // by session id from a bounded cache. A reload keeps both: only the
     // certificate is swapped.
-    config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
     config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_SIZE);
     Ok((Arc::new(config), resolver))
 }
@@ -82,8 +145,8 @@ pub fn server_config(
 /// first: HAProxy's default size, a few MiB when full.
 pub const SESSION_CACHE_SIZE: usize = 20_000;
 
-/// ring's suites with AES-128-GCM (SHA-256) ahead of AES-256-GCM (SHA-384),
-/// each version's otherwise in ring's order. Clients (OpenSSL's default
+/// aws-lc-rs's suites with AES-128-GCM (SHA-256) ahead of AES-256-GCM
+/// (SHA-384), each version's otherwise in the provider's order. Clients (OpenSSL's default
 /// among them) list AES-256-GCM first, and its SHA-384 key schedule runs
 /// without the SHA extensions that SHA-256 gets, which makes every new
 /// connection's handshake dearer. AES-128-GCM is TLS 1.3's mandatory suite;

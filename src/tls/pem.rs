@@ -68,7 +68,7 @@ pub fn certified_key(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<CertifiedKey, KeyError> {
-    let signing = rustls::crypto::ring::default_provider()
+    let signing = rustls::crypto::aws_lc_rs::default_provider()
         .key_provider
         .load_private_key(key)
         .map_err(|e| KeyError::Unusable(e.to_string()))?;

@@ -3,7 +3,7 @@ use super::*;
 
 #[test]
 fn self_signed_builds_a_config_with_alpn() {
-    let (config, _) = server_config(self_signed().unwrap()).unwrap();
+    let (config, _) = server_config(self_signed().unwrap(), &KeyExchange::DEFAULT).unwrap();
     assert_eq!(
         config.alpn_protocols,
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
@@ -12,7 +12,7 @@ fn self_signed_builds_a_config_with_alpn() {
 
 #[test]
 fn the_config_issues_tickets_and_caches_sessions() {
-    let (config, _) = server_config(self_signed().unwrap()).unwrap();
+    let (config, _) = server_config(self_signed().unwrap(), &KeyExchange::DEFAULT).unwrap();
     assert!(config.ticketer.enabled());
     assert!(config.session_storage.can_cache());
     // Bounded: past its size, the earliest sessions are gone.
