@@ -79,6 +79,12 @@ async fn status_shows_the_version_the_configuration_readiness_and_the_requests()
     assert_eq!(s["store"], "ok");
     assert_eq!(s["rate_limiter"]["backend"], "local");
     assert_eq!(s["rate_limiter"]["instances"], 1);
+    assert_eq!(
+        s["roles"],
+        json!(["admin", "member", "owner", "viewer"]),
+        "{s}"
+    );
+    assert!(s["scopes"].as_array().unwrap().contains(&json!("clusters:read")));
     let before = s["requests"]["total"].as_u64().unwrap();
 
     // Three requests through the data plane: two 401s and a 502.

@@ -1,6 +1,7 @@
 //! The admin API's read-only views of the serving gateway, for the console:
 //! `GET /admin/v1/status` (version, uptime, the configuration's reloads,
-//! readiness, and the data plane's request counters from its own metrics),
+//! readiness, the data plane's request counters from its own metrics, and
+//! the configured roles and scopes),
 //! `GET /admin/v1/routes` and `GET /admin/v1/upstreams`. Behind the admin
 //! token, as the rest of `/admin/v1`.
 use http::{Method, Response, StatusCode};
@@ -36,7 +37,7 @@ pub(super) async fn serve<C: Control>(
     }
     let (_, settings) = control.store_and_settings();
     let body = match path {
-        "/admin/v1/status" => status(control, &metrics()).await,
+        "/admin/v1/status" => status(control, &settings, &metrics()).await,
         "/admin/v1/routes" => list(routes(&settings)),
         _ => list(upstreams(control, &settings)),
     };
@@ -47,7 +48,7 @@ fn list(data: Vec<Value>) -> Value {
     json!({ "data": data, "next_cursor": null })
 }
 
-async fn status<C: Control>(control: &C, metrics: &str) -> Value {
+async fn status<C: Control>(control: &C, settings: &Settings, metrics: &str) -> Value {
     let store = tokio::time::timeout(STORE_PING, control.store_reachable()).await;
     let s = control.status();
     let c = control.configuration();
@@ -73,6 +74,8 @@ async fn status<C: Control>(control: &C, metrics: &str) -> Value {
             "instances": s.limiter_instances,
         },
         "requests": requests(metrics),
+        "roles": settings.roles.names(),
+        "scopes": settings.known_scopes,
     })
 }
 

@@ -10,8 +10,6 @@ const REFRESH_MS = 2000;
 const HISTORY_MS = 5 * 60 * 1000;
 /** The span the rate, the status mix and the p99 are computed over. */
 const WINDOW_MS = 60 * 1000;
-const SCOPES = ['clusters:read', 'clusters:write', 'api-keys:read', 'api-keys:write'];
-const ROLES = ['owner', 'admin', 'member', 'viewer'];
 
 const $ = (id) => document.getElementById(id);
 
@@ -305,7 +303,12 @@ async function route() {
     if (a.dataset.testid === `nav-${nav}`) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
   }
-  const arg = decodeURIComponent((hash.match(re) || [])[1] || '');
+  let arg = (hash.match(re) || [])[1] || '';
+  try {
+    arg = decodeURIComponent(arg);
+  } catch {
+    // a malformed escape: the id as written
+  }
   const app = $('app');
   const mine = generation;
   app.replaceChildren(h('p', { class: 'loading' }, 'Loading…'));
@@ -393,6 +396,17 @@ function svg(tag, attrs) {
   return el;
 }
 
+/** The chart's span: the time since the first kept sample, from 1 to 5 minutes. */
+function chartSpan(points, now) {
+  const first = points.length ? points[0].t : now;
+  return Math.min(HISTORY_MS, Math.max(60 * 1000, now - first));
+}
+
+function spanText(span) {
+  const s = Math.round(span / 1000);
+  return s < 120 ? `${s} s` : `${Math.round(s / 60)} minutes`;
+}
+
 /** The request rate between consecutive samples over the kept span. */
 function chart(points) {
   const W = 600;
@@ -405,24 +419,22 @@ function chart(points) {
   }
   const max = Math.max(1, ...rates.map((p) => p.r));
   const now = Date.now();
-  const x = (t) => W - ((now - t) / HISTORY_MS) * W;
+  const span = chartSpan(points, now);
+  const x = (t) => W - ((now - t) / span) * W;
   const y = (r) => H - 4 - (r / max) * (H - 16);
   const titleEl = svg('title');
-  titleEl.textContent = `Requests per second over the last ${HISTORY_MS / 60000} minutes (peak ${max.toFixed(1)}/s)`;
+  titleEl.textContent = `Requests per second over the last ${spanText(span)} (peak ${max.toFixed(1)}/s)`;
   root.append(titleEl);
   root.append(svg('line', { x1: 0, y1: H - 4, x2: W, y2: H - 4, class: 'axis' }));
   if (rates.length) {
     const line = rates.map((p) => `${x(p.t).toFixed(1)},${y(p.r).toFixed(1)}`).join(' ');
     root.append(svg('polyline', { points: line, class: 'rate-line', 'data-testid': 'ov-chart-line' }));
   }
-  const top = svg('text', { x: 4, y: 12, class: 'chart-label' });
-  top.textContent = `${max.toFixed(1)}/s`;
-  root.append(top);
-  return root;
+  return { root, peak: max };
 }
 
 function stat(name, testid, value, cls) {
-  return h('div', { class: 'stat' }, h('dt', null, name), h('dd', { class: cls, dataset: { testid } }, value));
+  return h('div', { class: 'stat' }, h('dt', null, name), h('dd', { class: cls || null, dataset: { testid } }, value));
 }
 
 async function overview(app, _arg, current) {
@@ -484,14 +496,16 @@ async function overview(app, _arg, current) {
       stat('Store', 'ov-store', status.store || '—', status.store === 'ok' ? 'good' : 'bad'),
       stat('Rate limiter', 'ov-limiter', limiterText, limiterOk ? 'good' : 'bad'),
       stat('Requests', 'ov-rate', `${sum.rate.toFixed(2)}/s ${since} (${Number((status.requests || {}).total) || 0} since start)`),
-      stat('Status mix', 'ov-mix', h('span', null, mixText), mixBar),
+      stat('Status mix', 'ov-mix', [h('span', null, mixText), mixBar]),
       stat('p99 latency', 'ov-p99', `${ms(sum.p99)} ${since}`),
     );
+    const drawn = chart(samples);
     const chartBox = h(
       'figure',
       { class: 'chart-box' },
-      chart(samples),
-      h('figcaption', null, `Requests per second, last ${HISTORY_MS / 60000} minutes (sampled every ${REFRESH_MS / 1000} s while this page is open)`),
+      h('div', { class: 'chart-peak', dataset: { testid: 'ov-chart-peak' } }, `peak ${drawn.peak.toFixed(1)}/s`),
+      drawn.root,
+      h('figcaption', null, `Requests per second over the last ${spanText(chartSpan(samples, Date.now()))} (up to ${HISTORY_MS / 60000} minutes, sampled every ${REFRESH_MS / 1000} s while this page is open)`),
     );
     const page = [title('Overview'), stats, chartBox];
     if (first) {
@@ -560,7 +574,7 @@ async function upstreams(app, _arg, current) {
               h('span', { class: `badge ${cls}`, dataset: { testid: 'target-state' } }, text),
               String(t.in_flight ?? 0),
               String(t.failures ?? 0),
-              t.last_error || '—',
+              h('span', { class: 'wrap', dataset: { testid: 'target-error' } }, t.last_error || '—'),
             ],
           };
         });
@@ -663,11 +677,15 @@ function secretPanel(record, verb) {
 async function organization(app, id, current) {
   const org = await api('GET', `/organizations/${encodeURIComponent(id)}`);
   const path = `/organizations/${encodeURIComponent(id)}`;
-  const [members, keys, audit] = await Promise.all([
+  // The configured roles and scopes come with the gateway's status.
+  const [members, keys, audit, status] = await Promise.all([
     listAll(`${path}/members`),
     listAll(`${path}/keys`),
     api('GET', `${path}/audit-events?limit=50`),
+    api('GET', '/status'),
   ]);
+  const ROLES = status.roles;
+  const SCOPES = status.scopes;
   if (!current()) return;
   const reload = async (secret) => {
     if (!current()) return;
@@ -703,7 +721,11 @@ async function organization(app, id, current) {
         ],
       }));
       sessionsBox.replaceChildren(table(`sessions-table-${m.user_id}`, ['Session', 'Created', 'Expires', ''], rows, 'No open sessions.'));
+      show.setAttribute('aria-expanded', 'true');
     }, 'secondary');
+    show.setAttribute('aria-expanded', 'false');
+    show.setAttribute('aria-controls', `sessions-${m.user_id}`);
+    sessionsBox.id = `sessions-${m.user_id}`;
     return {
       dataset: { testid: 'member-row', user: m.user_id },
       cells: [m.user_id, m.role, h('div', null, show, sessionsBox)],
