@@ -4,14 +4,15 @@
 //! wrk and `openssl s_time` spend more CPU on a handshake than a server does
 //! (OpenSSL checks the server's signature on every one), so on a machine where
 //! the generator has one core they measure their own limit, and the servers
-//! come out alike. This client does the least a TLS 1.3 client can: X25519,
-//! no certificate or signature check, one request with `Connection: close`,
+//! come out alike. This client does the least a TLS 1.3 client can: key
+//! shares for the hybrid X25519MLKEM768 and for X25519 (as browsers send
+//! them; `--classical`: X25519 only), no certificate or signature check, one request with `Connection: close`,
 //! the answer read to its end. Every server in the suite gets the same client,
 //! so the rates compare the servers' handshake costs.
 //!
 //! ```sh
 //! cargo bench --bench tls_connect -- --url https://127.0.0.1:8443/path \
-//!     -H 'Authorization: Bearer mpg_…' -c 50 -d 10 [--resume]
+//!     -H 'Authorization: Bearer mpg_…' -c 50 -d 10 [--resume] [--classical]
 //! ```
 //!
 //! Prints one line, `WRKJSON {…}`, with the fields `benches/load/run.sh` records
@@ -74,19 +75,20 @@ struct Args {
     conns: usize,
     duration: Duration,
     resume: bool,
+    classical: bool,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!("tls_connect: {why}");
     eprintln!(
-        "usage: tls_connect --bench --url https://127.0.0.1:PORT/PATH [-H 'Name: value']... [-c CONNS] [-d SECONDS] [--resume]"
+        "usage: tls_connect --bench --url https://127.0.0.1:PORT/PATH [-H 'Name: value']... [-c CONNS] [-d SECONDS] [--resume] [--classical]"
     );
     std::process::exit(2)
 }
 
 fn parse_args(args: Vec<String>) -> Args {
     let (mut url, mut headers) = (None, Vec::new());
-    let (mut conns, mut secs, mut resume) = (50usize, 10f64, false);
+    let (mut conns, mut secs, mut resume, mut classical) = (50usize, 10f64, false, false);
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| {
@@ -108,6 +110,7 @@ fn parse_args(args: Vec<String>) -> Args {
                     .unwrap_or_else(|_| usage("-d takes seconds"))
             }
             "--resume" => resume = true,
+            "--classical" => classical = true,
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -138,11 +141,17 @@ fn parse_args(args: Vec<String>) -> Args {
         conns,
         duration: Duration::from_secs_f64(secs),
         resume,
+        classical,
     }
 }
 
-fn client_config(resume: bool) -> Arc<ClientConfig> {
-    let provider = rustls::crypto::aws_lc_rs::default_provider();
+fn client_config(resume: bool, classical: bool) -> Arc<ClientConfig> {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    use rustls::crypto::aws_lc_rs::kx_group;
+    provider.kx_groups = match classical {
+        true => vec![kx_group::X25519],
+        false => vec![kx_group::X25519MLKEM768, kx_group::X25519],
+    };
     let schemes = provider
         .signature_verification_algorithms
         .supported_schemes();
@@ -212,7 +221,7 @@ async fn run(args: Args) {
     // One client configuration per connection loop when resuming: a client
     // keeps only a few TLS 1.3 tickets per server, and each loop resumes from
     // the tickets of its own previous connection.
-    let shared = TlsConnector::from(client_config(args.resume));
+    let shared = TlsConnector::from(client_config(args.resume, args.classical));
     let args = Arc::new(args);
     let started = Instant::now();
     let deadline = started + args.duration;
@@ -220,7 +229,7 @@ async fn run(args: Args) {
         .map(|_| {
             let args = args.clone();
             let connector = if args.resume {
-                TlsConnector::from(client_config(true))
+                TlsConnector::from(client_config(true, args.classical))
             } else {
                 shared.clone()
             };

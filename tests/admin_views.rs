@@ -84,7 +84,10 @@ async fn status_shows_the_version_the_configuration_readiness_and_the_requests()
         json!(["admin", "member", "owner", "viewer"]),
         "{s}"
     );
-    assert!(s["scopes"].as_array().unwrap().contains(&json!("clusters:read")));
+    assert!(s["scopes"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("clusters:read")));
     let before = s["requests"]["total"].as_u64().unwrap();
 
     // Three requests through the data plane: two 401s and a 502.

@@ -191,7 +191,8 @@ async fn a_renewed_certificate_is_served_to_new_connections_without_dropping_old
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let gw = Gateway::start(&path);
 
-    let (stream, first_cert) = tls_connect(gw.addr, rustls::crypto::aws_lc_rs::default_provider()).await;
+    let (stream, first_cert) =
+        tls_connect(gw.addr, rustls::crypto::aws_lc_rs::default_provider()).await;
     let mut old = OneConnection::open(stream).await;
     assert_eq!(
         old.get("/api/v1/clusters?organization_id=acme", &seed.key)

@@ -185,7 +185,8 @@ fn admin_tls(
     Ok(match tls {
         Some(t) => {
             let key = load_certified_key(t).map_err(StartError::AdminTls)?;
-            let (config, _) = crate::tls::server_config(key, groups).map_err(StartError::AdminTls)?;
+            let (config, _) =
+                crate::tls::server_config(key, groups).map_err(StartError::AdminTls)?;
             Some(TlsAcceptor::from(config))
         }
         None => None,

@@ -22,7 +22,8 @@ SCENARIOS = [
     ("tls_keepalive", "gateway", "gateway, TLS keep-alive"),
     ("tls_keepalive", "nginx", "nginx, TLS keep-alive"),
     ("tls_keepalive", "haproxy", "HAProxy, TLS keep-alive"),
-    ("tls_new_conn", "gateway", "gateway, new TLS connection per request"),
+    ("tls_new_conn", "gateway", "gateway, new TLS connection per request (X25519MLKEM768 negotiated)"),
+    ("tls_new_conn", "gateway_classical", "gateway, new TLS connection per request, client offering X25519 only"),
     ("tls_new_conn", "nginx", "nginx, new TLS connection per request"),
     ("tls_new_conn", "haproxy", "HAProxy, new TLS connection per request"),
     ("tls_resume", "gateway", "gateway, resumed TLS 1.3 session per request"),
@@ -128,6 +129,7 @@ PAIRS = [("saturation", "gateway", "nginx"), ("saturation", "gateway", "haproxy"
          ("saturation", "envoy", "direct"), ("saturation", "relay", "direct"), ("saturation", "gateway", "relay"),
          ("saturation", "gateway_redis", "gateway")]
 PAIRS += [(s, "gateway", peer) for s in TLS_SCENARIOS for peer in ("nginx", "haproxy")]
+PAIRS += [("tls_new_conn", "gateway_classical", peer) for peer in ("nginx", "haproxy")]
 
 
 def pair_name(scenario, a, b):
@@ -284,10 +286,14 @@ def build(raw, meta, resources, note):
         ("p99 added by Redis at half of peak, oha (ms)", "<", 0.3, redis_added("fixed_half")),
         ("p99 added by Redis at half of peak, paced arrivals (h2load) (ms)", "<", 0.3, redis_added("paced_half")),
         ("a bare round trip from core 0 to Redis, servers idle: p99 (ms)", "info", None, redis_rtt.get("p99_ms")),
-        ("new TLS connection per request: gateway / nginx", ">=", 1.5,
+        ("new TLS connection per request, hybrid group: gateway / nginx", ">=", 2,
          pair_or_ratio("gateway", "nginx", scenario="tls_new_conn")),
-        ("new TLS connection per request: gateway / HAProxy", ">=", 1.5,
+        ("new TLS connection per request, hybrid group: gateway / HAProxy", ">=", 2,
          pair_or_ratio("gateway", "haproxy", scenario="tls_new_conn")),
+        ("new TLS connection per request, X25519 only: gateway / nginx", "info", None,
+         pair_or_ratio("gateway_classical", "nginx", scenario="tls_new_conn")),
+        ("new TLS connection per request, X25519 only: gateway / HAProxy", "info", None,
+         pair_or_ratio("gateway_classical", "haproxy", scenario="tls_new_conn")),
         ("resumed TLS session per request: gateway / nginx", "info", None,
          pair_or_ratio("gateway", "nginx", scenario="tls_resume")),
         ("resumed TLS session per request: gateway / HAProxy", "info", None,
@@ -547,7 +553,8 @@ def chart(rep, path):
     rows = [s for s in rep["scenarios"] if s["rps"]]
     labels = [s["label"].replace(", ", "\n", 1) for s in rows]
     colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621",
-              "relay": "#bbbbbb", "envoy": "#6b46c1", "gateway_redis": "#4a90d9", "gateway_pg": "#1a365d"}
+              "relay": "#bbbbbb", "envoy": "#6b46c1", "gateway_redis": "#4a90d9", "gateway_pg": "#1a365d",
+              "gateway_classical": "#63b3ed"}
     fig, (a, b) = plt.subplots(1, 2, figsize=(15, 11))
     y = range(len(rows))
     a.barh(y, [s["rps"]["median"] for s in rows], color=[colors[s["target"]] for s in rows],
