@@ -9,23 +9,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(false).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(true).await
-            })*
-        }
-    };
-}
-
 on_both_stores!(
     tokens_are_shown_once_checked_on_every_request_and_revoked_at_once,
     a_dashboard_backend_provisions_an_organization_and_signs_its_user_in,

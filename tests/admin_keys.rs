@@ -14,23 +14,6 @@ use std::time::{Duration, Instant};
 
 const CLUSTERS: &str = "/api/v1/clusters?organization_id=acme";
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(false).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(true).await
-            })*
-        }
-    };
-}
-
 on_both_stores!(
     a_key_is_created_changed_rotated_revoked_and_deleted,
     bad_key_input_is_a_400_naming_the_field_and_changes_nothing,

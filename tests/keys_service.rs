@@ -67,24 +67,6 @@ async fn exchange(mut req: reqwest::RequestBuilder, body: Option<Value>) -> (u16
 
 const KEYS: &str = "/api/v1/api-keys?organization_id=acme";
 
-/// Runs every case on SQLite and on PostgreSQL.
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(false).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(true).await
-            })*
-        }
-    };
-}
-
 on_both_stores!(
     the_whole_lifecycle_works_and_the_secret_is_shown_once,
     pagination_walks_every_key_once,

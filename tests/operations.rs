@@ -177,16 +177,7 @@ async fn a_bad_reload_changes_nothing_and_names_the_problem() {
 async fn a_renewed_certificate_is_served_to_new_connections_without_dropping_old_ones() {
     let up = MockUpstream::start().await;
     let mut cfg = TestConfig::new(up.addr);
-    let (c, k) = (
-        cfg.dir.path().join("cert.pem"),
-        cfg.dir.path().join("key.pem"),
-    );
-    let (cert, key) = mpg_gateway::tls::self_signed_pem().unwrap();
-    std::fs::write(&c, cert).unwrap();
-    std::fs::write(&k, key).unwrap();
-    cfg.set("server.insecure_http", false);
-    cfg.set("server.tls.cert", c.to_str().unwrap());
-    cfg.set("server.tls.key", k.to_str().unwrap());
+    let (c, k) = cfg.tls_files();
     let path = cfg.write();
     let seed = seed(&path, "acme", "alice", "owner", "clusters:read");
     let gw = Gateway::start(&path);

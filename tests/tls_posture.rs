@@ -14,14 +14,7 @@ use tokio::net::TcpStream;
 async fn tls_gateway() -> (MockUpstream, TestConfig, Gateway) {
     let up = MockUpstream::start().await;
     let mut cfg = TestConfig::new(up.addr);
-    let (cert, key) = mpg_gateway::tls::self_signed_pem().unwrap();
-    let c = cfg.dir.path().join("cert.pem");
-    let k = cfg.dir.path().join("key.pem");
-    std::fs::write(&c, cert).unwrap();
-    std::fs::write(&k, key).unwrap();
-    cfg.set("server.insecure_http", false);
-    cfg.set("server.tls.cert", c.to_str().unwrap());
-    cfg.set("server.tls.key", k.to_str().unwrap());
+    cfg.tls_files();
     let gw = Gateway::start(&cfg.write());
     (up, cfg, gw)
 }

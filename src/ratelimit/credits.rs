@@ -92,6 +92,18 @@ pub struct CreditBook {
     entries: Mutex<HashMap<Box<str>, Entry>>,
 }
 
+// === impl Entry ===
+
+impl Entry {
+    /// The share taken of this very count (not of an older setting or
+    /// period), if one was taken.
+    fn live_share(&self) -> Option<Share> {
+        let c = self.count;
+        self.share
+            .filter(|s| (s.generation, s.period) == (c.generation, c.period))
+    }
+}
+
 // === impl Count ===
 
 impl Count {
@@ -148,14 +160,11 @@ impl CreditBook {
         let mut entries = self.entries();
         let entry = self.current(&mut entries, spend, now);
         let c = entry.count;
-        let share = match entry.share {
-            Some(s) if (s.generation, s.period) == (c.generation, c.period) => s,
-            _ => Share {
-                generation: c.generation,
-                period: c.period,
-                left: c.remaining / instances.max(1),
-            },
-        };
+        let share = entry.live_share().unwrap_or(Share {
+            generation: c.generation,
+            period: c.period,
+            left: c.remaining / instances.max(1),
+        });
         if share.left < spend.cost {
             entry.share = Some(share);
             return exhausted(spend, share.left, now);
@@ -178,8 +187,11 @@ impl CreditBook {
             if e.count.generation == spend.credits.generation && e.count.period == period {
                 e.count.remaining += spend.cost;
                 e.dirty = true;
-                if let Some(share) = e.share.as_mut().filter(|s| s.period == period) {
-                    share.left += spend.cost;
+                if let Some(share) = e.live_share() {
+                    e.share = Some(Share {
+                        left: share.left + spend.cost,
+                        ..share
+                    });
                 }
             }
         }
@@ -190,11 +202,7 @@ impl CreditBook {
     pub fn peek(&self, spend: &CreditSpend<'_>, now: i64) -> u64 {
         let mut entries = self.entries();
         let entry = self.current(&mut entries, spend, now);
-        let c = entry.count;
-        match entry.share {
-            Some(s) if (s.generation, s.period) == (c.generation, c.period) => s.left,
-            _ => c.remaining,
-        }
+        entry.live_share().map_or(entry.count.remaining, |s| s.left)
     }
 
     /// Notes a count Redis answered with, for [`Self::peek`] and the store.

@@ -364,6 +364,20 @@ impl TestConfig {
         self
     }
 
+    /// Serves TLS from a fresh self-signed PEM pair written to the temp dir
+    /// (`cert.pem`, `key.pem`): their paths, to replace them for a reload.
+    pub fn tls_files(&mut self) -> (PathBuf, PathBuf) {
+        let (cert, key) = mpg_gateway::tls::self_signed_pem().unwrap();
+        let c = self.dir.path().join("cert.pem");
+        let k = self.dir.path().join("key.pem");
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        self.set("server.insecure_http", false);
+        self.set("server.tls.cert", c.to_str().unwrap());
+        self.set("server.tls.key", k.to_str().unwrap());
+        (c, k)
+    }
+
     /// Appends a `[[routes]]` entry written as inline TOML (`method = "GET"` …).
     pub fn route(&mut self, fields: &str) -> &mut Self {
         let route: toml::Table = fields.parse().unwrap();
@@ -669,6 +683,26 @@ pub async fn raw_get(addr: SocketAddr, target: &str, headers: &str) -> RawRespon
     let req =
         format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
     raw(addr, req.as_bytes()).await
+}
+
+/// Runs each named `async fn case(pg: bool)` of the test file as two
+/// tests, `sqlite::case` and `postgres::case`.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(false).await
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(true).await
+            })*
+        }
+    };
 }
 
 // === scale-out helpers (PostgreSQL databases, Redis prefixes, a cuttable TCP proxy) ===
