@@ -15,6 +15,10 @@
 #   BACKEND=redis N=5000 benches/load/instructions.sh
 #       # the same with `[rate_limit] backend = "redis"` against a Redis of its
 #       # own (redis-server on a free port): the gateway's side of the shared limiter
+#   CREDITS=1 N=5000 benches/load/instructions.sh
+#   CREDITS=1 BACKEND=redis N=5000 benches/load/instructions.sh
+#       # the same with a key that has usage credits (more than the run spends): each
+#       # request also spends one, in process or in the decision's own Redis call
 #   TRACE=0.05 N=5000 benches/load/instructions.sh
 #       # the same with `[tracing]` exporting at that sample_ratio (0 to 1) to the upstream
 #       # nginx, which takes each OTLP export as a collector's receiver would (200): the
@@ -31,7 +35,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/../lib.sh"
 N=${N:-20000} WARM=${WARM:-2000} OUT=${OUT:-/tmp/mpg-instructions.out} RATE=${RATE:-}
-BACKEND=${BACKEND:-local} H2=${H2:-} CRED=${CRED:-api_key} TRACE=${TRACE:-}
+BACKEND=${BACKEND:-local} H2=${H2:-} CRED=${CRED:-api_key} TRACE=${TRACE:-} CREDITS=${CREDITS:-}
 case "$CRED" in
   api_key|session) ;;
   jwt) command -v node >/dev/null || { echo "instructions.sh: CRED=jwt needs node" >&2; exit 1; } ;;
@@ -78,6 +82,7 @@ bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" "$LIMITER"
 seed_account "$CFG"
 python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
+[ -z "$CREDITS" ] || python3 "$HERE/lib/give_credits.py" "$WORK/gateway.db" "$KEY"
 URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
 if [ "$CRED" != api_key ]; then
   # The same upstream behind a session route.
@@ -130,6 +135,9 @@ if [ "$BACKEND" = redis ]; then
   # bring it back to Redis, before counting.
   sleep 2
   "$OHA" --no-tui ${H2:+--http2} -n 200 -c 50 -H "Authorization: Bearer $KEY" "$URL" >/dev/null 2>&1
+fi
+if [ -n "$CREDITS" ] && ! curl -s -D - -o /dev/null -H "Authorization: Bearer $KEY" "$URL" | grep -qi '^x-credits-remaining'; then
+  echo "instructions.sh: the key with credits got no X-Credits-Remaining" >&2; exit 1
 fi
 callgrind_control -z "$VG" >/dev/null 2>&1
 logged=$(wc -l <"$WORK/gw.log")

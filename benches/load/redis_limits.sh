@@ -19,10 +19,11 @@
 #            --own-time (with the admin listener on, also the gateway's own p99 at the
 #            fixed load, from its request-duration histogram, and the p99 of its wait
 #            for Redis's decisions, from the backend-duration one: own_time.py)
-#            --credits (the Redis-backed runs use a second key, one with usage credits,
-#            more than any run spends: each request also spends one, in the decision's
-#            own script call; the ratio is then a key with credits on Redis against a
-#            plain key on the local limiter)
+#            --credits (each round also runs Redis-backed with a second key, one with
+#            usage credits, more than any run spends: each request also spends one, in
+#            the decision's own script call; its ratio is that key on Redis against the
+#            plain key on the local limiter, beside the plain key's on Redis; the
+#            fixed-load runs then use that key)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
@@ -99,18 +100,16 @@ GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
 python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 2 "$WORK/key.txt" "$WORK/invalid.txt"
 AUTH="Authorization: Bearer $(head -n 1 "$WORK/key.txt")"
-# auth_for BACKEND: the key its runs use (with --credits, the Redis runs' has credits).
-auth_for() { if [ "$1" = redis ] && [ "$CREDITS" = 1 ]; then echo "$AUTH_CREDITS"; else echo "$AUTH"; fi; }
+# auth_for RUN: the key a run uses; the "credits" run (with --credits) is the Redis
+# config with the key that has credits.
+auth_for() { if [ "$1" = credits ]; then echo "$AUTH_CREDITS"; else echo "$AUTH"; fi; }
+# The Redis-backed run of the fixed-load rounds: with --credits, the key with credits.
+REDIS_RUN=redis
 if [ "$CREDITS" = 1 ]; then
+  REDIS_RUN=credits
   AUTH_CREDITS="Authorization: Bearer $(sed -n 2p "$WORK/key.txt")"
-  python3 - "$WORK/gateway.db" "$(sed -n 2p "$WORK/key.txt")" <<'PY'
-import hashlib, sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-hashed = hashlib.sha256(sys.argv[2].encode()).hexdigest()
-db.execute("UPDATE api_keys SET credits_remaining = 4000000000000000, credits_generation = 1 "
-           "WHERE key_hash = ?", (hashed,))
-db.commit()
-PY
+  python3 "$HERE/lib/give_credits.py" "$WORK/gateway.db" "$(sed -n 2p "$WORK/key.txt")"
+  cp "$WORK/gw-redis.toml" "$WORK/gw-credits.toml"
 fi
 
 # Redis's CPU seconds (user + sys) and its script calls so far.
@@ -228,15 +227,22 @@ if command -v redis-benchmark >/dev/null; then
 fi
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then
-  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s\n' run binary local_rps redis_rps ratio \
+  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s' run binary local_rps redis_rps ratio \
     gw_us_loc gw_us_red redis_us reqs/call
+  [ "$CREDITS" = 0 ] || printf ' %9s %6s %9s %9s' cred_rps ratio gw_us_cred redis_us
+  echo
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
       read -r lrps _ _ lgw < <(saturate "$bin" local)
       read -r rrps rus per_call rgw < <(saturate "$bin" redis)
       LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} $lrps"
-      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s\n' "$r" "$(basename "$bin")" "$lrps" "$rrps" \
+      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s' "$r" "$(basename "$bin")" "$lrps" "$rrps" \
         "$(python3 -c "print($rrps / $lrps)")" "$lgw" "$rgw" "$rus" "$per_call"
+      if [ "$CREDITS" = 1 ]; then
+        read -r crps cus _ cgw < <(saturate "$bin" credits)
+        printf ' %9.0f %6.3f %9s %9s' "$crps" "$(python3 -c "print($crps / $lrps)")" "$cgw" "$cus"
+      fi
+      echo
     done
   done
 fi
@@ -260,7 +266,7 @@ if [ "$PACED" = 1 ]; then
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
       read -r lown _ _ lp50 lp99 _ _ _ lb0 lb1 lgw lsl < <(paced "$bin" local "$rate")
-      read -r rown rwait rtt rp50 rp99 rus per_call split rb0 rb1 rgw rsl < <(paced "$bin" redis "$rate")
+      read -r rown rwait rtt rp50 rp99 rus per_call split rb0 rb1 rgw rsl < <(paced "$bin" "$REDIS_RUN" "$rate")
       printf '%-4s %-24s %6s %9s %9s %9s %9s %8s %9s %11s %11s %11s %11s %10s %10s %11s %11s\n' "$r" \
         "$(basename "$bin")" "$rate" "$lp50" "$lp99" "$rp50" "$rp99" "$rus" "$per_call" "$split" \
         "$lb0/$lb1" "$rb0/$rb1" "$lown/$rown" "$rwait" "$rtt" "$lgw/$rgw" "$lsl/$rsl"
