@@ -48,6 +48,8 @@ pub struct RedisLimiter {
     prefix: Box<str>,
     /// `{prefix}rl:{policy index}:` per policy, so that a key is two copies, not a format.
     key_prefixes: Vec<Box<str>>,
+    /// `{prefix}cr:`, the start of every credit count's key.
+    credit_prefix: Box<str>,
     policies: Vec<Gcra>,
     timeout: Duration,
     /// A Redis Cluster: one call holds the keys of one slot only.
@@ -91,6 +93,7 @@ impl RedisLimiter {
             key_prefixes: (0..policies.len())
                 .map(|i| format!("{prefix}rl:{i}:").into())
                 .collect(),
+            credit_prefix: format!("{prefix}cr:").into(),
             policies: policies.iter().map(Gcra::new).collect(),
             timeout,
             cluster,
@@ -149,7 +152,7 @@ impl RedisLimiter {
 
     /// The Redis key of an API key's credit count.
     pub(crate) fn credit_key(&self, key_id: &str) -> String {
-        format!("{}cr:{key_id}", self.prefix)
+        joined(&self.credit_prefix, key_id)
     }
 
     /// Takes one token for `key` under `policy` if there is one; a refusal costs nothing.
@@ -200,10 +203,7 @@ impl RedisLimiter {
         let Some(start) = self.key_prefixes.get(policy.0) else {
             return format!("{}rl:{}:{}", self.prefix, policy.0, key);
         };
-        let mut out = String::with_capacity(start.len() + key.len());
-        out.push_str(start);
-        out.push_str(key);
-        out
+        joined(start, key)
     }
 
     async fn run(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, LimiterError> {
@@ -426,6 +426,15 @@ impl std::fmt::Debug for RedisLimiter {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// `start` then `key`, in one allocation of the right size: a Redis key is made on every
+/// request, and two copies cost a fraction of a `format!`.
+fn joined(start: &str, key: &str) -> String {
+    let mut out = String::with_capacity(start.len() + key.len());
+    out.push_str(start);
+    out.push_str(key);
+    out
 }
 
 #[cfg(test)]
