@@ -239,17 +239,7 @@ impl KeysService {
         query: Option<&str>,
         now: i64,
     ) -> Result<Response<Body>, GatewayError> {
-        let (limit, cursor) = paging(query)?;
-        let listed = self
-            .store
-            .list_api_keys(caller.organization, limit, cursor.as_deref())
-            .await;
-        let (records, next) = listed.map_err(page_error)?;
-        let data: Vec<Value> = records.iter().map(|r| render::api_key(r, now)).collect();
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({ "data": data, "next_cursor": next }),
-        ))
+        key_page(&self.store, caller.organization, query, now).await
     }
 
     /// `GET …/audit-events`: the organization's key lifecycle events, newest
@@ -259,18 +249,48 @@ impl KeysService {
         caller: Caller<'_>,
         query: Option<&str>,
     ) -> Result<Response<Body>, GatewayError> {
-        let (limit, cursor) = paging(query)?;
-        let listed = self
-            .store
-            .list_audit_events(caller.organization, limit, cursor.as_deref())
-            .await;
-        let (events, next) = listed.map_err(page_error)?;
-        let data: Vec<Value> = events.iter().map(render::audit_event).collect();
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({ "data": data, "next_cursor": next }),
-        ))
+        audit_page(&self.store, caller.organization, query).await
     }
+}
+
+/// One page of `organization`'s keys as `query` asks (`limit`, `cursor`), for
+/// this API and the admin API alike.
+pub(crate) async fn key_page(
+    store: &SqlStore,
+    organization: &str,
+    query: Option<&str>,
+    now: i64,
+) -> Result<Response<Body>, GatewayError> {
+    let (limit, cursor) = paging(query)?;
+    let listed = store
+        .list_api_keys(organization, limit, cursor.as_deref())
+        .await;
+    let (records, next) = listed.map_err(page_error)?;
+    let data: Vec<Value> = records.iter().map(|r| render::api_key(r, now)).collect();
+    Ok(page_response(data, next))
+}
+
+/// One page of `organization`'s audit events, newest first, as [`key_page`].
+pub(crate) async fn audit_page(
+    store: &SqlStore,
+    organization: &str,
+    query: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
+    let (limit, cursor) = paging(query)?;
+    let listed = store
+        .list_audit_events(organization, limit, cursor.as_deref())
+        .await;
+    let (events, next) = listed.map_err(page_error)?;
+    let data: Vec<Value> = events.iter().map(render::audit_event).collect();
+    Ok(page_response(data, next))
+}
+
+/// A list's answer: `data`, and the cursor of the page after it (null on the last).
+pub(crate) fn page_response(data: Vec<Value>, next: Option<String>) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &json!({ "data": data, "next_cursor": next }),
+    )
 }
 
 /// A new key's fields from a create body, checked: all but its owner.

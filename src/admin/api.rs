@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::time::Duration;
 
 mod keys;
@@ -483,10 +483,7 @@ fn page(
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let next = (rest.len() > limit).then(|| key_of(&rest[limit - 1]));
     let data: Vec<Value> = rest.into_iter().take(limit).collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({ "data": data, "next_cursor": next }),
-    ))
+    Ok(crate::keys_service::page_response(data, next))
 }
 
 /// The answer for `rows`, read from the store as up to `limit + 1` rows in
@@ -497,10 +494,7 @@ fn read_page(mut rows: Vec<Value>, limit: u32, key: &str) -> Response<Body> {
         rows.truncate(limit);
         rows[limit - 1][key].as_str().unwrap_or_default().to_owned()
     });
-    json_response(
-        StatusCode::OK,
-        &json!({ "data": rows, "next_cursor": next }),
-    )
+    crate::keys_service::page_response(rows, next)
 }
 
 /// A store error as the API's answer (404, 409, 400 naming what is wrong,

@@ -4,16 +4,15 @@
 //! `grace_period`), with the admin token as the audit trail's actor; the
 //! owner's role is not asked, as the command line does not ask it.
 use http::{Method, Response, StatusCode};
-use serde_json::{json, Value};
 
 use super::{no_content, not_allowed_or_not_found, read_bytes, required_string, Ctx};
 use crate::admin::json_response;
 use crate::clock::unix_now;
 use crate::error::GatewayError;
 use crate::http_core::body::{Body, RequestBody};
-use crate::keys_service::render::{api_key, api_key_with_secret, audit_event};
+use crate::keys_service::render::{api_key, api_key_with_secret};
 use crate::keys_service::{
-    checked_update, grace_period, json_object, key_fields, page_error, paging, store_error,
+    audit_page, checked_update, grace_period, json_object, key_fields, key_page, store_error,
 };
 use crate::store::StoreError;
 
@@ -50,18 +49,9 @@ pub(super) async fn of_organization(
                 &api_key_with_secret(&record, secret, now),
             ))
         }
-        (&Method::GET, ["organizations", org, "keys"]) => {
-            let (limit, cursor) = paging(query)?;
-            let listed = store.list_api_keys(org, limit, cursor.as_deref()).await;
-            let (records, next) = listed.map_err(page_error)?;
-            let data: Vec<Value> = records.iter().map(|r| api_key(r, now)).collect();
-            Ok(list(data, next))
-        }
+        (&Method::GET, ["organizations", org, "keys"]) => key_page(store, org, query, now).await,
         (&Method::GET, ["organizations", org, "audit-events"]) => {
-            let (limit, cursor) = paging(query)?;
-            let listed = store.list_audit_events(org, limit, cursor.as_deref()).await;
-            let (events, next) = listed.map_err(page_error)?;
-            Ok(list(events.iter().map(audit_event).collect(), next))
+            audit_page(store, org, query).await
         }
         (_, segments) => Err(not_allowed_or_not_found(segments)),
     }
@@ -120,12 +110,4 @@ pub(super) async fn key(
 /// The record a store call found, or 404.
 fn existing<T>(found: Result<Option<T>, StoreError>) -> Result<T, GatewayError> {
     found?.ok_or(GatewayError::NotFound)
-}
-
-/// A list's answer: `data`, and the cursor of the page after it.
-fn list(data: Vec<Value>, next: Option<String>) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &json!({ "data": data, "next_cursor": next }),
-    )
 }
