@@ -41,8 +41,8 @@ pub(crate) struct Target {
     /// `Targets::retire`. Taken only when the state changes (ejected, or
     /// back), never on a request's usual path.
     pub(super) shown: Mutex<bool>,
-    /// The last error the gateway answered for this target, for the
-    /// console; written on the refusal path only.
+    /// The last error logged for this target, for the console; written
+    /// only with an incident's log line.
     pub(super) last_error: Mutex<Option<String>>,
 }
 
