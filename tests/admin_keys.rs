@@ -19,24 +19,11 @@ on_both_stores!(
     bad_key_input_is_a_400_naming_the_field_and_changes_nothing,
 );
 
-/// The gateway's answer to `key` on the clusters route: (status, reason).
-async fn through_gateway(w: &AdminWorld, key: &str) -> (u16, Value) {
-    let res = client()
-        .get(w.gw.url(CLUSTERS))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status().as_u16();
-    let body: Value = res.json().await.unwrap_or(Value::Null);
-    (status, body["details"]["reason"].clone())
-}
-
 /// Waits up to a second for the gateway to answer `key` with `want`.
 async fn within_a_second(w: &AdminWorld, key: &str, want: u16) {
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        let (got, reason) = through_gateway(w, key).await;
+        let (got, reason) = use_key(&w.gw, key).await;
         if got == want {
             return;
         }
@@ -118,7 +105,7 @@ async fn a_key_is_created_changed_rotated_revoked_and_deleted(pg: bool) {
         "{changed}"
     );
     within_a_second(&w, &secret, 401).await;
-    assert_eq!(through_gateway(&w, &secret).await.1, "disabled");
+    assert_eq!(use_key(&w.gw, &secret).await.1, "disabled");
     let more = json!({"enabled": true, "credits": {"remaining": 10}});
     let (status, changed) = call(&w, Method::PATCH, &key_path, t, Some(more)).await;
     assert_eq!(status, 200, "{changed}");

@@ -443,16 +443,9 @@ async fn a_patch_on_one_instance_is_seen_by_the_other_within_a_second() {
 
 /// The instances sharing `gw`'s Redis, as its `/readyz` reports them.
 async fn instances(gw: &Gateway) -> u64 {
-    let admin = gw.admin.expect("admin listener on");
-    let ready: Value = client()
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
+    readyz(gw).await["rate_limiter"]["instances"]
+        .as_u64()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    ready["rate_limiter"]["instances"].as_u64().unwrap()
 }
 
 /// Waits until every one of `gws` counts `n` instances on its Redis.

@@ -54,17 +54,6 @@ async fn call(
     exchange(req, body).await
 }
 
-/// Sends `req` with `body` as JSON, if any: (status, body as JSON or Null).
-async fn exchange(mut req: reqwest::RequestBuilder, body: Option<Value>) -> (u16, Value) {
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
 const KEYS: &str = "/api/v1/api-keys?organization_id=acme";
 
 on_both_stores!(
@@ -364,7 +353,7 @@ async fn only_the_keys_own_user_may_rotate_it(pg: bool) {
     assert_eq!(res["details"]["reason"], "not_key_owner", "{res}");
     assert!(res.get("key").is_none(), "{res}");
     // Nothing changed: the owner's key still works and has no successor.
-    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
+    assert_eq!(use_key(&w.gw, &w.seed.key).await.0, 200);
     let got = cli_ok(&w.path, &["keys", "get", &w.seed.key_id]);
     assert!(got["replaced_by"].is_null(), "{got}");
     let events = cli_ok(&w.path, &["audit", "list", "--org", "acme"]);
@@ -393,19 +382,6 @@ async fn only_the_keys_own_user_may_rotate_it(pg: bool) {
     assert_eq!(res["user_id"], "bob", "{res}");
 }
 
-/// The status and `details.reason` a key gets on the clusters route.
-async fn use_key(w: &World, key: &str) -> (u16, Value) {
-    let res = client()
-        .get(w.gw.url("/api/v1/clusters?organization_id=acme"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status().as_u16();
-    let body: Value = res.json().await.unwrap_or(Value::Null);
-    (status, body["details"]["reason"].clone())
-}
-
 async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg: bool) {
     let w = world(pg).await;
     let s = &w.seed.session;
@@ -421,7 +397,7 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
     let old_id = old["id"].as_str().unwrap().to_string();
     let old_secret = old["key"].as_str().unwrap().to_string();
     assert!(old["replaced_by"].is_null(), "{old}");
-    assert_eq!(use_key(&w, &old_secret).await.0, 200);
+    assert_eq!(use_key(&w.gw, &old_secret).await.0, 200);
 
     let rotate = format!("/api/v1/api-keys/{old_id}/rotate");
     let before = unix_now();
@@ -447,8 +423,8 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
     assert!(new["replaced_by"].is_null(), "{new}");
 
     // Both keys work during the grace period.
-    assert_eq!(use_key(&w, &new_secret).await.0, 200);
-    assert_eq!(use_key(&w, &old_secret).await.0, 200);
+    assert_eq!(use_key(&w.gw, &new_secret).await.0, 200);
+    assert_eq!(use_key(&w.gw, &old_secret).await.0, 200);
 
     // The old record names its successor and its new expiry; so does the list.
     let (status, got) = call(
@@ -495,15 +471,15 @@ async fn rotation_gives_a_new_key_and_the_old_one_works_for_the_grace_period(pg:
     // is expired. The new one works throughout.
     let ends = std::time::UNIX_EPOCH + std::time::Duration::from_secs(ends as u64);
     sleep_until_wall(ends - std::time::Duration::from_millis(1200)).await;
-    assert_eq!(use_key(&w, &old_secret).await.0, 200, "ended early");
+    assert_eq!(use_key(&w.gw, &old_secret).await.0, 200, "ended early");
     sleep_until_wall(ends + std::time::Duration::from_millis(200)).await;
-    let (status, reason) = use_key(&w, &old_secret).await;
+    let (status, reason) = use_key(&w.gw, &old_secret).await;
     assert_eq!(
         (status, reason),
         (401, json!("expired")),
         "outlived its grace period"
     );
-    assert_eq!(use_key(&w, &new_secret).await.0, 200);
+    assert_eq!(use_key(&w.gw, &new_secret).await.0, 200);
 }
 
 /// The old key's grace period in the rotation test, in seconds.
@@ -528,9 +504,9 @@ async fn rotation_without_grace_ends_the_old_key_at_once_and_refuses_a_dead_key(
     )
     .await;
     assert_eq!(status, 201, "{new}");
-    assert_eq!(use_key(&w, &w.seed.key).await, (401, json!("expired")));
+    assert_eq!(use_key(&w.gw, &w.seed.key).await, (401, json!("expired")));
     let new_secret = new["key"].as_str().unwrap();
-    assert_eq!(use_key(&w, new_secret).await.0, 200);
+    assert_eq!(use_key(&w.gw, new_secret).await.0, 200);
     let (_, old) = call(
         &w,
         reqwest::Method::GET,
@@ -593,7 +569,7 @@ async fn rotation_validation_names_the_field(pg: bool) {
         assert!(res["message"].as_str().unwrap().contains(field), "{res}");
     }
     // Nothing was rotated; the largest grace is accepted.
-    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
+    assert_eq!(use_key(&w.gw, &w.seed.key).await.0, 200);
     let (status, res) = call(
         &w,
         reqwest::Method::POST,
@@ -603,7 +579,7 @@ async fn rotation_validation_names_the_field(pg: bool) {
     )
     .await;
     assert_eq!(status, 201, "{res}");
-    assert_eq!(use_key(&w, &w.seed.key).await.0, 200);
+    assert_eq!(use_key(&w.gw, &w.seed.key).await.0, 200);
 }
 
 #[tokio::test]

@@ -223,14 +223,7 @@ async fn statuses(client: &reqwest::Client, gws: &[Gateway; 2], n: usize) -> Vec
 
 /// `/readyz`'s `rate_limiter.nodes_down` of `gw`.
 async fn nodes_down(gw: &Gateway) -> Vec<String> {
-    let ready: serde_json::Value = client()
-        .get(format!("http://{}/readyz", gw.admin.unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = readyz(gw).await;
     serde_json::from_value(ready["rate_limiter"]["nodes_down"].clone()).unwrap()
 }
 

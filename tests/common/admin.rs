@@ -53,13 +53,7 @@ pub async fn call(
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    exchange(req, body).await
 }
 
 /// Organization `acme` with user `alice` as its owner, made through the API.

@@ -605,6 +605,43 @@ pub async fn ping(gw: &Gateway) -> u16 {
         .as_u16()
 }
 
+/// `gw`'s `/readyz` body (its admin listener must be on).
+pub async fn readyz(gw: &Gateway) -> Value {
+    let admin = gw.admin.expect("the admin listener is on");
+    client()
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Sends `req` with `body` as JSON, if any: (status, body as JSON or Null).
+pub async fn exchange(mut req: reqwest::RequestBuilder, body: Option<Value>) -> (u16, Value) {
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// The status and `details.reason` `key` gets on `GET /api/v1/clusters?organization_id=acme`.
+pub async fn use_key(gw: &Gateway, key: &str) -> (u16, Value) {
+    let res = client()
+        .get(gw.url("/api/v1/clusters?organization_id=acme"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    (status, body["details"]["reason"].clone())
+}
+
 /// A parsed raw HTTP/1.1 response.
 #[derive(Debug)]
 pub struct RawResponse {
