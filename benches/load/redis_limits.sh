@@ -2,9 +2,10 @@
 # Redis-backed limits against the local limiter: the same gateway binary, the same job as
 # the load suite's saturation scenario (one API key, a rate-limit policy that never fires,
 # a small JSON from an nginx upstream), once with `[rate_limit] backend = "local"` and once
-# with `backend = "redis"`, measured back to back in each round so the machine's noise
-# hits both alike. Also Redis's own CPU time and script calls per request (from INFO, on
-# a Redis of its own: stable where req/s is not), and the latency at a fixed offered load.
+# with `backend = "redis"`, measured back to back in each round (in an order that turns
+# from round to round) so the machine's noise hits both alike. Also Redis's own CPU time
+# and script calls per request (from INFO, on a Redis of its own: stable where req/s is
+# not), and the latency at a fixed offered load.
 #
 #   benches/load/redis_limits.sh [GATEWAY_BINARY...]   # default target/release/mpg-gateway
 #   options: --runs N (3) --duration S (10) --conns C (50) --paced (add p50/p99 at half of
@@ -24,12 +25,16 @@
 #            the decision's own script call; its ratio is that key on Redis against the
 #            plain key on the local limiter, beside the plain key's on Redis; the
 #            fixed-load runs then use that key)
+#            --gateway-cpu PCT (the gateway held to PCT% of core 0 by a cgroup CPU quota, in
+#            10 ms periods, root only: its core, not the shared core 1, is then what limits
+#            every config, as where Redis and the clients run on hosts of their own)
 #
 # Layout (2 cores): the gateway (`workers = 1`) alone on core 0; wrk or h2load, the
 # upstream nginx and Redis on core 1 (Redis elsewhere with --redis-cpus). Several binaries
 # (a baseline and a change) are measured in turn in every round. Prints one line per run
 # and binary: req/s with each backend and their ratio, the gateway's CPU time per request
-# (µs) with each, Redis's CPU time per request (µs) and requests per script call; with
+# (µs) with each, Redis's CPU time per request (µs), requests per script call and the
+# gateway's sleeps (voluntary context switches) per request with each config; with
 # --paced, per round and binary: p50/p99 (µs) with each backend at half of the local
 # peak; at that load Redis's CPU per request, requests per call, Redis's CPU per call
 # against its time in the script (µs), each core's busy share, with --probe the p99 (µs) of
@@ -42,7 +47,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 CREDITS=0 BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 CREDITS=0 GW_CPU= BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -56,6 +61,7 @@ while [ $# -gt 0 ]; do
     --no-saturation) SATURATION=0 ;;
     --credits) CREDITS=1 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
+    --gateway-cpu) GW_CPU="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "$SCRIPT: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) BINS+=("$(realpath "$1")") ;;
@@ -69,6 +75,27 @@ for tool in wrk h2load nginx redis-server redis-cli taskset $([ "$OHA" = 1 ] && 
 done
 
 work_dir redis-limits
+# With --gateway-cpu: a cgroup of the bench's own whose CPU quota holds the gateway.
+CAP_DIR=
+if [ -n "$GW_CPU" ]; then
+  case "$GW_CPU" in
+    [1-9]|[1-9][0-9]|100) ;;
+    *) echo "$SCRIPT: --gateway-cpu takes a whole percentage from 1 to 100, not $GW_CPU" >&2; exit 2 ;;
+  esac
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then # cgroup v2
+    grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
+      echo +cpu >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    CAP_DIR="/sys/fs/cgroup/mpg-bench-$$"
+    mkdir "$CAP_DIR" 2>/dev/null && echo "$((GW_CPU * 100)) 10000" >"$CAP_DIR/cpu.max" 2>/dev/null
+  else # cgroup v1
+    CAP_DIR="/sys/fs/cgroup/cpu/mpg-bench-$$"
+    mkdir "$CAP_DIR" 2>/dev/null && echo 10000 >"$CAP_DIR/cpu.cfs_period_us" 2>/dev/null &&
+      echo "$((GW_CPU * 100))" >"$CAP_DIR/cpu.cfs_quota_us" 2>/dev/null
+  fi || { echo "$SCRIPT: --gateway-cpu needs a cgroup with the cpu controller it can write (root): $CAP_DIR" >&2; exit 2; }
+fi
+on_exit() { [ -z "$CAP_DIR" ] || rmdir "$CAP_DIR" 2>/dev/null || true; }
+# cap_gateway: puts the running gateway in that cgroup (with --gateway-cpu).
+cap_gateway() { [ -z "$CAP_DIR" ] || echo "$GW_PID" >"$CAP_DIR/cgroup.procs"; }
 raise_nofile
 UP_PORT=$(free_port); GW_PORT=$(free_port); REDIS_PORT=$(free_port); ADM_PORT=$(free_port)
 PATH_Q="/api/v1/clusters?organization_id=acme"
@@ -129,34 +156,36 @@ gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
 gw_sleeps() { awk '/^voluntary_ctxt_switches:/ {print $2}' "/proc/$GW_PID/status"; }
 CLK_TCK=$(getconf CLK_TCK)
 
-# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ"
-# for one wrk run.
+# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ
+# GATEWAY_SLEEPS_PER_REQ" for one wrk run.
 saturate() {
-  local cpu0 cpu1 calls0 calls1 t0 t1 out rps reqs
+  local cpu0 cpu1 calls0 calls1 t0 t1 s0 s1 out rps reqs
   GW="$1"
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
+  cap_gateway
   local auth; auth=$(auth_for "$2")
   curl -sf -D "$WORK/head.txt" -o /dev/null -H "$auth" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
   if [ "$auth" != "$AUTH" ] && ! grep -qi '^x-credits-remaining' "$WORK/head.txt"; then
     echo "$SCRIPT: the key with credits got no X-Credits-Remaining" >&2; exit 1
   fi
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
-  cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks)
+  cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks); s0=$(gw_sleeps)
   out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$auth" "$URL")
-  cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks)
+  cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks); s1=$(gw_sleeps)
   stop "$GW_PID"
   grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   python3 -c "
 c = $calls1 - $calls0
-print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f}')"
+print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f} {($s1 - $s0) / $reqs:.3f}')"
 }
 
 # paced BIN BACKEND RATE: "P50_US P99_US" at RATE req/s offered (paced per connection).
 paced() {
   GW="$1"
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
+  cap_gateway
   local auth; auth=$(auth_for "$2")
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
   rm -f "$WORK/paced.log"
@@ -220,27 +249,38 @@ print(p50, p99, f"{cpu * 1e6 / n:.2f}", f"{n / calls:.1f}" if calls else "-",
 EOF
 }
 
-log "gateway on core 0, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
+log "gateway on core 0${GW_CPU:+ (at most $GW_CPU% of it)}, wrk/h2load + nginx on core 1, Redis on cores $REDIS_CPUS; $RUNS x ${DURATION}s, $CONNS connections"
 # The floor under what Redis adds: bare round trips from the gateway's core, all idle.
 if command -v redis-benchmark >/dev/null; then
   log "a bare round trip from core 0 to Redis: $(redis_round_trip -p "$REDIS_PORT")"
 fi
 declare -A LOCAL_RPS
 if [ "$SATURATION" = 1 ]; then
-  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s' run binary local_rps redis_rps ratio \
-    gw_us_loc gw_us_red redis_us reqs/call
+  # The configs of a round, and the order they run in: it turns by one each round, so
+  # that a drift within a round (the host's, or the gateway's own state) does not always
+  # fall on the same config.
+  CONFIGS=(local redis)
+  [ "$CREDITS" = 0 ] || CONFIGS+=(credits)
+  printf '%-4s %-28s %9s %9s %6s %9s %9s %9s %9s %11s' run binary local_rps redis_rps ratio \
+    gw_us_loc gw_us_red redis_us reqs/call sleeps/req
   [ "$CREDITS" = 0 ] || printf ' %9s %6s %9s %9s' cred_rps ratio gw_us_cred redis_us
   echo
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
-      read -r lrps _ _ lgw < <(saturate "$bin" local)
-      read -r rrps rus per_call rgw < <(saturate "$bin" redis)
-      LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} $lrps"
-      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s' "$r" "$(basename "$bin")" "$lrps" "$rrps" \
-        "$(python3 -c "print($rrps / $lrps)")" "$lgw" "$rgw" "$rus" "$per_call"
+      declare -A RPS=() RUS=() PER_CALL=() GWUS=() SLEEPS=()
+      for i in "${!CONFIGS[@]}"; do
+        c=${CONFIGS[$(((i + r - 1) % ${#CONFIGS[@]}))]}
+        read -r "RPS[$c]" "RUS[$c]" "PER_CALL[$c]" "GWUS[$c]" "SLEEPS[$c]" < <(saturate "$bin" "$c")
+      done
+      LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} ${RPS[local]}"
+      sleeps="${SLEEPS[local]}/${SLEEPS[redis]}"
+      [ "$CREDITS" = 0 ] || sleeps="$sleeps/${SLEEPS[credits]}"
+      printf '%-4s %-28s %9.0f %9.0f %6.3f %9s %9s %9s %9s %11s' "$r" "$(basename "$bin")" \
+        "${RPS[local]}" "${RPS[redis]}" "$(python3 -c "print(${RPS[redis]} / ${RPS[local]})")" \
+        "${GWUS[local]}" "${GWUS[redis]}" "${RUS[redis]}" "${PER_CALL[redis]}" "$sleeps"
       if [ "$CREDITS" = 1 ]; then
-        read -r crps cus _ cgw < <(saturate "$bin" credits)
-        printf ' %9.0f %6.3f %9s %9s' "$crps" "$(python3 -c "print($crps / $lrps)")" "$cgw" "$cus"
+        printf ' %9.0f %6.3f %9s %9s' "${RPS[credits]}" \
+          "$(python3 -c "print(${RPS[credits]} / ${RPS[local]})")" "${GWUS[credits]}" "${RUS[credits]}"
       fi
       echo
     done
