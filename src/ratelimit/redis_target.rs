@@ -85,8 +85,11 @@ impl RedisTarget {
         })
     }
 
-    /// Opens a connection that reconnects by itself; connects and answers
-    /// each give up after `timeout`.
+    /// Opens a connection that reconnects by itself; a connect gives up
+    /// after `timeout`. Each call's caller bounds its answer with a deadline of
+    /// its own, so a single server's connection sets no response timeout: a
+    /// second timer per call would cost the runtime a wake-up (an eventfd
+    /// write) on most calls, and redis-rs does not reconnect on its expiry.
     ///
     /// A failed connect is not retried here: the limiter's breaker already
     /// tries again once a second, and a retry's backoff (a second or more)
@@ -97,7 +100,7 @@ impl RedisTarget {
             Kind::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
+                    .set_response_timeout(None)
                     .set_number_of_retries(0);
                 let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
                 Ok(RedisConn::Single(conn))

@@ -145,7 +145,7 @@ async fn a_decision_queued_behind_a_hung_call_is_answered_within_its_own_timeout
         "queued 200 ms into the hung call: {waited:?}"
     );
     let (hung, took) = hung.await.unwrap();
-    // Timed out here or by the connection's own response timeout, the same length.
+    // Timed out by the batching task's deadline (the connection keeps no timer of its own).
     assert!(hung.is_err(), "{hung:?}");
     assert!(took >= timeout - Duration::from_millis(10), "{took:?}");
     assert!(took < timeout + Duration::from_millis(100), "{took:?}");
