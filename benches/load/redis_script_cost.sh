@@ -7,12 +7,13 @@
 # once) or from a client of its own per request. Each figure is the difference between a
 # run of CALLS + 500 calls and one of CALLS, over 500, so Redis's start-up drops out.
 #
-#   benches/load/redis_script_cost.sh        # CALLS=100; about a minute
+#   benches/load/redis_script_cost.sh             # CALLS=100; about a minute
+#   CREDITS=1 benches/load/redis_script_cost.sh   # each request's key also spends a credit
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-script-cost
 . "$HERE/../lib.sh"
-CALLS=${CALLS:-100}
+CALLS=${CALLS:-100} CREDITS=${CREDITS:-0}
 for tool in valgrind redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "$SCRIPT: needs $tool" >&2; exit 1; }
 done
@@ -30,9 +31,12 @@ count() {
     >/dev/null 2>&1 &
   local pid=$!
   for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  python3 "$HERE/lib/redis_script_cost.py" "$port" "$WORK/script.lua" "$@"
+  local sent=0
+  python3 "$HERE/lib/redis_script_cost.py" "$port" "$WORK/script.lua" "$@" "$CREDITS" || sent=$?
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
+  # A refused call ends the run: a count of calls that did not run is no figure.
+  [ "$sent" = 0 ] || return 1
   awk '/^(summary|totals):/ {print $2; exit}' "$out"
 }
 
