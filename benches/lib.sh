@@ -133,6 +133,12 @@ seed_account() {
   "$@" "$GW" members add --org acme --user alice --role member --config "$config" >/dev/null
 }
 
+# give_credits CONFIG KEY_ID: gives the key more usage credits than any run spends (no
+# refill) with the gateway's own `keys update`, so that each of its requests also spends one.
+give_credits() {
+  "$GW" keys update "$2" --credits 4000000000000000 --config "$1" >/dev/null
+}
+
 # hold_open PORT N PATH KEY [COMMAND PREFIX...]: N idle keep-alive connections to the
 # gateway on 127.0.0.1:PORT, each idle after one request for PATH with `Bearer KEY`,
 # opened by benches/load/lib/hold_conns.py and held until hold_close (120 s at most). Sets

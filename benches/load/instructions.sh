@@ -80,9 +80,10 @@ CFG="$WORK/gw.toml"
 STORE="$(printf 'kind = "sqlite"\npath = "%s"' "$WORK/gateway.db")"
 bench_config "$CFG" "$GW_PORT" "$UP_PORT" "$STORE" "$LIMITER"
 seed_account "$CFG"
-python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" >/dev/null
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 10 "$WORK/keys.txt" "$WORK/invalid.txt" \
+  "$WORK/ids.txt" >/dev/null
 KEY="$(head -n 1 "$WORK/keys.txt")"
-[ -z "$CREDITS" ] || python3 "$HERE/lib/give_credits.py" "$WORK/gateway.db" "$KEY"
+[ -z "$CREDITS" ] || give_credits "$CFG" "$(head -n 1 "$WORK/ids.txt" | cut -d' ' -f2)"
 URL="http://127.0.0.1:$GW_PORT/api/v1/clusters?organization_id=acme"
 if [ "$CRED" != api_key ]; then
   # The same upstream behind a session route.

@@ -125,7 +125,8 @@ if [ "$OWN" = 1 ]; then
 fi
 GW="${BINS[0]}"
 seed_account "$WORK/gw-local.toml"
-python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 2 "$WORK/key.txt" "$WORK/invalid.txt"
+python3 "$HERE/lib/seed.py" "$WORK/gateway.db" acme alice 2 "$WORK/key.txt" "$WORK/invalid.txt" \
+  "$WORK/ids.txt"
 AUTH="Authorization: Bearer $(head -n 1 "$WORK/key.txt")"
 # auth_for RUN: the key a run uses; the "credits" run (with --credits) is the Redis
 # config with the key that has credits.
@@ -135,7 +136,7 @@ REDIS_RUN=redis
 if [ "$CREDITS" = 1 ]; then
   REDIS_RUN=credits
   AUTH_CREDITS="Authorization: Bearer $(sed -n 2p "$WORK/key.txt")"
-  python3 "$HERE/lib/give_credits.py" "$WORK/gateway.db" "$(sed -n 2p "$WORK/key.txt")"
+  give_credits "$WORK/gw-local.toml" "$(sed -n 2p "$WORK/ids.txt" | cut -d' ' -f2)"
   cp "$WORK/gw-redis.toml" "$WORK/gw-credits.toml"
 fi
 
