@@ -25,6 +25,10 @@
 #            the decision's own script call; its ratio is that key on Redis against the
 #            plain key on the local limiter, beside the plain key's on Redis; the
 #            fixed-load runs then use that key)
+#            --slice S (saturation: each config's gateway runs for the whole round, idle
+#            while another is loaded, and wrk turns from one to the next every S seconds
+#            until each has had the run's duration: a host whose speed drifts over
+#            seconds then moves every config of a round alike)
 #            --gateway-cpu PCT (the gateway held to PCT% of core 0 by a cgroup CPU quota, in
 #            10 ms periods, root only: its core, not the shared core 1, is then what limits
 #            every config, as where Redis and the clients run on hosts of their own)
@@ -47,7 +51,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOG_TAG=redis-limits
 . "$HERE/../lib.sh"
-RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 CREDITS=0 GW_CPU= BINS=()
+RUNS=3 DURATION=10 CONNS=50 PACED=0 OHA=0 OWN=0 RATE= SATURATION=1 REDIS_CPUS=1 PROBE=0 CREDITS=0 GW_CPU= SLICE= BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift ;;
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --credits) CREDITS=1 ;;
     --redis-cpus) REDIS_CPUS="$2"; shift ;;
     --gateway-cpu) GW_CPU="$2"; shift ;;
+    --slice) SLICE="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "$SCRIPT: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) BINS+=("$(realpath "$1")") ;;
@@ -70,6 +75,12 @@ while [ $# -gt 0 ]; do
 done
 [ ${#BINS[@]} -gt 0 ] || BINS=("$ROOT/target/release/mpg-gateway")
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$SCRIPT: no gateway binary at $b" >&2; exit 2; }; done
+case "$SLICE" in
+  "") ;;
+  [1-9]|[1-9][0-9]) [ "$SLICE" -le "$DURATION" ] ||
+    { echo "$SCRIPT: --slice $SLICE is longer than --duration $DURATION" >&2; exit 2; } ;;
+  *) echo "$SCRIPT: --slice takes whole seconds from 1 to 99, not $SLICE" >&2; exit 2 ;;
+esac
 for tool in wrk h2load nginx redis-server redis-cli taskset $([ "$OHA" = 1 ] && echo oha); do
   command -v "$tool" >/dev/null || { echo "$SCRIPT: $tool is needed" >&2; exit 2; }
 done
@@ -152,10 +163,18 @@ redis_script_us() {
 }
 
 # The gateway's CPU ticks (user + sys).
-gw_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+gw_ticks() { awk '{print $14 + $15}' "/proc/${1:-$GW_PID}/stat"; }
 # The times the gateway went to sleep waiting for work (its voluntary context switches).
-gw_sleeps() { awk '/^voluntary_ctxt_switches:/ {print $2}' "/proc/$GW_PID/status"; }
+gw_sleeps() { awk '/^voluntary_ctxt_switches:/ {print $2}' "/proc/${1:-$GW_PID}/status"; }
 CLK_TCK=$(getconf CLK_TCK)
+
+# check_key URL AUTH: the gateway at URL takes the key; the key with credits gets its count.
+check_key() {
+  curl -sf -D "$WORK/head.txt" -o /dev/null -H "$2" "$1" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
+  if [ "$2" != "$AUTH" ] && ! grep -qi '^x-credits-remaining' "$WORK/head.txt"; then
+    echo "$SCRIPT: the key with credits got no X-Credits-Remaining" >&2; exit 1
+  fi
+}
 
 # saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ
 # GATEWAY_SLEEPS_PER_REQ" for one wrk run.
@@ -165,10 +184,7 @@ saturate() {
   run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
   cap_gateway
   local auth; auth=$(auth_for "$2")
-  curl -sf -D "$WORK/head.txt" -o /dev/null -H "$auth" "$URL" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
-  if [ "$auth" != "$AUTH" ] && ! grep -qi '^x-credits-remaining' "$WORK/head.txt"; then
-    echo "$SCRIPT: the key with credits got no X-Credits-Remaining" >&2; exit 1
-  fi
+  check_key "$URL" "$auth"
   taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
   cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks); s0=$(gw_sleeps)
   out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$auth" "$URL")
@@ -180,6 +196,67 @@ saturate() {
   python3 -c "
 c = $calls1 - $calls0
 print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f} {($s1 - $s0) / $reqs:.3f}')"
+}
+
+# saturate_sliced BIN CONFIG...: for each CONFIG, in that order, "CONFIG REQ_PER_S
+# REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ GATEWAY_SLEEPS_PER_REQ", as saturate
+# gives them, from wrk runs of SLICE seconds that turn from config to config until each has
+# had DURATION seconds. Every config's gateway runs (on a port of its own) for the whole
+# round, idle while another is loaded. Run in a subshell (as `< <(...)`): its gateways are
+# stopped when it exits, on a failure too.
+saturate_sliced() {
+  GW="$1"
+  shift
+  local c port out left d cpu0 calls0
+  local -A pid=() url=() auth=() t0=() s0=()
+  SLICE_PIDS=()
+  trap 'for p in "${SLICE_PIDS[@]}"; do stop "$p"; done' EXIT
+  rm -f "$WORK/slices.txt"
+  for c in "$@"; do
+    port=$(free_port)
+    sed "s|^listen = \"127.0.0.1:$GW_PORT\"\$|listen = \"127.0.0.1:$port\"|" "$WORK/gw-$c.toml" >"$WORK/gw-$c-slice.toml"
+    run_gateway "$WORK/gw-$c-slice.toml" "$port" "$WORK/gateway.log" taskset -c 0
+    cap_gateway
+    pid[$c]=$GW_PID url[$c]="http://127.0.0.1:$port$PATH_Q" auth[$c]=$(auth_for "$c")
+    SLICE_PIDS+=("$GW_PID")
+    check_key "${url[$c]}" "${auth[$c]}"
+    taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "${auth[$c]}" "${url[$c]}" >/dev/null
+  done
+  for c in "$@"; do t0[$c]=$(gw_ticks "${pid[$c]}") s0[$c]=$(gw_sleeps "${pid[$c]}"); done
+  for ((left = DURATION; left > 0; left -= d)); do
+    d=$((SLICE < left ? SLICE : left))
+    for c in "$@"; do
+      cpu0=$(redis_cpu); calls0=$(redis_calls)
+      out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${d}s" -H "${auth[$c]}" "${url[$c]}")
+      grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
+      # The config, its requests and seconds, Redis's CPU seconds and script calls.
+      echo "$c $(awk '/requests in/ {sub(/s,$/, "", $4); print $1, $4}' <<<"$out")" \
+        "$(python3 -c "print($(redis_cpu) - $cpu0)") $(($(redis_calls) - calls0))" >>"$WORK/slices.txt"
+    done
+  done
+  for c in "$@"; do
+    # The config, the gateway's CPU ticks and sleeps over the round.
+    echo "$c $(($(gw_ticks "${pid[$c]}") - t0[$c])) $(($(gw_sleeps "${pid[$c]}") - s0[$c]))" >>"$WORK/slices.txt"
+    stop "${pid[$c]}"
+  done
+  python3 - "$WORK/slices.txt" "$CLK_TCK" "$@" <<'EOF'
+import sys
+n, secs, cpu, calls, ticks, sleeps = ({} for _ in range(6))
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 3:
+        ticks[f[0]], sleeps[f[0]] = int(f[1]), int(f[2])
+        continue
+    c = f[0]
+    n[c] = n.get(c, 0) + int(f[1])
+    secs[c] = secs.get(c, 0) + float(f[2])
+    cpu[c] = cpu.get(c, 0) + float(f[3])
+    calls[c] = calls.get(c, 0) + int(f[4])
+for c in sys.argv[3:]:
+    per_call = n[c] / calls[c] if calls[c] else 0
+    print(c, f"{n[c] / secs[c]:.0f} {cpu[c] * 1e6 / n[c]:.2f} {per_call:.1f}",
+          f"{ticks[c] / int(sys.argv[2]) * 1e6 / n[c]:.1f} {sleeps[c] / n[c]:.3f}")
+EOF
 }
 
 # paced BIN BACKEND RATE: "P50_US P99_US" at RATE req/s offered (paced per connection).
@@ -269,10 +346,17 @@ if [ "$SATURATION" = 1 ]; then
   for r in $(seq "$RUNS"); do
     for bin in "${BINS[@]}"; do
       declare -A RPS=() RUS=() PER_CALL=() GWUS=() SLEEPS=()
-      for i in "${!CONFIGS[@]}"; do
-        c=${CONFIGS[$(((i + r - 1) % ${#CONFIGS[@]}))]}
-        read -r "RPS[$c]" "RUS[$c]" "PER_CALL[$c]" "GWUS[$c]" "SLEEPS[$c]" < <(saturate "$bin" "$c")
-      done
+      order=()
+      for i in "${!CONFIGS[@]}"; do order+=("${CONFIGS[$(((i + r - 1) % ${#CONFIGS[@]}))]}"); done
+      if [ -n "$SLICE" ]; then
+        while read -r c rps rus per_call gwus sleeps; do
+          RPS[$c]=$rps RUS[$c]=$rus PER_CALL[$c]=$per_call GWUS[$c]=$gwus SLEEPS[$c]=$sleeps
+        done < <(saturate_sliced "$bin" "${order[@]}")
+      else
+        for c in "${order[@]}"; do
+          read -r "RPS[$c]" "RUS[$c]" "PER_CALL[$c]" "GWUS[$c]" "SLEEPS[$c]" < <(saturate "$bin" "$c")
+        done
+      fi
       LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} ${RPS[local]}"
       sleeps="${SLEEPS[local]}/${SLEEPS[redis]}"
       [ "$CREDITS" = 0 ] || sleeps="$sleeps/${SLEEPS[credits]}"
