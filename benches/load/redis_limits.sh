@@ -176,66 +176,47 @@ check_key() {
   fi
 }
 
-# saturate BIN BACKEND: "REQ_PER_S REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ
-# GATEWAY_SLEEPS_PER_REQ" for one wrk run.
+# saturate BIN SLICE CONFIG...: for each CONFIG, in that order, "CONFIG REQ_PER_S
+# REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ GATEWAY_SLEEPS_PER_REQ", from wrk runs
+# of SLICE seconds that turn from config to config until each has had DURATION seconds
+# (one config with SLICE = DURATION: one run). Every config's gateway runs on a port of its
+# own for the whole call, idle while another is loaded. Run in a subshell (as `< <(...)`):
+# its trap stops the gateways on a failure too.
 saturate() {
-  local cpu0 cpu1 calls0 calls1 t0 t1 s0 s1 out rps reqs
   GW="$1"
-  run_gateway "$WORK/gw-$2.toml" "$GW_PORT" "$WORK/gateway.log" taskset -c 0
-  cap_gateway
-  local auth; auth=$(auth_for "$2")
-  check_key "$URL" "$auth"
-  taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "$auth" "$URL" >/dev/null
-  cpu0=$(redis_cpu); calls0=$(redis_calls); t0=$(gw_ticks); s0=$(gw_sleeps)
-  out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "$auth" "$URL")
-  cpu1=$(redis_cpu); calls1=$(redis_calls); t1=$(gw_ticks); s1=$(gw_sleeps)
-  stop "$GW_PID"
-  grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  python3 -c "
-c = $calls1 - $calls0
-print(f'$rps {($cpu1 - $cpu0) * 1e6 / $reqs:.2f} {($reqs / c) if c else 0:.1f} {($t1 - $t0) / $CLK_TCK * 1e6 / $reqs:.1f} {($s1 - $s0) / $reqs:.3f}')"
-}
-
-# saturate_sliced BIN CONFIG...: for each CONFIG, in that order, "CONFIG REQ_PER_S
-# REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ GATEWAY_SLEEPS_PER_REQ", as saturate
-# gives them, from wrk runs of SLICE seconds that turn from config to config until each has
-# had DURATION seconds. Every config's gateway runs (on a port of its own) for the whole
-# round, idle while another is loaded. Run in a subshell (as `< <(...)`): its gateways are
-# stopped when it exits, on a failure too.
-saturate_sliced() {
-  GW="$1"
-  shift
-  local c port out left d cpu0 calls0
+  local slice="$2" c port out left d cpu0 calls0
+  shift 2
   local -A pid=() url=() auth=() t0=() s0=()
-  SLICE_PIDS=()
-  trap 'for p in "${SLICE_PIDS[@]}"; do stop "$p"; done' EXIT
+  SAT_PIDS=()
+  trap 'for p in "${SAT_PIDS[@]}"; do stop "$p"; done' EXIT
   rm -f "$WORK/slices.txt"
   for c in "$@"; do
     port=$(free_port)
-    sed "s|^listen = \"127.0.0.1:$GW_PORT\"\$|listen = \"127.0.0.1:$port\"|" "$WORK/gw-$c.toml" >"$WORK/gw-$c-slice.toml"
-    run_gateway "$WORK/gw-$c-slice.toml" "$port" "$WORK/gateway.log" taskset -c 0
+    sed "s|^listen = \"127.0.0.1:$GW_PORT\"\$|listen = \"127.0.0.1:$port\"|" "$WORK/gw-$c.toml" >"$WORK/gw-$c-sat.toml"
+    run_gateway "$WORK/gw-$c-sat.toml" "$port" "$WORK/gateway.log" taskset -c 0
     cap_gateway
+    SAT_PIDS+=("$GW_PID")
     pid[$c]=$GW_PID url[$c]="http://127.0.0.1:$port$PATH_Q" auth[$c]=$(auth_for "$c")
-    SLICE_PIDS+=("$GW_PID")
     check_key "${url[$c]}" "${auth[$c]}"
     taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "${auth[$c]}" "${url[$c]}" >/dev/null
   done
   for c in "$@"; do t0[$c]=$(gw_ticks "${pid[$c]}") s0[$c]=$(gw_sleeps "${pid[$c]}"); done
   for ((left = DURATION; left > 0; left -= d)); do
-    d=$((SLICE < left ? SLICE : left))
+    d=$((slice < left ? slice : left))
     for c in "$@"; do
       cpu0=$(redis_cpu); calls0=$(redis_calls)
       out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${d}s" -H "${auth[$c]}" "${url[$c]}")
       grep -q "Non-2xx" <<<"$out" && { echo "$SCRIPT: non-2xx answers: $out" >&2; exit 1; }
-      # The config, its requests and seconds, Redis's CPU seconds and script calls.
+      # The config, its requests and seconds, Redis's CPU seconds and script calls before
+      # and after.
       echo "$c $(awk '/requests in/ {sub(/s,$/, "", $4); print $1, $4}' <<<"$out")" \
-        "$(python3 -c "print($(redis_cpu) - $cpu0)") $(($(redis_calls) - calls0))" >>"$WORK/slices.txt"
+        "$cpu0 $(redis_cpu) $calls0 $(redis_calls)" >>"$WORK/slices.txt"
     done
   done
+  # The config, the gateway's CPU ticks and sleeps over the call. Each gateway is stopped
+  # here, not by the trap: the subshell may end in an exec of its last command, which
+  # runs no trap, and a gateway left running holds the caller's pipe open.
   for c in "$@"; do
-    # The config, the gateway's CPU ticks and sleeps over the round.
     echo "$c $(($(gw_ticks "${pid[$c]}") - t0[$c])) $(($(gw_sleeps "${pid[$c]}") - s0[$c]))" >>"$WORK/slices.txt"
     stop "${pid[$c]}"
   done
@@ -244,14 +225,14 @@ import sys
 n, secs, cpu, calls, ticks, sleeps = ({} for _ in range(6))
 for line in open(sys.argv[1]):
     f = line.split()
-    if len(f) == 3:
-        ticks[f[0]], sleeps[f[0]] = int(f[1]), int(f[2])
-        continue
     c = f[0]
+    if len(f) == 3:
+        ticks[c], sleeps[c] = int(f[1]), int(f[2])
+        continue
     n[c] = n.get(c, 0) + int(f[1])
     secs[c] = secs.get(c, 0) + float(f[2])
-    cpu[c] = cpu.get(c, 0) + float(f[3])
-    calls[c] = calls.get(c, 0) + int(f[4])
+    cpu[c] = cpu.get(c, 0) + float(f[4]) - float(f[3])
+    calls[c] = calls.get(c, 0) + int(f[6]) - int(f[5])
 for c in sys.argv[3:]:
     per_call = n[c] / calls[c] if calls[c] else 0
     print(c, f"{n[c] / secs[c]:.0f} {cpu[c] * 1e6 / n[c]:.2f} {per_call:.1f}",
@@ -348,15 +329,15 @@ if [ "$SATURATION" = 1 ]; then
       declare -A RPS=() RUS=() PER_CALL=() GWUS=() SLEEPS=()
       order=()
       for i in "${!CONFIGS[@]}"; do order+=("${CONFIGS[$(((i + r - 1) % ${#CONFIGS[@]}))]}"); done
-      if [ -n "$SLICE" ]; then
+      # With --slice, the round's configs in one call, taking turns; else one call each.
+      calls=("${order[*]}")
+      [ -n "$SLICE" ] || calls=("${order[@]}")
+      for configs in "${calls[@]}"; do
+        # shellcheck disable=SC2086 # a call's configs, one word each
         while read -r c rps rus per_call gwus sleeps; do
           RPS[$c]=$rps RUS[$c]=$rus PER_CALL[$c]=$per_call GWUS[$c]=$gwus SLEEPS[$c]=$sleeps
-        done < <(saturate_sliced "$bin" "${order[@]}")
-      else
-        for c in "${order[@]}"; do
-          read -r "RPS[$c]" "RUS[$c]" "PER_CALL[$c]" "GWUS[$c]" "SLEEPS[$c]" < <(saturate "$bin" "$c")
-        done
-      fi
+        done < <(saturate "$bin" "${SLICE:-$DURATION}" $configs)
+      done
       LOCAL_RPS[$bin]="${LOCAL_RPS[$bin]:-} ${RPS[local]}"
       sleeps="${SLEEPS[local]}/${SLEEPS[redis]}"
       [ "$CREDITS" = 0 ] || sleeps="$sleeps/${SLEEPS[credits]}"
@@ -380,7 +361,7 @@ if [ "$PACED" = 1 ]; then
     peaks=$((RATE * 2))
   elif [ -z "${peaks// /}" ]; then
     for bin in "${BINS[@]}"; do
-      read -r peak _ _ < <(saturate "$bin" local)
+      read -r _ peak _ < <(saturate "$bin" "$DURATION" local)
       peaks="$peaks $peak"
     done
   fi
