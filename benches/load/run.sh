@@ -306,6 +306,10 @@ head -n 1000 "$WORK/ids100k.txt" >"$WORK/ids1k.txt" # "SECRET KEY_ID"
 head -n 1 "$WORK/keys100k.txt" >"$WORK/key1.txt"
 KEY="$(cat "$WORK/key1.txt")"
 AUTH="Authorization: Bearer $KEY"
+# The second key has usage credits, more than any run spends: on the Redis-backed gateway
+# each of its requests also spends one, in its rate-limit decision's script call.
+AUTH_CREDITS="Authorization: Bearer $(sed -n 2p "$WORK/keys100k.txt")"
+give_credits "$WORK/gw-plain.toml" "$(sed -n 2p "$WORK/ids100k.txt" | cut -d' ' -f2)"
 
 # ---------------------------------------------------------------- nginx and HAProxy (core 0)
 mkdir -p "$WORK/ngx/logs"
@@ -857,6 +861,8 @@ if [ "$HAVE_REDIS" = 1 ]; then
   run_gateway "$WORK/gw-redis.toml" "$GWR_PORT" "$WORK/gateway-redis.log" taskset -c 0
   GWR_PID=$GW_PID GW_PID=$plain_pid
   same_job "gateway (Redis limiter)" "$GWR_PORT"
+  curl -s -D - -o /dev/null -H "$AUTH_CREDITS" "http://127.0.0.1:$GWR_PORT$PATH_Q" | grep -qi '^x-credits-remaining' ||
+    { echo "run.sh: the key with credits got no X-Credits-Remaining from the Redis-backed gateway" >&2; exit 1; }
 fi
 PEERS="nginx, HAProxy"
 if [ -n "$ENVOY" ]; then
@@ -898,7 +904,7 @@ fi
 # The bare TCP relay and Envoy run in the same rounds (saturation only: Envoy
 # cannot carry half of the gateway's peak on this core).
 REDIS_NOTE=""; [ -n "$GWR_PID" ] && REDIS_NOTE=", the gateway with its limiter in Redis"
-log "saturation, interleaved: direct, gateway, $PEERS, TCP relay$REDIS_NOTE in each round, order rotating"
+log "saturation, interleaved: direct, gateway, $PEERS, TCP relay$REDIS_NOTE (also with a key that has credits) in each round, order rotating"
 # The same targets, the bare TCP relay included, run the fixed-load rounds below.
 FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID"
   "haproxy $HAP_PORT $HAP_PID" "relay $RELAY_PORT $RELAY_PID")
@@ -906,10 +912,13 @@ FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_
 [ -n "$GWR_PID" ] && FIXED_TARGETS+=("gateway_redis $GWR_PORT $GWR_PID")
 ROUND_TARGETS=("${FIXED_TARGETS[@]}")
 [ -n "$ENVOY" ] && ROUND_TARGETS+=("envoy $ENVOY_PORT $ENVOY_PID")
+# The same Redis-backed gateway with the key that has credits (saturation only).
+[ -n "$GWR_PID" ] && ROUND_TARGETS+=("gateway_redis_credits $GWR_PORT $GWR_PID")
 for r in $(seq "$RUNS"); do
   for k in "${!ROUND_TARGETS[@]}"; do
     read -r name port pid <<<"${ROUND_TARGETS[$(((k + r - 1) % ${#ROUND_TARGETS[@]}))]}"
-    wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "$AUTH" -s "$WORK/report.lua"
+    auth=$AUTH; [ "$name" = gateway_redis_credits ] && auth=$AUTH_CREDITS
+    wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "$auth" -s "$WORK/report.lua"
   done
 done
 

@@ -19,6 +19,7 @@ SCENARIOS = [
     ("saturation", "direct", "direct to upstream (HTTP/1.1)"),
     ("saturation", "gateway", "gateway, plain HTTP"),
     ("saturation", "gateway_redis", "gateway, plain HTTP, limiter in Redis (backend = \"redis\")"),
+    ("saturation", "gateway_redis_credits", "gateway, plain HTTP, limiter in Redis, a key with usage credits"),
     ("tls_keepalive", "gateway", "gateway, TLS keep-alive"),
     ("tls_keepalive", "nginx", "nginx, TLS keep-alive"),
     ("tls_keepalive", "haproxy", "HAProxy, TLS keep-alive"),
@@ -127,7 +128,7 @@ def paired(raw, a, b):
 PAIRS = [("saturation", "gateway", "nginx"), ("saturation", "gateway", "haproxy"), ("saturation", "gateway", "envoy"),
          ("saturation", "gateway", "direct"), ("saturation", "nginx", "direct"), ("saturation", "haproxy", "direct"),
          ("saturation", "envoy", "direct"), ("saturation", "relay", "direct"), ("saturation", "gateway", "relay"),
-         ("saturation", "gateway_redis", "gateway")]
+         ("saturation", "gateway_redis", "gateway"), ("saturation", "gateway_redis_credits", "gateway")]
 PAIRS += [(s, "gateway", peer) for s in TLS_SCENARIOS for peer in ("nginx", "haproxy")]
 PAIRS += [("tls_new_conn", "gateway_classical", peer) for peer in ("nginx", "haproxy")]
 
@@ -283,6 +284,8 @@ def build(raw, meta, resources, note):
         ("HTTP/2 over TLS: gateway / HAProxy req/s", ">=", 1.2, pair_or_ratio("gateway", "haproxy", scenario="http2")),
         ("HTTP/2 over TLS: gateway / nginx req/s", ">=", 1.2, pair_or_ratio("gateway", "nginx", scenario="http2")),
         ("Redis limiter / local limiter req/s", ">=", 0.8, pair_or_ratio("gateway_redis", "gateway")),
+        ("a key with credits, Redis limiter / a plain key, local limiter req/s", ">=", 0.8,
+         pair_or_ratio("gateway_redis_credits", "gateway")),
         ("p99 added by Redis at half of peak, oha (ms)", "<", 0.3, redis_added("fixed_half")),
         ("p99 added by Redis at half of peak, paced arrivals (h2load) (ms)", "<", 0.3, redis_added("paced_half")),
         ("a bare round trip from core 0 to Redis, servers idle: p99 (ms)", "info", None, redis_rtt.get("p99_ms")),
@@ -554,6 +557,7 @@ def chart(rep, path):
     labels = [s["label"].replace(", ", "\n", 1) for s in rows]
     colors = {"direct": "#888888", "gateway": "#2b6cb0", "nginx": "#2f855a", "haproxy": "#c05621",
               "relay": "#bbbbbb", "envoy": "#6b46c1", "gateway_redis": "#4a90d9", "gateway_pg": "#1a365d",
+              "gateway_redis_credits": "#90cdf4",
               "gateway_classical": "#63b3ed"}
     fig, (a, b) = plt.subplots(1, 2, figsize=(15, 11))
     y = range(len(rows))
