@@ -6,7 +6,8 @@
 # a new connection per request, a resumed session per request, HTTP/2) the gateway,
 # nginx and HAProxy terminate with the same certificate and do the same job. Beside
 # them: the gateway with its limiter in Redis (`backend = "redis"`, the local Redis at
-# 127.0.0.1:6379 under a key prefix of its own), and with its key store on PostgreSQL
+# 127.0.0.1:6379 under a key prefix of its own; at saturation also with a second key
+# that has usage credits, each request spending one), and with its key store on PostgreSQL
 # (a database of its own, 100 000 keys first seen, then again). Everything on 127.0.0.1.
 #
 #   benches/load/run.sh            # 3 runs x 10 s per figure (about 25 minutes + the builds)
