@@ -307,10 +307,14 @@ head -n 1000 "$WORK/ids100k.txt" >"$WORK/ids1k.txt" # "SECRET KEY_ID"
 head -n 1 "$WORK/keys100k.txt" >"$WORK/key1.txt"
 KEY="$(cat "$WORK/key1.txt")"
 AUTH="Authorization: Bearer $KEY"
-# The second key has usage credits, more than any run spends: on the Redis-backed gateway
-# each of its requests also spends one, in its rate-limit decision's script call.
-AUTH_CREDITS="Authorization: Bearer $(sed -n 2p "$WORK/keys100k.txt")"
-give_credits "$WORK/gw-plain.toml" "$(sed -n 2p "$WORK/ids100k.txt" | cut -d' ' -f2)"
+# A key of its own, outside the 100 000 the store passes use, with usage credits, more
+# than any run spends: on the Redis-backed gateway each of its requests also spends one,
+# in its rate-limit decision's script call.
+CREATED=$("$GW" keys create --config "$WORK/gw-plain.toml" --org acme --user alice --name bench-credits \
+  --scopes clusters:read)
+json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+AUTH_CREDITS="Authorization: Bearer $(json_field key <<<"$CREATED")"
+give_credits "$WORK/gw-plain.toml" "$(json_field id <<<"$CREATED")"
 
 # ---------------------------------------------------------------- nginx and HAProxy (core 0)
 mkdir -p "$WORK/ngx/logs"
