@@ -139,6 +139,16 @@ give_credits() {
   "$GW" keys update "$2" --credits 4000000000000000 --config "$1" >/dev/null
 }
 
+# check_credits URL AUTH: the gateway at URL takes AUTH's key and answers with its count of
+# credits (X-Credits-Remaining), so that the key's requests spend them; else the script stops.
+check_credits() {
+  local head
+  head=$(curl -sf -D - -o /dev/null -H "$2" "$1") ||
+    { echo "$SCRIPT: the gateway at $1 refused the key with credits" >&2; exit 1; }
+  grep -qi '^x-credits-remaining' <<<"$head" ||
+    { echo "$SCRIPT: the key with credits got no X-Credits-Remaining from $1" >&2; exit 1; }
+}
+
 # hold_open PORT N PATH KEY [COMMAND PREFIX...]: N idle keep-alive connections to the
 # gateway on 127.0.0.1:PORT, each idle after one request for PATH with `Bearer KEY`,
 # opened by benches/load/lib/hold_conns.py and held until hold_close (120 s at most). Sets

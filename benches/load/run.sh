@@ -311,10 +311,10 @@ AUTH="Authorization: Bearer $KEY"
 # than any run spends: on the Redis-backed gateway each of its requests also spends one,
 # in its rate-limit decision's script call.
 CREATED=$("$GW" keys create --config "$WORK/gw-plain.toml" --org acme --user alice --name bench-credits \
-  --scopes clusters:read)
-json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
-AUTH_CREDITS="Authorization: Bearer $(json_field key <<<"$CREATED")"
-give_credits "$WORK/gw-plain.toml" "$(json_field id <<<"$CREATED")"
+  --scopes clusters:read | python3 -c 'import json, sys; k = json.load(sys.stdin); print(k["key"], k["id"])')
+read -r CREDITS_KEY CREDITS_ID <<<"$CREATED"
+AUTH_CREDITS="Authorization: Bearer $CREDITS_KEY"
+give_credits "$WORK/gw-plain.toml" "$CREDITS_ID"
 
 # ---------------------------------------------------------------- nginx and HAProxy (core 0)
 mkdir -p "$WORK/ngx/logs"
@@ -866,8 +866,7 @@ if [ "$HAVE_REDIS" = 1 ]; then
   run_gateway "$WORK/gw-redis.toml" "$GWR_PORT" "$WORK/gateway-redis.log" taskset -c 0
   GWR_PID=$GW_PID GW_PID=$plain_pid
   same_job "gateway (Redis limiter)" "$GWR_PORT"
-  curl -s -D - -o /dev/null -H "$AUTH_CREDITS" "http://127.0.0.1:$GWR_PORT$PATH_Q" | grep -qi '^x-credits-remaining' ||
-    { echo "run.sh: the key with credits got no X-Credits-Remaining from the Redis-backed gateway" >&2; exit 1; }
+  check_credits "http://127.0.0.1:$GWR_PORT$PATH_Q" "$AUTH_CREDITS"
 fi
 PEERS="nginx, HAProxy"
 if [ -n "$ENVOY" ]; then
@@ -909,7 +908,7 @@ fi
 # The bare TCP relay and Envoy run in the same rounds (saturation only: Envoy
 # cannot carry half of the gateway's peak on this core).
 REDIS_NOTE=""; [ -n "$GWR_PID" ] && REDIS_NOTE=", the gateway with its limiter in Redis"
-log "saturation, interleaved: direct, gateway, $PEERS, TCP relay$REDIS_NOTE (also with a key that has credits) in each round, order rotating"
+log "saturation, interleaved: direct, gateway, $PEERS, TCP relay${REDIS_NOTE:+$REDIS_NOTE (also with a key that has credits)} in each round, order rotating"
 # The same targets, the bare TCP relay included, run the fixed-load rounds below.
 FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_PORT $NGX_PID"
   "haproxy $HAP_PORT $HAP_PID" "relay $RELAY_PORT $RELAY_PID")
