@@ -139,13 +139,14 @@ give_credits() {
   "$GW" keys update "$2" --credits 4000000000000000 --config "$1" >/dev/null
 }
 
-# check_credits URL AUTH: the gateway at URL takes AUTH's key and answers with its count of
-# credits (X-Credits-Remaining), so that the key's requests spend them; else the script stops.
-check_credits() {
+# check_key URL AUTH [credits]: the gateway at URL takes AUTH's key; with `credits`, it
+# also answers with the key's count (X-Credits-Remaining), so that its requests spend
+# them. Else the script stops.
+check_key() {
   local head
   head=$(curl -sf -D - -o /dev/null -H "$2" "$1") ||
-    { echo "$SCRIPT: the gateway at $1 refused the key with credits" >&2; exit 1; }
-  grep -qi '^x-credits-remaining' <<<"$head" ||
+    { echo "$SCRIPT: the gateway at $1 refused the bench key" >&2; exit 1; }
+  [ "${3:-}" != credits ] || grep -qi '^x-credits-remaining' <<<"$head" ||
     { echo "$SCRIPT: the key with credits got no X-Credits-Remaining from $1" >&2; exit 1; }
 }
 

@@ -168,15 +168,6 @@ gw_ticks() { awk '{print $14 + $15}' "/proc/${1:-$GW_PID}/stat"; }
 gw_sleeps() { awk '/^voluntary_ctxt_switches:/ {print $2}' "/proc/${1:-$GW_PID}/status"; }
 CLK_TCK=$(getconf CLK_TCK)
 
-# check_key URL AUTH: the gateway at URL takes the key; the key with credits gets its count.
-check_key() {
-  if [ "$2" != "$AUTH" ]; then
-    check_credits "$1" "$2"
-  else
-    curl -sf -o /dev/null -H "$2" "$1" || { echo "$SCRIPT: the gateway refused the bench key" >&2; exit 1; }
-  fi
-}
-
 # saturate BIN SLICE CONFIG...: for each CONFIG, in that order, "CONFIG REQ_PER_S
 # REDIS_US_PER_REQ REQS_PER_CALL GATEWAY_US_PER_REQ GATEWAY_SLEEPS_PER_REQ", from wrk runs
 # of SLICE seconds that turn from config to config until each has had DURATION seconds
@@ -198,7 +189,7 @@ saturate() {
     cap_gateway
     SAT_PIDS+=("$GW_PID")
     pid[$c]=$GW_PID url[$c]="http://127.0.0.1:$port$PATH_Q" auth[$c]=$(auth_for "$c")
-    check_key "${url[$c]}" "${auth[$c]}"
+    check_key "${url[$c]}" "${auth[$c]}" "$c"
     taskset -c 1 wrk -t1 -c"$CONNS" -d2s -H "${auth[$c]}" "${url[$c]}" >/dev/null
   done
   for c in "$@"; do t0[$c]=$(gw_ticks "${pid[$c]}") s0[$c]=$(gw_sleeps "${pid[$c]}"); done

@@ -866,7 +866,7 @@ if [ "$HAVE_REDIS" = 1 ]; then
   run_gateway "$WORK/gw-redis.toml" "$GWR_PORT" "$WORK/gateway-redis.log" taskset -c 0
   GWR_PID=$GW_PID GW_PID=$plain_pid
   same_job "gateway (Redis limiter)" "$GWR_PORT"
-  check_credits "http://127.0.0.1:$GWR_PORT$PATH_Q" "$AUTH_CREDITS"
+  check_key "http://127.0.0.1:$GWR_PORT$PATH_Q" "$AUTH_CREDITS" credits
 fi
 PEERS="nginx, HAProxy"
 if [ -n "$ENVOY" ]; then
@@ -916,13 +916,13 @@ FIXED_TARGETS=("direct $UP_PORT $UP_PID" "gateway $GW_PORT $GW_PID" "nginx $NGX_
 [ -n "$GWR_PID" ] && FIXED_TARGETS+=("gateway_redis $GWR_PORT $GWR_PID")
 ROUND_TARGETS=("${FIXED_TARGETS[@]}")
 [ -n "$ENVOY" ] && ROUND_TARGETS+=("envoy $ENVOY_PORT $ENVOY_PID")
-# The same Redis-backed gateway with the key that has credits (saturation only).
-[ -n "$GWR_PID" ] && ROUND_TARGETS+=("gateway_redis_credits $GWR_PORT $GWR_PID")
+# The same Redis-backed gateway with the key that has credits (saturation only): a
+# target's fourth field, when given, is the Authorization header its requests carry.
+[ -n "$GWR_PID" ] && ROUND_TARGETS+=("gateway_redis_credits $GWR_PORT $GWR_PID $AUTH_CREDITS")
 for r in $(seq "$RUNS"); do
   for k in "${!ROUND_TARGETS[@]}"; do
-    read -r name port pid <<<"${ROUND_TARGETS[$(((k + r - 1) % ${#ROUND_TARGETS[@]}))]}"
-    auth=$AUTH; [ "$name" = gateway_redis_credits ] && auth=$AUTH_CREDITS
-    wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "$auth" -s "$WORK/report.lua"
+    read -r name port pid auth <<<"${ROUND_TARGETS[$(((k + r - 1) % ${#ROUND_TARGETS[@]}))]}"
+    wrk_once saturation "$name" "http://127.0.0.1:$port$PATH_Q" "$pid" "$r" -H "${auth:-$AUTH}" -s "$WORK/report.lua"
   done
 done
 
